@@ -1,0 +1,42 @@
+"""spark-submit entry point: run one batch of a pipeline.
+
+    spark-submit --py-files strata.zip jobs/ingest.py --pipeline clicks --conf-dir conf
+
+The session comes from spark-submit; everything else is the `strata` package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from strata.cli import run_guarded
+from strata.config import ConfigError, load_pipeline
+from strata.report import render_summary, summary_dict
+from strata.run import run_batch
+from strata.spark import build_session
+
+
+def main() -> int:
+    """Parse arguments, build the session, run the batch."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pipeline", required=True)
+    parser.add_argument("--conf-dir", default="conf")
+    parser.add_argument("--max-offsets", type=int, default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    try:
+        cfg = load_pipeline(args.pipeline, args.conf_dir)
+    except ConfigError as exc:
+        print(f"strata: {exc}", file=sys.stderr)
+        return 2
+
+    def action() -> tuple[str, dict[str, object]]:
+        outcome = run_batch(cfg, max_offsets=args.max_offsets, session=build_session)
+        return render_summary(outcome), summary_dict(outcome)
+
+    return run_guarded(action, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""Strata: batch ingestion from Kafka into event-time Delta tables, exactly once."""
+
+__version__ = "0.1.0"

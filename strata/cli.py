@@ -1,0 +1,132 @@
+"""The `strata` command line.
+
+Errors a user can act on print one clear message and exit non-zero, never a
+traceback: 2 for configuration, 3 when another run holds the lock, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from strata.config import ConfigError, PipelineConfig, load_pipeline
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pipeline", required=True, help="pipeline name (conf/pipelines/NAME.yaml)")
+    parser.add_argument("--conf-dir", default="conf", help="configuration directory (default: conf)")
+    parser.add_argument("--json", action="store_true", help="end the output with one JSON line")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, with a subcommand per operation."""
+    parser = argparse.ArgumentParser(
+        prog="strata", description="Batch ingestion from Kafka into event-time Delta tables."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser(
+        "run",
+        help="plan and run the next batch (or finish an unfinished one)",
+        description="Plan the next batch from the ledger and the brokers' watermarks, read it "
+        "with Spark, commit it exactly once, and print a summary. Exits 0 with no JVM "
+        "started when there is nothing new.",
+    )
+    _common(run)
+    run.add_argument(
+        "--max-offsets", type=int, default=None, help="cap on offsets per partition for this batch"
+    )
+    status = sub.add_parser(
+        "status",
+        help="committed ranges, recent batches and lag",
+        description="Committed ranges per partition (from the ledger), recent batches, and lag "
+        "against the brokers' high watermarks.",
+    )
+    _common(status)
+    status.add_argument("--history", type=int, default=10, help="how many recent batches to list")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `strata` command.
+
+    Args:
+        argv: Arguments; `sys.argv[1:]` if None.
+
+    Returns:
+        The exit code.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_pipeline(args.pipeline, args.conf_dir)
+    except ConfigError as exc:
+        print(f"strata: {exc}", file=sys.stderr)
+        return 2
+    handler: Callable[[PipelineConfig, argparse.Namespace], tuple[str, dict[str, Any]]] = {
+        "run": _run,
+        "status": _status,
+    }[args.command]
+    return run_guarded(lambda: handler(cfg, args), args.json)
+
+
+def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool) -> int:
+    from strata.kafka import KafkaUnavailable
+    from strata.lock import LockBusy
+    from strata.plan import PlanError
+    from strata.read import ReadError
+    from strata.run import ReconcileError
+    from strata.schema import SchemaError
+    from strata.spark import JavaMissing
+
+    try:
+        text, body = action()
+    except LockBusy as exc:
+        return _fail(str(exc), 3, as_json)
+    except SchemaError as exc:
+        return _fail(str(exc), 2, as_json)
+    except (PlanError, KafkaUnavailable, ReconcileError, JavaMissing, ReadError) as exc:
+        return _fail(str(exc), 1, as_json)
+    except Exception as exc:  # noqa: BLE001 - Spark wraps task errors; surface their cause
+        return _fail(_root_cause(exc), 1, as_json)
+    print(text, flush=True)
+    if as_json:
+        print(json.dumps(body, sort_keys=True), flush=True)
+    return 0
+
+
+def _fail(message: str, code: int, as_json: bool) -> int:
+    print(f"strata: error: {message}", file=sys.stderr, flush=True)
+    if as_json:
+        print(json.dumps({"status": "failed", "error": message, "exit_code": code}), flush=True)
+    return code
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The meaningful line of an error, digging out a Python task error from Spark's."""
+    text = str(exc)
+    for marker in ("strata.read.ReadError: ", "strata.schema.SchemaError: "):
+        if marker in text:
+            return text.split(marker, 1)[1].splitlines()[0]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else text}"
+
+
+def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.report import render_summary, summary_dict
+    from strata.run import run_batch
+
+    outcome = run_batch(cfg, max_offsets=args.max_offsets)
+    return render_summary(outcome), summary_dict(outcome)
+
+
+def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.status import pipeline_status, render_status
+
+    status = pipeline_status(cfg, args.history)
+    return render_status(status), status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

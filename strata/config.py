@@ -1,0 +1,426 @@
+"""Pipeline configuration: one YAML file per pipeline, validated by one typed model.
+
+`conf/strata.yaml` holds defaults shared by every pipeline (warehouse root, Kafka
+client, storage options); `conf/pipelines/NAME.yaml` holds one pipeline and may
+override any of them. `conf/local/*.yaml` (git-ignored) is merged last, for local
+overrides and secrets. String values may reference environment variables as
+`${NAME}` so secrets never live in committed files.
+
+Two environment variables override the config, so the same files run locally and in
+production: `STRATA_KAFKA_BOOTSTRAP` (the broker list) and `STRATA_WAREHOUSE` (the
+warehouse root that relative table locations hang from).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENV_BOOTSTRAP = "STRATA_KAFKA_BOOTSTRAP"
+ENV_WAREHOUSE = "STRATA_WAREHOUSE"
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+# Kafka client properties whose values must never be printed.
+_SECRET_HINTS = ("password", "secret", "token", "key")
+
+
+class ConfigError(Exception):
+    """A configuration file is missing or invalid; the message names file, key and fix."""
+
+
+def parse_duration_ms(value: str | int) -> int:
+    """Parse a duration such as ``"90s"``, ``"1h"`` or ``"7d"`` into milliseconds.
+
+    Args:
+        value: A string with a unit (ms, s, m, h, d) or an integer number of milliseconds.
+
+    Returns:
+        The duration in milliseconds.
+
+    Raises:
+        ValueError: If the value has no recognised unit.
+    """
+    if isinstance(value, int):
+        return value
+    match = _DURATION.match(value)
+    if not match:
+        raise ValueError(f"{value!r} is not a duration; write a number and a unit, e.g. '1h' or '90s'")
+    return int(match.group(1)) * _DURATION_MS[match.group(2)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaConfig(_Strict):
+    """How to reach the brokers.
+
+    Attributes:
+        bootstrap_servers: Broker list; `STRATA_KAFKA_BOOTSTRAP` overrides it.
+        properties: librdkafka properties passed through unchanged (SASL, SSL, ...).
+        group_id: Consumer group the committed end offsets are published to, for lag tools.
+        timeout_s: Bound on every metadata or watermark request, so a dead broker fails fast.
+    """
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    properties: dict[str, str] = Field(default_factory=dict)
+    group_id: str | None = None
+    timeout_s: float = Field(default=15.0, gt=0)
+
+    def __repr__(self) -> str:
+        shown = {
+            k: ("***" if any(h in k.lower() for h in _SECRET_HINTS) else v)
+            for k, v in self.properties.items()
+        }
+        return f"KafkaConfig(bootstrap_servers={self.bootstrap_servers!r}, properties={shown!r})"
+
+    __str__ = __repr__
+
+
+class EventTimeConfig(_Strict):
+    """Where the event time is, how to read it, and which values are believable.
+
+    Attributes:
+        field: Top-level field of the record that holds the event time.
+        unit: `s`, `ms`, `us` or `ns` for epoch numbers; `iso8601` for strings.
+        timezone: Zone of ISO strings that carry no offset. Partitions are always UTC.
+        max_future_skew: How far an event time may lie ahead of its Kafka timestamp.
+        late_after: An event whose Kafka timestamp trails it by more than this is late.
+        min_valid: Event times before this date are quarantined (epoch zero, unset clocks).
+    """
+
+    field: str
+    unit: Literal["s", "ms", "us", "ns", "iso8601"] = "ms"
+    timezone: str = "UTC"
+    max_future_skew: str = "1h"
+    late_after: str = "1h"
+    min_valid: str = "2000-01-01"
+
+    @field_validator("max_future_skew", "late_after")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration_ms(value)
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r}; use an IANA name such as 'UTC'") from exc
+        return value
+
+    @property
+    def max_future_skew_ms(self) -> int:
+        """The allowed skew in milliseconds."""
+        return parse_duration_ms(self.max_future_skew)
+
+    @property
+    def late_after_ms(self) -> int:
+        """The lateness threshold in milliseconds."""
+        return parse_duration_ms(self.late_after)
+
+
+class LimitsConfig(_Strict):
+    """Bounds on one batch.
+
+    Attributes:
+        max_offsets_per_partition: Cap on the range read from one partition in one batch.
+        max_offsets_per_task: Longer ranges are split into tasks of at most this many offsets.
+        target_file_mb: A data file is closed once it reaches about this size.
+        row_group_rows: Rows per Parquet row group; fixed so a re-run writes identical files.
+        read_stall_s: A task that makes no progress for this long fails (and Spark retries it).
+    """
+
+    max_offsets_per_partition: int = Field(default=5_000_000, gt=0)
+    max_offsets_per_task: int = Field(default=2_000_000, gt=0)
+    target_file_mb: int = Field(default=128, gt=0)
+    row_group_rows: int = Field(default=65_536, gt=0)
+    read_stall_s: float = Field(default=60.0, gt=0)
+
+
+class SparkConfig(_Strict):
+    """The Spark session the job builds when it runs outside spark-submit.
+
+    Attributes:
+        master: Spark master URL.
+        tasks: How many tasks to spread a batch over; 0 means Spark's default parallelism.
+        conf: Extra Spark properties.
+    """
+
+    master: str = "local[2,4]"
+    tasks: int = Field(default=0, ge=0)
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class PipelineConfig(_Strict):
+    """One pipeline: which topics, how to decode them, and where the tables live.
+
+    Attributes:
+        name: Pipeline name (the YAML file's stem); the Delta app id and ledger key.
+        topics: Kafka topics read by this pipeline; all share one schema.
+        format: `json`, `avro`, or `confluent_avro` (Avro in Confluent wire format).
+        schema_file: Avro schema under `schemas/`, also used to check and coerce JSON.
+        event_time: Event-time field and its rules.
+        partitioning: `dt` or `dt_hr` (Hive-style `dt=YYYY-MM-DD/hr=HH`).
+        warehouse: Root that relative locations hang from; `STRATA_WAREHOUSE` overrides it.
+        table: Location of the table (relative to the warehouse, absolute, or s3://).
+        raw_table: Location of the raw copy of every message read.
+        quarantine_table: Location of the rows that could not be decoded or trusted.
+        ledger_table: Location of the per-batch, per-partition ledger.
+        state_dir: Where plans are kept; defaults to `<warehouse>/_strata/<name>`.
+        lock_dir: Local directory for the run lock; defaults to `state_dir` when local.
+        starting_offsets: Where a partition never seen before starts.
+        kafka: Broker connection.
+        limits: Batch bounds.
+        spark: Spark session settings.
+        storage_options: Object-store options (endpoint, region...) for s3:// locations.
+        schemas_dir: Directory holding `schema_file`; set by the loader.
+    """
+
+    name: str
+    topics: list[str] = Field(min_length=1)
+    format: Literal["json", "avro", "confluent_avro"] = "json"
+    schema_file: str
+    event_time: EventTimeConfig
+    partitioning: Literal["dt", "dt_hr"] = "dt_hr"
+    warehouse: str = "warehouse"
+    table: str | None = None
+    raw_table: str | None = None
+    quarantine_table: str | None = None
+    ledger_table: str | None = None
+    state_dir: str | None = None
+    lock_dir: str | None = None
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    storage_options: dict[str, str] = Field(default_factory=dict)
+    schemas_dir: str = "schemas"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(
+                f"{value!r} is not a valid pipeline name; use lower-case letters, digits and '_'"
+            )
+        return value
+
+    @field_validator("topics")
+    @classmethod
+    def _topics(cls, value: list[str]) -> list[str]:
+        for topic in value:
+            if not _TOPIC.match(topic) or topic in (".", ".."):
+                raise ValueError(
+                    f"{topic!r} is not a Kafka topic name; use letters, digits, '.', '_' and '-'"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError("a topic is listed twice; list each topic once")
+        return value
+
+    @model_validator(mode="after")
+    def _schema_exists(self) -> PipelineConfig:
+        if not self.schema_path.is_file():
+            raise ValueError(
+                f"schema_file {self.schema_file!r} not found in {self.schemas_dir!r}; "
+                "put the Avro schema (.avsc) there or fix the name"
+            )
+        return self
+
+    @property
+    def schema_path(self) -> Path:
+        """The Avro schema file."""
+        return Path(self.schemas_dir) / self.schema_file
+
+    @property
+    def group_id(self) -> str:
+        """Consumer group that receives the committed end offsets."""
+        return self.kafka.group_id or f"strata-{self.name}"
+
+    def location(self, which: Literal["table", "raw", "quarantine", "ledger", "state"]) -> str:
+        """Resolve a table or state location against the warehouse root.
+
+        Args:
+            which: The location to resolve.
+
+        Returns:
+            An absolute local path or an `s3://` URI, without a trailing slash.
+        """
+        explicit = {
+            "table": self.table,
+            "raw": self.raw_table,
+            "quarantine": self.quarantine_table,
+            "ledger": self.ledger_table,
+            "state": self.state_dir,
+        }[which]
+        default = {
+            "table": self.name,
+            "raw": f"{self.name}_raw",
+            "quarantine": f"{self.name}_quarantine",
+            "ledger": f"{self.name}_ledger",
+            "state": f"_strata/{self.name}",
+        }[which]
+        return _resolve(self.warehouse, explicit or default)
+
+    @property
+    def lock_path(self) -> Path:
+        """Local file whose lock marks a run in flight."""
+        if self.lock_dir:
+            return Path(self.lock_dir) / f"{self.name}.lock"
+        state = self.location("state")
+        if "://" in state:
+            return Path.home() / ".strata" / "locks" / f"{self.name}.lock"
+        return Path(state) / "run.lock"
+
+
+def _resolve(root: str, location: str) -> str:
+    if "://" in location or location.startswith("/"):
+        return location.rstrip("/")
+    if "://" in root:
+        return f"{root.rstrip('/')}/{location}"
+    return str((Path(root) / location).resolve())
+
+
+def _expand_env(value: Any, source: Path, key: str) -> Any:  # noqa: ANN401 - YAML is untyped
+    if isinstance(value, dict):
+        return {k: _expand_env(v, source, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(
+                    f"{source}: key `{key}` refers to environment variable ${{{name}}}, "
+                    f"which is not set; export {name} or remove the reference"
+                )
+            return os.environ[name]
+
+        return _ENV_REF.sub(sub, value)
+    return value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc}); fix the syntax") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys at the top level")
+    return _expand_env(data, path, "")
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _origin(key_path: tuple[Any, ...], layers: list[tuple[Path, dict[str, Any]]]) -> Path:
+    """The last file that set a key, so the error names the file to edit."""
+    for path, data in reversed(layers):
+        node: Any = data
+        for part in key_path:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                break
+        else:
+            return path
+    return layers[-1][0]
+
+
+def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
+    """Load, merge and validate a pipeline's configuration.
+
+    Args:
+        name: Pipeline name; the file `conf_dir/pipelines/NAME.yaml` must exist.
+        conf_dir: The configuration directory.
+
+    Returns:
+        The validated configuration, with environment overrides applied.
+
+    Raises:
+        ConfigError: With the file, the key and the fix, if anything is wrong.
+    """
+    conf = Path(conf_dir).resolve()
+    pipeline_file = conf / "pipelines" / f"{name}.yaml"
+    if not pipeline_file.is_file():
+        known = sorted(p.stem for p in (conf / "pipelines").glob("*.yaml"))
+        raise ConfigError(
+            f"{pipeline_file}: no such pipeline file; known pipelines: {', '.join(known) or 'none'}"
+        )
+    layers: list[tuple[Path, dict[str, Any]]] = []
+    defaults = conf / "strata.yaml"
+    if defaults.is_file():
+        layers.append((defaults, _read_yaml(defaults)))
+    layers.append((pipeline_file, _read_yaml(pipeline_file)))
+    local = conf / "local"
+    if local.is_dir():
+        for extra in sorted(local.glob("*.yaml")):
+            layers.append((extra, _read_yaml(extra)))
+    merged: dict[str, Any] = {}
+    for _, data in layers:
+        merged = _merge(merged, data)
+    merged.setdefault("name", name)
+    if merged["name"] != name:
+        raise ConfigError(
+            f"{pipeline_file}: key `name` is {merged['name']!r} but the file is named {name!r}; "
+            "make them match or drop the key"
+        )
+    # Relative paths in config are relative to the project root (conf's parent).
+    root = conf.parent
+    merged["schemas_dir"] = str((root / merged.get("schemas_dir", "schemas")).resolve())
+    warehouse = os.environ.get(ENV_WAREHOUSE) or merged.get("warehouse", "warehouse")
+    if "://" not in warehouse:
+        warehouse = str((root / warehouse).resolve())
+    merged["warehouse"] = warehouse
+    if os.environ.get(ENV_BOOTSTRAP):
+        merged.setdefault("kafka", {})
+        merged["kafka"] = {**merged["kafka"], "bootstrap_servers": os.environ[ENV_BOOTSTRAP]}
+    try:
+        return PipelineConfig.model_validate(merged)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            key = ".".join(str(p) for p in loc) or "(top level)"
+            origin = _origin(loc, layers)
+            fix = _fix_hint(err)
+            lines.append(f"{origin}: key `{key}`: {err['msg']}{fix}")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def _fix_hint(err: Any) -> str:  # noqa: ANN401 - pydantic's ErrorDetails
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        return "; remove it or check its spelling against the README's configuration reference"
+    if kind == "missing":
+        return "; add it (see the README's configuration reference)"
+    if kind == "literal_error":
+        return ""
+    return ""
+
+
+def list_pipelines(conf_dir: str | Path = "conf") -> list[str]:
+    """Names of every pipeline configured under `conf_dir/pipelines`."""
+    return sorted(p.stem for p in (Path(conf_dir) / "pipelines").glob("*.yaml"))

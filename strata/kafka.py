@@ -1,0 +1,121 @@
+"""The Kafka side of a run: watermarks for planning, and offsets for lag tools.
+
+Every request is bounded by `kafka.timeout_s`, so a dead broker or a missing topic is
+a clear error within that time, never a hang.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition, libversion
+
+from strata.config import PipelineConfig
+from strata.plan import OffsetRange, PartitionState
+
+
+class KafkaUnavailable(Exception):
+    """The brokers, a topic or a partition could not be reached in time."""
+
+
+def client_version() -> str:
+    """The librdkafka version in use (old clients make brokers down-convert)."""
+    return f"librdkafka {libversion()[0]}"
+
+
+def client_conf(cfg: PipelineConfig, **extra: Any) -> dict[str, Any]:  # noqa: ANN401
+    """librdkafka settings for a pipeline: bootstrap, pass-through properties, extras."""
+    conf: dict[str, Any] = {"bootstrap.servers": cfg.kafka.bootstrap_servers}
+    conf.update(cfg.kafka.properties)
+    conf.update(extra)
+    return conf
+
+
+def _consumer(cfg: PipelineConfig, group: str) -> Consumer:
+    return Consumer(
+        client_conf(
+            cfg,
+            **{
+                "group.id": group,
+                "enable.auto.commit": False,
+                "socket.timeout.ms": int(cfg.kafka.timeout_s * 1000),
+            },
+        )
+    )
+
+
+def partition_states(cfg: PipelineConfig, committed: dict[tuple[str, int], int]) -> list[PartitionState]:
+    """Watermarks of every partition of the pipeline's topics, beside what is committed.
+
+    Args:
+        cfg: The pipeline configuration.
+        committed: End offset of the last committed batch per (topic, partition).
+
+    Returns:
+        One state per partition the broker knows.
+
+    Raises:
+        KafkaUnavailable: If the brokers or a topic cannot be reached within the timeout.
+    """
+    timeout = cfg.kafka.timeout_s
+    consumer = _consumer(cfg, cfg.group_id)
+    try:
+        states = []
+        for topic in cfg.topics:
+            try:
+                meta = consumer.list_topics(topic, timeout=timeout)
+            except KafkaException as exc:
+                raise KafkaUnavailable(
+                    f"cannot reach the brokers at {cfg.kafka.bootstrap_servers} within "
+                    f"{timeout:.0f}s ({exc.args[0]}); check kafka.bootstrap_servers "
+                    f"(or STRATA_KAFKA_BOOTSTRAP) and the network"
+                ) from None
+            info = meta.topics.get(topic)
+            if info is None or info.error is not None or not info.partitions:
+                reason = info.error if info is not None and info.error else "no partitions"
+                raise KafkaUnavailable(
+                    f"topic `{topic}` is not available on {cfg.kafka.bootstrap_servers} "
+                    f"({reason}); check the topic name in the pipeline config"
+                )
+            for partition in sorted(info.partitions):
+                try:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=timeout, cached=False
+                    )
+                except KafkaException as exc:
+                    raise KafkaUnavailable(
+                        f"partition {partition} of `{topic}`: no watermarks within "
+                        f"{timeout:.0f}s ({exc.args[0]})"
+                    ) from None
+                states.append(
+                    PartitionState(topic, partition, low, high, committed.get((topic, partition)))
+                )
+        return states
+    finally:
+        consumer.close()
+
+
+def publish_group_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str | None:
+    """Commit the batch's end offsets to the pipeline's consumer group.
+
+    Lag tools (Burrow, kafka-consumer-groups) read the group; the ledger stays the
+    truth, so a failure here is reported, not raised.
+
+    Args:
+        cfg: The pipeline configuration.
+        ranges: The committed ranges; each partition's end offset is published.
+
+    Returns:
+        None on success, or a sentence saying what failed.
+    """
+    offsets = [TopicPartition(r.topic, r.partition, r.end) for r in ranges]
+    if not offsets:
+        return None
+    consumer = _consumer(cfg, cfg.group_id)
+    try:
+        consumer.commit(offsets=offsets, asynchronous=False)
+        return None
+    except KafkaException as exc:
+        return f"could not publish offsets to consumer group {cfg.group_id!r}: {exc.args[0]}"
+    finally:
+        consumer.close()

@@ -1,0 +1,107 @@
+"""The ledger: a queryable Delta table with one row per batch and partition.
+
+It is the source of truth for what has been committed: the next plan starts where
+its highest batch ended, and consumer-group offsets (which expire on quiet topics)
+are only a copy of it for lag tools.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from strata.config import PipelineConfig
+from strata.delta import commit_files, ensure_table, open_table
+from strata.storage import filesystem, write_bytes_atomically
+from strata.write import WrittenFile
+
+LEDGER_SCHEMA = pa.schema(
+    [
+        pa.field("pipeline", pa.string(), nullable=False),
+        pa.field("batch", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("start_offset", pa.int64(), nullable=False),
+        pa.field("end_offset", pa.int64(), nullable=False),
+        pa.field("messages", pa.int64(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("quarantined", pa.int64(), nullable=False),
+        pa.field("gaps", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("late_rows", pa.int64(), nullable=False),
+        pa.field("max_lateness_ms", pa.int64(), nullable=False),
+        pa.field("min_event_time", pa.timestamp("us", tz="UTC")),
+        pa.field("max_event_time", pa.timestamp("us", tz="UTC")),
+        pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("note", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """What the ledger says about a pipeline.
+
+    Attributes:
+        last_batch: Highest committed batch, or 0 if none.
+        committed: End offset of the latest range per (topic, partition).
+    """
+
+    last_batch: int
+    committed: dict[tuple[str, int], int]
+
+
+def read_ledger(cfg: PipelineConfig) -> pa.Table:
+    """Every ledger row of the pipeline (empty if nothing was committed yet)."""
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    if table is None:
+        return LEDGER_SCHEMA.empty_table()
+    return table.to_pyarrow_table()
+
+
+def ledger_state(cfg: PipelineConfig) -> LedgerState:
+    """The last committed batch and the committed end offset of every partition."""
+    rows = read_ledger(cfg)
+    if rows.num_rows == 0:
+        return LedgerState(0, {})
+    last = pc.max(rows.column("batch")).as_py()
+    committed: dict[tuple[str, int], int] = {}
+    ordered = rows.sort_by([("batch", "ascending")])
+    for topic, partition, end in zip(
+        ordered.column("topic").to_pylist(),
+        ordered.column("partition").to_pylist(),
+        ordered.column("end_offset").to_pylist(),
+        strict=True,
+    ):
+        committed[(topic, partition)] = end
+    return LedgerState(last, committed)
+
+
+def commit_ledger(cfg: PipelineConfig, batch: int, rows: list[dict[str, object]]) -> None:
+    """Append a batch's rows to the ledger in one transaction, unless already there.
+
+    Args:
+        cfg: The pipeline configuration.
+        batch: The batch number.
+        rows: Ledger rows without `pipeline`, `batch` and `committed_at`.
+    """
+    uri = cfg.location("ledger")
+    table = ensure_table(uri, LEDGER_SCHEMA, [], cfg.storage_options, f"{cfg.name}_ledger")
+    if (table.transaction_version(cfg.name) or 0) >= batch:
+        return
+    now = datetime.now(UTC)
+    full = [{"pipeline": cfg.name, "batch": batch, "committed_at": now, "note": None, **r} for r in rows]
+    data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
+    buf = io.BytesIO()
+    pq.write_table(data, buf, compression="snappy")
+    rel = f"ledger-b{batch:010d}.parquet"
+    fs, root = filesystem(uri, cfg.storage_options)
+    write_bytes_atomically(fs, f"{root}/{rel}", buf.getvalue())
+    written = WrittenFile(rel, len(buf.getvalue()), {}, data.num_rows, f'{{"numRecords": {data.num_rows}}}')
+    commit_files(table, LEDGER_SCHEMA, [], [written], cfg.name, batch, {})

@@ -1,0 +1,235 @@
+"""Plan a batch: which offsets of which partitions it reads, and how tasks split them.
+
+The decisions are pure functions of the committed offsets and the broker's
+watermarks, so they are tested with literal values. The plan is persisted before
+any task runs: a retry of an unfinished batch reads exactly the planned ranges,
+whatever the broker holds by then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from strata.config import PipelineConfig
+from strata.storage import filesystem, read_bytes, write_bytes_atomically
+
+
+class PlanError(Exception):
+    """The broker's state makes a safe plan impossible; the message says what to do."""
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Offsets `[start, end)` of one topic partition.
+
+    Attributes:
+        topic: Kafka topic.
+        partition: Partition number.
+        start: First offset to read.
+        end: First offset not to read.
+    """
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        """How many offsets the range spans (messages plus gaps)."""
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """What is known of one partition when planning.
+
+    Attributes:
+        topic: Kafka topic.
+        partition: Partition number.
+        low: The broker's log start offset.
+        high: The broker's high watermark.
+        committed: End offset of the last committed batch, or None if never read.
+    """
+
+    topic: str
+    partition: int
+    low: int
+    high: int
+    committed: int | None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One batch, as persisted before reading.
+
+    Attributes:
+        pipeline: Pipeline name.
+        batch: Batch number (the Delta app-transaction version).
+        ranges: Every partition's range, empty ones included (they record a start).
+        splits: Ranges grouped into tasks; each inner list is one Spark task.
+        new_partitions: Partitions this batch reads for the first time.
+        fingerprint: Hash of the settings that decide where a message lands; a resumed
+            batch must decode exactly as it began.
+        created_at: When the plan was made (informational).
+    """
+
+    pipeline: str
+    batch: int
+    ranges: list[OffsetRange]
+    splits: list[list[OffsetRange]]
+    new_partitions: list[tuple[str, int]] = field(default_factory=list)
+    fingerprint: str = ""
+    created_at: str = ""
+
+    @property
+    def offsets(self) -> int:
+        """Offsets spanned by the whole batch."""
+        return sum(r.count for r in self.ranges)
+
+    def to_json(self) -> str:
+        """Serialise the plan."""
+        body = asdict(self)
+        return json.dumps(body, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchPlan:
+        """Read a serialised plan."""
+        body: dict[str, Any] = json.loads(text)
+        return cls(
+            pipeline=body["pipeline"],
+            batch=body["batch"],
+            ranges=[OffsetRange(**r) for r in body["ranges"]],
+            splits=[[OffsetRange(**r) for r in s] for s in body["splits"]],
+            new_partitions=[(t, p) for t, p in body.get("new_partitions", [])],
+            fingerprint=body.get("fingerprint", ""),
+            created_at=body.get("created_at", ""),
+        )
+
+
+def plan_ranges(
+    states: list[PartitionState],
+    starting_offsets: str,
+    max_offsets_per_partition: int,
+) -> tuple[list[OffsetRange], list[tuple[str, int]]]:
+    """Decide each partition's range for the next batch.
+
+    Args:
+        states: Watermarks and committed offsets of every partition of the topics.
+        starting_offsets: `earliest` or `latest`, for partitions never read before.
+        max_offsets_per_partition: Cap on one partition's range.
+
+    Returns:
+        The ranges (empty ones included) and the partitions seen for the first time.
+
+    Raises:
+        PlanError: If the broker went backwards, or deleted offsets before they were read.
+    """
+    ranges = []
+    new = []
+    for s in sorted(states, key=lambda s: (s.topic, s.partition)):
+        where = f"partition {s.partition} of `{s.topic}`"
+        if s.committed is None:
+            start = s.low if starting_offsets == "earliest" else s.high
+            new.append((s.topic, s.partition))
+        else:
+            start = s.committed
+            if s.high < s.committed:
+                raise PlanError(
+                    f"{where}: the high watermark {s.high} is below the committed offset "
+                    f"{s.committed}. The log went backwards (unclean leader election, a deleted "
+                    "and re-created topic, or the wrong cluster). Nothing was read. Check the "
+                    "cluster; if the topic was re-created on purpose, point the pipeline at new "
+                    "tables or reset its ledger."
+                )
+            if s.committed < s.low:
+                raise PlanError(
+                    f"{where}: committed offset {s.committed} is below the log start {s.low}; "
+                    f"{s.low - s.committed} messages were deleted by retention before they "
+                    "were read. Nothing was read. Replay them from another source, or accept "
+                    "the loss explicitly."
+                )
+        end = min(s.high, start + max_offsets_per_partition)
+        ranges.append(OffsetRange(s.topic, s.partition, start, end))
+    return ranges, new
+
+
+def split_ranges(ranges: list[OffsetRange], tasks: int, max_per_task: int) -> list[list[OffsetRange]]:
+    """Group ranges into Spark tasks of about equal size.
+
+    Ranges are laid end to end in (topic, partition) order and cut into
+    `max(tasks, ceil(total / max_per_task))` contiguous, near-equal pieces. A task
+    therefore reads one or several partitions, and a long range is cut across tasks.
+    One consumer fetching several partitions is also how Kafka clients are meant to
+    be used; it keeps the number of files per event hour at most one per task.
+
+    Args:
+        ranges: The batch's ranges; empty ones are ignored.
+        tasks: The least number of tasks wanted (the cluster's parallelism).
+        max_per_task: Most offsets one task may read.
+
+    Returns:
+        The splits, each a non-empty list of non-empty ranges.
+    """
+    work = [r for r in ranges if r.count > 0]
+    total = sum(r.count for r in work)
+    if total == 0:
+        return []
+    n = max(1, tasks, math.ceil(total / max_per_task))
+    n = min(n, total)
+    size = math.ceil(total / n)
+    splits: list[list[OffsetRange]] = []
+    current: list[OffsetRange] = []
+    room = size
+    for r in work:
+        start = r.start
+        while start < r.end:
+            take = min(room, r.end - start)
+            current.append(OffsetRange(r.topic, r.partition, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                splits.append(current)
+                current, room = [], size
+    if current:
+        splits.append(current)
+    return splits
+
+
+def decode_fingerprint(cfg: PipelineConfig) -> str:
+    """Hash of everything that decides whether and where a message lands."""
+    body = {
+        "format": cfg.format,
+        "schema": cfg.schema_path.read_text(),
+        "event_time": cfg.event_time.model_dump(),
+        "partitioning": cfg.partitioning,
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class PlanStore:
+    """Plans of a pipeline, one JSON file per batch under the state location."""
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        """Open the store for a pipeline.
+
+        Args:
+            cfg: The pipeline configuration.
+        """
+        self._fs, self._root = filesystem(cfg.location("state"), cfg.storage_options)
+
+    def _path(self, batch: int) -> str:
+        return f"{self._root}/plans/batch-{batch:010d}.json"
+
+    def load(self, batch: int) -> BatchPlan | None:
+        """The persisted plan of a batch, if one was made."""
+        data = read_bytes(self._fs, self._path(batch))
+        return None if data is None else BatchPlan.from_json(data.decode())
+
+    def save(self, plan: BatchPlan) -> None:
+        """Persist a plan before any of it is read."""
+        write_bytes_atomically(self._fs, self._path(plan.batch), plan.to_json().encode())

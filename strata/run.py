@@ -1,0 +1,357 @@
+"""One batch, end to end: plan, read, decode, write, commit, reconcile, publish offsets.
+
+Commit order is raw copy, quarantine, data table, ledger. Each table's commit
+carries the batch's app transaction, so after a crash at any point a re-run sees
+which commits stand, rewrites only the files of tables not yet committed, and
+commits the rest. The ledger is written last; it marks the batch done.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import pyarrow.dataset as ds
+
+from strata.config import PipelineConfig
+from strata.decode import DecodeRules
+from strata.delta import batch_metadata, commit_files, committed_batch, ensure_table, open_table
+from strata.kafka import partition_states, publish_group_offsets
+from strata.ledger import commit_ledger, ledger_state
+from strata.lock import run_lock
+from strata.plan import (
+    BatchPlan,
+    OffsetRange,
+    PartitionState,
+    PlanError,
+    PlanStore,
+    decode_fingerprint,
+    plan_ranges,
+    split_ranges,
+)
+from strata.schema import QUARANTINE_SCHEMA, RAW_SCHEMA, partition_columns
+from strata.task import RangeResult, SplitJob, SplitResult
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# Fault injection for the crash tests: the process kills itself with SIGKILL at the
+# named step, exactly as an OOM killer or a lost node would.
+CRASH_ENV = "STRATA_CRASH_AT"
+RANGES_KEY = "strata.ranges"
+TABLES = ("raw", "quarantine", "table")
+
+
+class ReconcileError(Exception):
+    """Offsets read do not equal rows + quarantined + gaps, or the tables disagree."""
+
+
+@dataclass
+class RunOutcome:
+    """What a run did, for the summary.
+
+    Attributes:
+        pipeline: Pipeline name.
+        status: `committed`, `resumed` (an unfinished batch was completed) or `idle`.
+        batch: Batch number, or None when idle.
+        ranges: Per-partition results of the batch.
+        files: Files committed per table.
+        new_partitions: Partitions read for the first time.
+        lag: Messages behind the high watermark per (topic, partition), after the run.
+        seconds: Wall time of the whole run.
+        spark_seconds: Time to start Spark (0 when no JVM was needed).
+        read_seconds: Time the tasks took, Spark start-up excluded.
+        warnings: Things the operator should know that did not fail the run.
+    """
+
+    pipeline: str
+    status: str
+    batch: int | None = None
+    ranges: list[RangeResult] = field(default_factory=list)
+    files: dict[str, int] = field(default_factory=dict)
+    new_partitions: list[tuple[str, int]] = field(default_factory=list)
+    lag: dict[tuple[str, int], int] = field(default_factory=dict)
+    seconds: float = 0.0
+    spark_seconds: float = 0.0
+    read_seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+def crash_point(step: str) -> None:
+    """Die by SIGKILL here if the crash tests asked for it."""
+    if os.environ.get(CRASH_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def run_batch(
+    cfg: PipelineConfig,
+    *,
+    max_offsets: int | None = None,
+    session: Callable[[PipelineConfig], SparkSession] | None = None,
+) -> RunOutcome:
+    """Plan and run the next batch of a pipeline, or finish an unfinished one.
+
+    Args:
+        cfg: The pipeline configuration.
+        max_offsets: Per-partition cap for this run, overriding the config.
+        session: Builds the Spark session; only called when there is data to read.
+
+    Returns:
+        The outcome.
+
+    Raises:
+        PlanError: If the broker's state makes a safe plan impossible.
+        ReconcileError: If the committed batch does not add up.
+    """
+    began = time.monotonic()
+    with run_lock(cfg.lock_path, cfg.name):
+        state = ledger_state(cfg)
+        batch = state.last_batch + 1
+        store = PlanStore(cfg)
+        plan = store.load(batch)
+        resumed = plan is not None
+        fingerprint = decode_fingerprint(cfg)
+        if plan is None:
+            states = partition_states(cfg, state.committed)
+            plan = _new_plan(cfg, batch, states, max_offsets, fingerprint)
+            if plan is None:
+                outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
+                # Catch the consumer group up with the ledger, in case a run died before.
+                ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
+                _publish(cfg, ranges, outcome)
+                outcome.seconds = time.monotonic() - began
+                return outcome
+            store.save(plan)
+        outcome = RunOutcome(
+            cfg.name, "resumed" if resumed else "committed", batch, new_partitions=plan.new_partitions
+        )
+        results = _execute_and_commit(cfg, plan, fingerprint, session, outcome)
+        outcome.ranges = results
+        ledger_rows = [_ledger_row(r) for r in results]
+        commit_ledger(cfg, batch, ledger_rows)
+        crash_point("after_ledger")
+        reconcile(cfg, batch, results)
+        _publish(cfg, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome)
+        try:
+            after = partition_states(cfg, {(r.topic, r.partition): r.end for r in results})
+            committed = dict(state.committed)
+            committed.update({(r.topic, r.partition): r.end for r in results})
+            outcome.lag = _lag(after, committed)
+        except Exception as exc:  # noqa: BLE001 - lag is informational; the batch stands
+            outcome.warnings.append(f"lag after the run unknown: {exc}")
+        outcome.seconds = time.monotonic() - began
+        return outcome
+
+
+def _new_plan(
+    cfg: PipelineConfig,
+    batch: int,
+    states: list[PartitionState],
+    max_offsets: int | None,
+    fingerprint: str,
+) -> BatchPlan | None:
+    from strata.spark import default_tasks
+
+    ranges, new = plan_ranges(
+        states, cfg.starting_offsets, max_offsets or cfg.limits.max_offsets_per_partition
+    )
+    if not any(r.count for r in ranges) and not new:
+        return None
+    # Empty ranges are kept only for new partitions: they record where reading starts.
+    kept = [r for r in ranges if r.count > 0 or (r.topic, r.partition) in new]
+    return BatchPlan(
+        pipeline=cfg.name,
+        batch=batch,
+        ranges=kept,
+        splits=split_ranges(kept, default_tasks(cfg), cfg.limits.max_offsets_per_task),
+        new_partitions=new,
+        fingerprint=fingerprint,
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _execute_and_commit(
+    cfg: PipelineConfig,
+    plan: BatchPlan,
+    fingerprint: str,
+    session: Callable[[PipelineConfig], SparkSession] | None,
+    outcome: RunOutcome,
+) -> list[RangeResult]:
+    uris = {name: cfg.location(name) for name in TABLES}  # type: ignore[arg-type]
+    done = {
+        name: (committed_batch(uri, cfg.name, cfg.storage_options) or 0) >= plan.batch
+        for name, uri in uris.items()
+    }
+    if all(done.values()):
+        stored = batch_metadata(uris["table"], plan.batch, cfg.storage_options, RANGES_KEY)
+        if stored is None:
+            raise ReconcileError(
+                f"batch {plan.batch}: the data table records it but its commit has no ranges; "
+                "the table was written by something other than this pipeline"
+            )
+        return [RangeResult(**r) for r in stored]
+    if plan.offsets == 0:
+        return [RangeResult(r.topic, r.partition, r.start, r.end) for r in plan.ranges]
+    if plan.fingerprint and plan.fingerprint != fingerprint and any(done.values()):
+        raise PlanError(
+            f"batch {plan.batch} was begun with other decode settings (schema, format, event "
+            "time or partitioning) and is partly committed; restore the settings it began "
+            "with, finish it, then change them"
+        )
+    write = frozenset(name for name, d in done.items() if not d)
+    jobs = [SplitJob(cfg, plan.batch, i, split, write) for i, split in enumerate(plan.splits)]
+    if session is None:
+        from strata.spark import build_session
+
+        session = build_session
+    from strata.spark import execute
+
+    t0 = time.monotonic()
+    spark = session(cfg)
+    outcome.spark_seconds = time.monotonic() - t0
+    t1 = time.monotonic()
+    split_results = execute(spark, jobs, f"{cfg.name} batch {plan.batch}")
+    outcome.read_seconds = time.monotonic() - t1
+    crash_point("after_files")
+    results = merge_results(split_results)
+
+    rules = DecodeRules.from_config(cfg)
+    layouts = {
+        "raw": (RAW_SCHEMA, []),
+        "quarantine": (QUARANTINE_SCHEMA, []),
+        "table": (rules.out_schema, partition_columns(cfg.partitioning)),
+    }
+    meta = {RANGES_KEY: [vars(r) for r in results]}
+    for name in TABLES:
+        files = [f for s in split_results for f in s.files.get(name, [])]
+        outcome.files[name] = len(files)
+        if done[name]:
+            continue
+        schema, partition_by = layouts[name]
+        suffix = {"raw": "_raw", "quarantine": "_quarantine", "table": ""}[name]
+        table = ensure_table(uris[name], schema, partition_by, cfg.storage_options, cfg.name + suffix)
+        commit_files(table, schema, partition_by, files, cfg.name, plan.batch, meta)
+        crash_point({"raw": "after_raw_commit", "quarantine": "after_quarantine_commit", "table": "after_data_commit"}[name])
+    return results
+
+
+def merge_results(split_results: list[SplitResult]) -> list[RangeResult]:
+    """Combine tasks' range results into one result per partition.
+
+    A long range may have been cut across tasks; its pieces are contiguous, so the
+    merged range runs from the first piece's start to the last piece's end.
+    """
+    merged: dict[tuple[str, int], RangeResult] = {}
+    for split in split_results:
+        for r in split.ranges:
+            key = (r.topic, r.partition)
+            m = merged.get(key)
+            if m is None:
+                merged[key] = RangeResult(**vars(r))
+                continue
+            m.start, m.end = min(m.start, r.start), max(m.end, r.end)
+            for name in ("messages", "gaps", "rows", "quarantined", "bytes", "late_rows"):
+                setattr(m, name, getattr(m, name) + getattr(r, name))
+            m.max_lateness_ms = max(m.max_lateness_ms, r.max_lateness_ms)
+            for name, pick in (("min_event_us", min), ("max_event_us", max)):
+                values = [v for v in (getattr(m, name), getattr(r, name)) if v is not None]
+                setattr(m, name, pick(values) if values else None)
+    return [merged[k] for k in sorted(merged)]
+
+
+def reconcile(cfg: PipelineConfig, batch: int, results: list[RangeResult]) -> None:
+    """Check that the committed batch adds up, partition by partition.
+
+    Offsets spanned must equal rows + quarantined + gaps; and the rows the data,
+    quarantine and raw tables hold for the batch must equal what the tasks counted.
+
+    Raises:
+        ReconcileError: Naming each partition that does not add up.
+    """
+    problems = []
+    for r in results:
+        if r.end - r.start != r.rows + r.quarantined + r.gaps:
+            problems.append(
+                f"partition {r.partition} of `{r.topic}`: offsets [{r.start}, {r.end}) span "
+                f"{r.end - r.start}, but rows {r.rows} + quarantined {r.quarantined} + gaps "
+                f"{r.gaps} = {r.rows + r.quarantined + r.gaps}"
+            )
+    counted = {
+        "table": _batch_counts(cfg, "table", batch),
+        "quarantine": _batch_counts(cfg, "quarantine", batch),
+        "raw": _batch_counts(cfg, "raw", batch),
+    }
+    for r in results:
+        key = (r.topic, r.partition)
+        expect = {"table": r.rows, "quarantine": r.quarantined, "raw": r.messages}
+        for name, want in expect.items():
+            have = counted[name].get(key, 0)
+            if have != want:
+                problems.append(
+                    f"partition {r.partition} of `{r.topic}`: the {name} table holds {have} rows "
+                    f"of batch {batch}, the tasks counted {want}"
+                )
+    if problems:
+        raise ReconcileError(f"batch {batch} does not reconcile:\n  " + "\n  ".join(problems))
+
+
+def _batch_counts(cfg: PipelineConfig, name: str, batch: int) -> dict[tuple[str, int], int]:
+    table = open_table(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+    if table is None:
+        return {}
+    data = table.to_pyarrow_dataset().to_table(
+        columns=["_topic", "_partition"], filter=ds.field("_batch") == batch
+    )
+    if data.num_rows == 0:
+        return {}
+    grouped = data.group_by(["_topic", "_partition"]).aggregate([("_partition", "count")])
+    return {
+        (t, p): c
+        for t, p, c in zip(
+            grouped.column("_topic").to_pylist(),
+            grouped.column("_partition").to_pylist(),
+            grouped.column("_partition_count").to_pylist(),
+            strict=True,
+        )
+    }
+
+
+def _ledger_row(r: RangeResult) -> dict[str, object]:
+    def ts(us: int | None) -> datetime | None:
+        return None if us is None else datetime.fromtimestamp(us / 1_000_000, tz=UTC)
+
+    return {
+        "kind": "ingest",
+        "topic": r.topic,
+        "partition": r.partition,
+        "start_offset": r.start,
+        "end_offset": r.end,
+        "messages": r.messages,
+        "rows": r.rows,
+        "quarantined": r.quarantined,
+        "gaps": r.gaps,
+        "bytes": r.bytes,
+        "late_rows": r.late_rows,
+        "max_lateness_ms": r.max_lateness_ms,
+        "min_event_time": ts(r.min_event_us),
+        "max_event_time": ts(r.max_event_us),
+    }
+
+
+def _lag(states: list[PartitionState], committed: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    return {
+        (s.topic, s.partition): max(s.high - committed.get((s.topic, s.partition), s.low), 0)
+        for s in states
+    }
+
+
+def _publish(cfg: PipelineConfig, ranges: list[OffsetRange], outcome: RunOutcome) -> None:
+    problem = publish_group_offsets(cfg, ranges)
+    if problem:
+        outcome.warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")
+

@@ -1,0 +1,196 @@
+"""Write Parquet files with deterministic names and deterministic content.
+
+A file's name is fixed by (batch, task, partition values, file number), and its
+row groups are cut at a fixed row count, so a retried task or a re-run batch writes
+the same files byte for byte and overwrites instead of duplicating. Files appear
+whole: locally through a rename, on object stores through the atomic PUT.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+# Integer columns whose min/max go into Delta's file statistics, for file skipping.
+_STATS_COLUMNS = ("_partition", "_offset", "_batch")
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A finished data file, as a Delta add action needs it.
+
+    Attributes:
+        path: Path relative to the table root.
+        size: Bytes.
+        partition_values: Partition column values.
+        rows: Rows in the file.
+        stats: Delta statistics JSON.
+    """
+
+    path: str
+    size: int
+    partition_values: dict[str, str]
+    rows: int
+    stats: str
+
+
+def file_name(batch: int, task: int, number: int) -> str:
+    """The deterministic name of a task's file in one partition directory."""
+    return f"part-b{batch:010d}-t{task:05d}-f{number:03d}.snappy.parquet"
+
+
+class _OpenFile:
+    def __init__(
+        self,
+        fs: pafs.FileSystem,
+        root: str,
+        rel: str,
+        schema: pa.Schema,
+        partition_values: dict[str, str],
+    ) -> None:
+        self.fs, self.root, self.rel = fs, root, rel
+        self.partition_values = partition_values
+        final = f"{root}/{rel}"
+        fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+        self.local = isinstance(fs, pafs.LocalFileSystem)
+        self.target = f"{final}.tmp-{uuid.uuid4().hex}" if self.local else final
+        self.stream = fs.open_output_stream(self.target)
+        self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
+        self.rows = 0
+        self.mins: dict[str, Any] = {}
+        self.maxs: dict[str, Any] = {}
+
+    def write(self, table: pa.Table) -> None:
+        self.writer.write_table(table, row_group_size=table.num_rows)
+        self.rows += table.num_rows
+        for name in _STATS_COLUMNS:
+            if name in table.column_names:
+                mm = pc.min_max(table.column(name)).as_py()
+                if mm["min"] is not None:
+                    self.mins[name] = min(mm["min"], self.mins.get(name, mm["min"]))
+                    self.maxs[name] = max(mm["max"], self.maxs.get(name, mm["max"]))
+
+    @property
+    def bytes_written(self) -> int:
+        return int(self.stream.tell())
+
+    def close(self) -> WrittenFile:
+        self.writer.close()
+        self.stream.close()
+        final = f"{self.root}/{self.rel}"
+        if self.local:
+            self.fs.move(self.target, final)
+        size = self.fs.get_file_info(final).size
+        stats = {"numRecords": self.rows, "minValues": self.mins, "maxValues": self.maxs}
+        return WrittenFile(self.rel, int(size or 0), self.partition_values, self.rows, json.dumps(stats))
+
+
+class PartitionedWriter:
+    """Writes one task's rows of one table, a file (or a few) per partition value.
+
+    Rows are buffered per partition and written in row groups of exactly
+    `row_group_rows` rows (the last one shorter); a file is closed and the next one
+    begun once it passes `target_bytes`.
+    """
+
+    def __init__(
+        self,
+        fs: pafs.FileSystem,
+        root: str,
+        schema: pa.Schema,
+        partition_by: list[str],
+        batch: int,
+        task: int,
+        target_bytes: int,
+        row_group_rows: int,
+    ) -> None:
+        """Prepare a writer.
+
+        Args:
+            fs: Filesystem of the table.
+            root: Table root path inside `fs`.
+            schema: Full table schema, partition columns included.
+            partition_by: Partition columns (kept out of the files, as Delta does).
+            batch: Batch number, for file names.
+            task: Task number within the batch, for file names.
+            target_bytes: Size at which a file is closed.
+            row_group_rows: Rows per row group.
+        """
+        self.fs, self.root = fs, root
+        self.partition_by = partition_by
+        self.file_schema = pa.schema([f for f in schema if f.name not in partition_by])
+        self.batch, self.task = batch, task
+        self.target_bytes, self.row_group_rows = target_bytes, row_group_rows
+        self._buffers: dict[tuple[str, ...], list[pa.Table]] = {}
+        self._buffered: dict[tuple[str, ...], int] = {}
+        self._open: dict[tuple[str, ...], _OpenFile] = {}
+        self._numbers: dict[tuple[str, ...], int] = {}
+        self.files: list[WrittenFile] = []
+
+    def write(self, table: pa.Table) -> None:
+        """Buffer rows, writing every full row group.
+
+        Args:
+            table: Rows in the table's schema, partition columns included.
+        """
+        if table.num_rows == 0:
+            return
+        for key, part in _split_by(table, self.partition_by):
+            body = part.select(self.file_schema.names).cast(self.file_schema)
+            self._buffers.setdefault(key, []).append(body)
+            self._buffered[key] = self._buffered.get(key, 0) + body.num_rows
+            while self._buffered[key] >= self.row_group_rows:
+                self._write_group(key, self.row_group_rows)
+
+    def _write_group(self, key: tuple[str, ...], rows: int) -> None:
+        buffered = pa.concat_tables(self._buffers[key])
+        group, rest = buffered.slice(0, rows), buffered.slice(rows)
+        self._buffers[key] = [rest] if rest.num_rows else []
+        self._buffered[key] = rest.num_rows
+        out = self._open.get(key)
+        if out is None:
+            number = self._numbers.get(key, 0)
+            self._numbers[key] = number + 1
+            directory = "/".join(f"{c}={v}" for c, v in zip(self.partition_by, key, strict=True))
+            rel = f"{directory}/{file_name(self.batch, self.task, number)}".lstrip("/")
+            out = _OpenFile(self.fs, self.root, rel, self.file_schema, dict(zip(self.partition_by, key, strict=True)))
+            self._open[key] = out
+        out.write(group)
+        if out.bytes_written >= self.target_bytes:
+            self.files.append(out.close())
+            del self._open[key]
+
+    def close(self) -> list[WrittenFile]:
+        """Write what is buffered and close every file.
+
+        Returns:
+            Every file this writer produced.
+        """
+        for key in sorted(self._buffers):
+            if self._buffered.get(key):
+                self._write_group(key, self._buffered[key])
+        for key in sorted(self._open):
+            self.files.append(self._open.pop(key).close())
+        return sorted(self.files, key=lambda f: f.path)
+
+
+def _split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...], pa.Table]]:
+    """Split rows by the values of partition columns."""
+    if not columns:
+        return [((), table)]
+    if len(columns) == 1:
+        keys = table.column(columns[0])
+    else:
+        keys = pc.binary_join_element_wise(*[table.column(c) for c in columns], "/")
+    out = []
+    for value in sorted(pc.unique(keys).to_pylist()):
+        part = table.filter(pc.equal(keys, value))
+        out.append((tuple(value.split("/")) if len(columns) > 1 else (value,), part))
+    return out
