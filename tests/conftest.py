@@ -1,0 +1,150 @@
+"""Shared fixtures: a real local broker, one Spark session, and pipelines in tmp dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from strata.config import ENV_BOOTSTRAP, ENV_WAREHOUSE, PipelineConfig, load_pipeline
+from strata.demo import HOUR_MS, click_events, produce
+from strata.local_broker import LocalBroker
+
+ROOT = Path(__file__).resolve().parents[1]
+START_MS = 1_763_805_600_000  # 2025-11-22T10:00:00Z
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[LocalBroker]:
+    with LocalBroker() as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("strata-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@dataclass
+class Pipeline:
+    """A pipeline configured in a temporary conf dir, against the test broker."""
+
+    name: str
+    topic: str
+    conf_dir: Path
+    warehouse: Path
+    bootstrap: str
+
+    def cfg(self) -> PipelineConfig:
+        return load_pipeline(self.name, self.conf_dir)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in (ENV_BOOTSTRAP, ENV_WAREHOUSE)}
+        env.update(extra)
+        return env
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """Run the installed `strata` command as a separate process."""
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "strata"), *args, "--pipeline", self.name, "--conf-dir", str(self.conf_dir)],
+            capture_output=True,
+            text=True,
+            env=env or self.env(),
+            timeout=timeout,
+        )
+
+    def table_rows(self, which: str, columns: list[str] | None = None):
+        cfg = self.cfg()
+        return DeltaTable(cfg.location(which)).to_pyarrow_table(columns=columns)
+
+    def landed(self) -> Counter[tuple[int, int]]:
+        """How often each (partition, offset) landed as a row or a quarantined row."""
+        counts: Counter[tuple[int, int]] = Counter()
+        for which in ("table", "quarantine"):
+            t = self.table_rows(which, ["_partition", "_offset"])
+            counts.update(zip(t.column("_partition").to_pylist(), t.column("_offset").to_pylist(), strict=True))
+        return counts
+
+    def raw_copies(self) -> Counter[tuple[int, int]]:
+        t = self.table_rows("raw", ["_partition", "_offset"])
+        return Counter(zip(t.column("_partition").to_pylist(), t.column("_offset").to_pylist(), strict=True))
+
+
+@pytest.fixture
+def make_pipeline(tmp_path: Path, broker: LocalBroker):
+    """Create a topic and a pipeline reading it; returns a factory taking config overrides."""
+
+    def factory(partitions: int = 4, overrides: dict[str, Any] | None = None, create: bool = True) -> Pipeline:
+        name = "p_" + uuid.uuid4().hex[:8]
+        topic = "t-" + name
+        if create:
+            broker.create_topic(topic, partitions)
+        conf = tmp_path / name / "conf"
+        (conf / "pipelines").mkdir(parents=True)
+        schemas = tmp_path / name / "schemas"
+        schemas.mkdir()
+        shutil.copy(ROOT / "schemas" / "clicks.avsc", schemas / "clicks.avsc")
+        warehouse = tmp_path / name / "warehouse"
+        body: dict[str, Any] = {
+            "topics": [topic],
+            "format": "json",
+            "schema_file": "clicks.avsc",
+            "warehouse": str(warehouse),
+            "event_time": {"field": "ts", "unit": "ms"},
+            "kafka": {"bootstrap_servers": broker.bootstrap, "timeout_s": 10},
+            "limits": {"read_stall_s": 20},
+            "spark": {"master": "local[2,4]"},
+        }
+        for key, value in (overrides or {}).items():
+            if isinstance(value, dict) and isinstance(body.get(key), dict):
+                body[key] = {**body[key], **value}
+            else:
+                body[key] = value
+        (conf / "pipelines" / f"{name}.yaml").write_text(yaml.safe_dump(body))
+        return Pipeline(name, topic, conf, warehouse, broker.bootstrap)
+
+    return factory
+
+
+def produce_clicks(
+    broker: LocalBroker, topic: str, partitions: int, count: int, *, start_ms: int = START_MS, hours: int = 3, seed: int = 7, **specials: int
+) -> dict[int, int]:
+    """Produce click events and seal each partition; returns messages per partition."""
+    kinds = produce(broker.bootstrap, topic, partitions, click_events(count, start_ms, hours, seed=seed, **specials))
+    total = sum(kinds.values())
+    per = {p: len(range(p, total, partitions)) for p in range(partitions)}
+    seal = {"event_id": "seal", "user_id": 0, "page": "/", "device": "desktop", "ts": start_ms + hours * HOUR_MS - 1}
+    broker.seal(topic, list(range(partitions)), json.dumps(seal).encode(), timestamp_ms=start_ms + hours * HOUR_MS)
+    return {p: n + 1 for p, n in per.items()}
+
+
+def expected_offsets(per_partition: dict[int, int], first: dict[int, int] | None = None) -> Counter[tuple[int, int]]:
+    first = first or {}
+    return Counter((p, o) for p, n in per_partition.items() for o in range(first.get(p, 0), n))

@@ -1,0 +1,69 @@
+"""Exactly once across crashes: the real `strata run` process is killed, then re-run."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from strata.ledger import read_ledger
+from strata.run import CRASH_ENV
+from tests.conftest import START_MS, expected_offsets, produce_clicks
+
+pytestmark = pytest.mark.integration
+
+STEPS = ["after_files", "after_raw_commit", "after_quarantine_commit", "after_data_commit", "after_ledger"]
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(make_pipeline, broker, step):
+    p = make_pipeline(partitions=3)
+    per = produce_clicks(broker, p.topic, 3, 3000, malformed=5, late=5)
+
+    crashed = p.cli("run", env=p.env(**{CRASH_ENV: step}))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+
+    rerun = p.cli("run", "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    ledger = read_ledger(p.cfg()).to_pylist()
+    assert sorted((r["batch"], r["partition"]) for r in ledger) == [(1, q) for q in range(3)]
+    assert all(r["rows"] + r["quarantined"] + r["gaps"] == r["end_offset"] - r["start_offset"] for r in ledger)
+    assert sum(r["quarantined"] for r in ledger) == 5
+
+    idle = p.cli("run")
+    assert idle.returncode == 0 and "nothing new to read" in idle.stdout
+
+
+def test_kills_at_random_moments_in_a_row_still_land_each_message_once(make_pipeline, broker):
+    p = make_pipeline(partitions=2)
+    rng = random.Random(20261122)
+    total = {0: 0, 1: 0}
+    strata = str(Path(sys.executable).parent / "strata")
+    for round_ in range(4):
+        new = produce_clicks(broker, p.topic, 2, 4000, seed=round_, start_ms=START_MS + round_ * 3_600_000, hours=1)
+        total = {q: total[q] + new[q] for q in total}
+        proc = subprocess.Popen(
+            [strata, "run", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=p.env(), start_new_session=True,
+        )
+        time.sleep(rng.uniform(0.5, 9.0))
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for _ in range(3):
+        done = p.cli("run")
+        assert done.returncode == 0, done.stderr
+        if "nothing new to read" in done.stdout:
+            break
+    assert p.landed() == expected_offsets(total)
+    assert p.raw_copies() == expected_offsets(total)
+    batches = [r["batch"] for r in read_ledger(p.cfg()).to_pylist()]
+    assert len(batches) == 2 * len(set(batches)), "each batch once per partition in the ledger"

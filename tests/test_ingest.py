@@ -1,0 +1,144 @@
+"""End to end against the real local broker and real Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from confluent_kafka import Producer
+from deltalake import DeltaTable
+
+from strata.ledger import read_ledger
+from strata.report import summary_dict
+from strata.run import run_batch
+from tests.conftest import START_MS, expected_offsets, produce_clicks
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=4)
+    per = produce_clicks(broker, p.topic, 4, 3000, late=10, malformed=7, future=2)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+
+    assert outcome.status == "committed" and outcome.batch == 1
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    quarantine = p.table_rows("quarantine")
+    assert quarantine.num_rows == 9
+    reasons = quarantine.column("reason").to_pylist()
+    assert sum("ahead of its Kafka timestamp" in r for r in reasons) == 2
+    assert all(v is not None for v in quarantine.column("_value").to_pylist())
+
+    data = p.table_rows("table")
+    # Every row sits in the partition of its own event time, late ones included.
+    hours = pc.strftime(data.column("_event_time"), format="%Y-%m-%d/%H").to_pylist()
+    assert hours == [f"{d}/{h}" for d, h in zip(data.column("dt").to_pylist(), data.column("hr").to_pylist(), strict=True)]
+    summary = summary_dict(outcome)
+    assert summary["late_rows"] == 10 and summary["max_lateness_ms"] >= 3 * 3_600_000
+    assert summary["rows"] + summary["quarantined"] + summary["gaps"] == sum(per.values())
+
+    ledger = read_ledger(p.cfg()).to_pylist()
+    assert sorted((r["partition"], r["start_offset"], r["end_offset"]) for r in ledger) == [(q, 0, n) for q, n in sorted(per.items())]
+    for r in ledger:
+        assert r["end_offset"] - r["start_offset"] == r["rows"] + r["quarantined"] + r["gaps"]
+        assert r["min_event_time"] is not None and r["max_event_time"] >= r["min_event_time"]
+
+    dt = DeltaTable(p.cfg().location("table"))
+    assert dt.transaction_version(p.name) == 1
+    adds = pa.table(dt.get_add_actions(flatten=True))
+    per_hour = Counter(zip(adds.column("partition.dt").to_pylist(), adds.column("partition.hr").to_pylist(), strict=True))
+    assert sorted(per_hour) == [("2025-11-22", "10"), ("2025-11-22", "11"), ("2025-11-22", "12")]
+    assert max(per_hour.values()) <= 2, "at most one file per task per event hour"
+    commit = dt.history(1)[0]
+    ranges = json.loads(commit["strata.ranges"])
+    assert sorted((r["partition"], r["start"], r["end"]) for r in ranges) == [(q, 0, n) for q, n in sorted(per.items())]
+
+
+def test_the_next_run_reads_only_new_offsets(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=2)
+    first = produce_clicks(broker, p.topic, 2, 500, seed=1)
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
+    second = produce_clicks(broker, p.topic, 2, 300, seed=2, start_ms=START_MS + 3 * 3_600_000)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.batch == 2
+    assert [(r.partition, r.start) for r in outcome.ranges] == [(0, first[0]), (1, first[1])]
+    total = {q: first[q] + second[q] for q in first}
+    assert p.landed() == expected_offsets(total)
+    assert run_batch(p.cfg(), session=lambda _: spark).status == "idle"
+
+
+def test_offset_gaps_from_transactions_are_counted_not_waited_for(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": p.name})
+    producer.init_transactions(30)
+    kept, dropped = [], []
+    for txn, (n, commit) in enumerate([(5, True), (3, False), (4, True), (2, False), (6, True)]):
+        producer.begin_transaction()
+        for i in range(n):
+            body = {"event_id": f"x{txn}-{i}", "user_id": i, "page": "/", "device": "mobile", "ts": START_MS + i}
+            producer.produce(p.topic, json.dumps(body).encode(), partition=0, timestamp=START_MS + i)
+            (kept if commit else dropped).append(body["event_id"])
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+    broker.seal(p.topic, [0], json.dumps({"event_id": "seal", "user_id": 0, "page": "/", "device": "mobile", "ts": START_MS}).encode(), timestamp_ms=START_MS)
+    kept.append("seal")
+
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    [r] = outcome.ranges
+    assert r.gaps > 0
+    assert r.end - r.start == r.rows + r.quarantined + r.gaps
+    assert sorted(p.table_rows("table").column("event_id").to_pylist()) == sorted(kept)
+    assert r.messages == len(kept)
+
+
+def test_a_run_with_nothing_new_starts_no_jvm(make_pipeline, broker, spark, tmp_path):
+    p = make_pipeline(partitions=1)
+    produce_clicks(broker, p.topic, 1, 50)
+    run_batch(p.cfg(), session=lambda _: spark)
+    # A java that leaves a mark: if anything tried to start Spark, we would see it.
+    fake = tmp_path / "fake-java"
+    (fake / "bin").mkdir(parents=True)
+    marker = tmp_path / "java-was-called"
+    (fake / "bin" / "java").write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    (fake / "bin" / "java").chmod(0o755)
+    path = ":".join(d for d in os.environ["PATH"].split(":") if not Path(d, "java").exists())
+    began = time.monotonic()
+    done = p.cli("run", "--json", env=p.env(JAVA_HOME=str(fake), PATH=f"{fake / 'bin'}:{path}"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["status"] == "idle"
+    assert "nothing new to read" in done.stdout
+    assert not marker.exists()
+    assert time.monotonic() - began < 60  # generous; the point is the marker
+
+
+def test_a_second_run_while_one_is_in_flight_fails_cleanly(make_pipeline, broker):
+    p = make_pipeline(partitions=2)
+    per = produce_clicks(broker, p.topic, 2, 20_000)
+    first = subprocess.Popen(
+        [str(Path(sys.executable).parent / "strata"), "run", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=p.env(),
+    )
+    lock = p.cfg().lock_path
+    deadline = time.monotonic() + 60
+    while not (lock.exists() and f'"pid": {first.pid}' in lock.read_text()):
+        assert time.monotonic() < deadline and first.poll() is None, "the first run never took the lock"
+        time.sleep(0.05)
+    second = p.cli("run", "--json")
+    assert second.returncode == 3
+    assert "another run is in flight" in second.stderr and f'"pid": {first.pid}' in second.stderr
+    assert "Traceback" not in second.stderr
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert p.landed() == expected_offsets(per)
+    assert [r["batch"] for r in read_ledger(p.cfg()).to_pylist()] == [1, 1]

@@ -1,0 +1,55 @@
+"""Planning decisions, on literal watermarks and committed offsets."""
+
+from __future__ import annotations
+
+import pytest
+
+from strata.plan import BatchPlan, OffsetRange, PartitionState, PlanError, plan_ranges, split_ranges
+
+
+def test_new_partitions_start_per_policy_and_are_capped():
+    states = [PartitionState("t", 0, 10, 500, None), PartitionState("t", 1, 0, 40, None)]
+    ranges, new = plan_ranges(states, "earliest", 100)
+    assert ranges == [OffsetRange("t", 0, 10, 110), OffsetRange("t", 1, 0, 40)]
+    assert new == [("t", 0), ("t", 1)]
+    ranges, _ = plan_ranges(states, "latest", 100)
+    assert ranges == [OffsetRange("t", 0, 500, 500), OffsetRange("t", 1, 40, 40)]
+
+
+def test_committed_partitions_continue_where_they_ended():
+    states = [PartitionState("t", 0, 0, 900, 700), PartitionState("t", 1, 0, 50, 50)]
+    ranges, new = plan_ranges(states, "earliest", 1000)
+    assert ranges == [OffsetRange("t", 0, 700, 900), OffsetRange("t", 1, 50, 50)]
+    assert new == []
+
+
+def test_high_watermark_below_committed_stops_with_the_reason():
+    with pytest.raises(PlanError, match=r"partition 2 of `t`: the high watermark 10 is below the committed offset 300"):
+        plan_ranges([PartitionState("t", 2, 0, 10, 300)], "earliest", 100)
+
+
+def test_offsets_deleted_before_read_fail_closed_with_the_count():
+    with pytest.raises(PlanError, match=r"committed offset 1200 is below the log start 5000; 3800 messages"):
+        plan_ranges([PartitionState("clicks", 3, 5000, 9000, 1200)], "earliest", 100)
+
+
+def test_split_covers_every_offset_once_in_balanced_tasks():
+    ranges = [OffsetRange("t", p, 100 * p, 100 * p + 250) for p in range(4)] + [OffsetRange("t", 9, 5, 5)]
+    splits = split_ranges(ranges, tasks=2, max_per_task=10_000)
+    assert len(splits) == 2
+    assert [sum(r.count for r in s) for s in splits] == [500, 500]
+    covered = sorted((r.partition, o) for s in splits for r in s for o in range(r.start, r.end))
+    assert covered == sorted((p, o) for p in range(4) for o in range(100 * p, 100 * p + 250))
+
+
+def test_split_respects_max_offsets_per_task():
+    splits = split_ranges([OffsetRange("t", 0, 0, 1001)], tasks=1, max_per_task=100)
+    assert len(splits) == 11
+    assert max(sum(r.count for r in s) for s in splits) <= 100
+    assert splits[0][0].start == 0 and splits[-1][-1].end == 1001
+    assert split_ranges([OffsetRange("t", 0, 7, 7)], tasks=2, max_per_task=100) == []
+
+
+def test_plan_round_trips_through_json():
+    plan = BatchPlan("p", 3, [OffsetRange("t", 0, 1, 9)], [[OffsetRange("t", 0, 1, 9)]], [("t", 0)], "abc", "now")
+    assert BatchPlan.from_json(plan.to_json()) == plan
