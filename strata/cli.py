@@ -16,8 +16,12 @@ from strata.config import ConfigError, PipelineConfig, load_pipeline
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pipeline", required=True, help="pipeline name (conf/pipelines/NAME.yaml)")
-    parser.add_argument("--conf-dir", default="conf", help="configuration directory (default: conf)")
+    parser.add_argument(
+        "--pipeline", required=True, help="pipeline name (conf/pipelines/NAME.yaml)"
+    )
+    parser.add_argument(
+        "--conf-dir", default="conf", help="configuration directory (default: conf)"
+    )
     parser.add_argument("--json", action="store_true", help="end the output with one JSON line")
 
 

@@ -52,7 +52,9 @@ def parse_duration_ms(value: str | int) -> int:
         return value
     match = _DURATION.match(value)
     if not match:
-        raise ValueError(f"{value!r} is not a duration; write a number and a unit, e.g. '1h' or '90s'")
+        raise ValueError(
+            f"{value!r} is not a duration; write a number and a unit, e.g. '1h' or '90s'"
+        )
     return int(match.group(1)) * _DURATION_MS[match.group(2)]
 
 
@@ -118,7 +120,9 @@ class EventTimeConfig(_Strict):
         try:
             ZoneInfo(value)
         except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"unknown time zone {value!r}; use an IANA name such as 'UTC'") from exc
+            raise ValueError(
+                f"unknown time zone {value!r}; use an IANA name such as 'UTC'"
+            ) from exc
         return value
 
     @property
@@ -139,7 +143,8 @@ class LimitsConfig(_Strict):
         max_offsets_per_partition: Cap on the range read from one partition in one batch.
         max_offsets_per_task: Longer ranges are split into tasks of at most this many offsets.
         target_file_mb: A data file is closed once it reaches about this size.
-        row_group_rows: Rows per Parquet row group; fixed so a re-run writes identical files.
+        row_group_rows: Rows per Parquet row group (fewer when the write buffer is full).
+        write_buffer_mb: Memory per task and table for rows not yet written.
         read_stall_s: A task that makes no progress for this long fails (and Spark retries it).
     """
 
@@ -147,6 +152,7 @@ class LimitsConfig(_Strict):
     max_offsets_per_task: int = Field(default=2_000_000, gt=0)
     target_file_mb: int = Field(default=128, gt=0)
     row_group_rows: int = Field(default=65_536, gt=0)
+    write_buffer_mb: int = Field(default=64, gt=0)
     read_stall_s: float = Field(default=60.0, gt=0)
 
 
@@ -295,7 +301,9 @@ def _resolve(root: str, location: str) -> str:
 
 def _expand_env(value: Any, source: Path, key: str) -> Any:  # noqa: ANN401 - YAML is untyped
     if isinstance(value, dict):
-        return {k: _expand_env(v, source, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        return {
+            k: _expand_env(v, source, f"{key}.{k}" if key else str(k)) for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_expand_env(v, source, f"{key}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, str):

@@ -161,7 +161,9 @@ def decode_chunk(raw: pa.Table, rules: DecodeRules) -> Decoded:
     coords = coords.filter(mask)
     event_time = pc.filter(event_us, mask).cast(pa.timestamp("us", tz="UTC"))
 
-    columns: dict[str, pa.Array | pa.ChunkedArray] = {n: parsed.column(n) for n in parsed.column_names}
+    columns: dict[str, pa.Array | pa.ChunkedArray] = {
+        n: parsed.column(n) for n in parsed.column_names
+    }
     columns["_event_time"] = event_time
     for name in ("_topic", "_partition", "_offset", "_kafka_ts", "_key", "_batch"):
         columns[name] = coords.column(name)
@@ -357,7 +359,8 @@ def _check_event_time(
             ahead = (events[pos] - kafka[pos]) // 1000
             reasons[idx[pos]] = (
                 f"event time {_iso(events[pos])} is {human_duration(ahead)} ahead of its Kafka "
-                f"timestamp {_iso(kafka[pos])} (allowed skew {human_duration(rules.max_future_skew_ms)})"
+                f"timestamp {_iso(kafka[pos])} "
+                f"(allowed skew {human_duration(rules.max_future_skew_ms)})"
             )
     return keep
 

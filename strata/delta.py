@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import AddAction, Transaction
+from deltalake.transaction import AddAction, RemoveAction, Transaction
 
 from strata.storage import delta_options
 from strata.write import WrittenFile
@@ -86,7 +86,7 @@ def commit_files(
         metadata: Custom commit metadata (ranges and counts).
     """
     now = int(time.time() * 1000)
-    actions = [
+    actions: list[AddAction | RemoveAction] = [
         AddAction(f.path, f.size, f.partition_values, now, True, f.stats) for f in files
     ]
     table.create_write_transaction(

@@ -91,7 +91,7 @@ def click_events(
             "user_id": user,
             "session_id": f"s-{user:x}-{rng.randrange(1000)}",
             "page": rng.choice(_PAGES),
-            "referrer": rng.choice([None, "https://www.example.com/", "https://search.example.org/?q=shoes"]),
+            "referrer": rng.choice([None, "https://example.com/", "https://example.org/?q=x"]),
             "country": rng.choice(_COUNTRIES),
             "device": rng.choice(_DEVICES),
             "latency_ms": rng.randrange(5, 900),
@@ -115,7 +115,9 @@ def click_events(
         yield Message(str(user).encode(), value, kafka_ms, kind)
 
 
-def produce(bootstrap: str, topic: str, partitions: int, messages: Iterator[Message]) -> dict[str, int]:
+def produce(
+    bootstrap: str, topic: str, partitions: int, messages: Iterator[Message]
+) -> dict[str, int]:
     """Produce messages round-robin over partitions, keyed but placed explicitly.
 
     Args:
@@ -140,7 +142,9 @@ def produce(bootstrap: str, topic: str, partitions: int, messages: Iterator[Mess
     for i, m in enumerate(messages):
         while True:
             try:
-                producer.produce(topic, m.value, m.key, partition=i % partitions, timestamp=m.timestamp_ms)
+                producer.produce(
+                    topic, m.value, m.key, partition=i % partitions, timestamp=m.timestamp_ms
+                )
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -198,16 +202,28 @@ def _show_landed(cfg: PipelineConfig) -> None:
 
     table = DeltaTable(cfg.location("table"))
     data = table.to_pyarrow_table(columns=["dt", "hr", "_offset"])
-    per_hour = data.group_by(["dt", "hr"]).aggregate([("_offset", "count")]).sort_by([("dt", "ascending"), ("hr", "ascending")])
+    per_hour = (
+        data.group_by(["dt", "hr"])
+        .aggregate([("_offset", "count")])
+        .sort_by([("dt", "ascending"), ("hr", "ascending")])
+    )
     files = pa.table(table.get_add_actions(flatten=True)).to_pydict()
     print(f"table {cfg.location('table')}: {data.num_rows:,} rows in {len(files['path'])} files")
-    for dt, hr, n in zip(*(per_hour.column(c).to_pylist() for c in ("dt", "hr", "_offset_count")), strict=True):
+    for dt, hr, n in zip(
+        *(per_hour.column(c).to_pylist() for c in ("dt", "hr", "_offset_count")), strict=True
+    ):
         nfiles = sum(1 for p in files["path"] if p.startswith(f"dt={dt}/hr={hr}/"))
         print(f"  dt={dt}/hr={hr}: {n:>7,} rows, {nfiles} file(s)")
-    quarantine = DeltaTable(cfg.location("quarantine")).to_pyarrow_table(columns=["_partition", "_offset", "reason"])
+    quarantine = DeltaTable(cfg.location("quarantine")).to_pyarrow_table(
+        columns=["_partition", "_offset", "reason"]
+    )
     print(f"quarantine {cfg.location('quarantine')}: {quarantine.num_rows} rows")
     reasons = quarantine.group_by("reason").aggregate([("_offset", "count")])
-    for reason, n in zip(reasons.column("reason").to_pylist(), reasons.column("_offset_count").to_pylist(), strict=True):
+    for reason, n in zip(
+        reasons.column("reason").to_pylist(),
+        reasons.column("_offset_count").to_pylist(),
+        strict=True,
+    ):
         print(f"  {n:>3} x {reason}")
     raw = DeltaTable(cfg.location("raw")).to_pyarrow_table(columns=["_offset"])
     print(f"raw copy {cfg.location('raw')}: {raw.num_rows:,} messages")

@@ -44,7 +44,9 @@ def _consumer(cfg: PipelineConfig, group: str) -> Consumer:
     )
 
 
-def partition_states(cfg: PipelineConfig, committed: dict[tuple[str, int], int]) -> list[PartitionState]:
+def partition_states(
+    cfg: PipelineConfig, committed: dict[tuple[str, int], int]
+) -> list[PartitionState]:
     """Watermarks of every partition of the pipeline's topics, beside what is committed.
 
     Args:

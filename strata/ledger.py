@@ -96,12 +96,16 @@ def commit_ledger(cfg: PipelineConfig, batch: int, rows: list[dict[str, object]]
     if (table.transaction_version(cfg.name) or 0) >= batch:
         return
     now = datetime.now(UTC)
-    full = [{"pipeline": cfg.name, "batch": batch, "committed_at": now, "note": None, **r} for r in rows]
+    full = [
+        {"pipeline": cfg.name, "batch": batch, "committed_at": now, "note": None, **r} for r in rows
+    ]
     data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
     buf = io.BytesIO()
     pq.write_table(data, buf, compression="snappy")
     rel = f"ledger-b{batch:010d}.parquet"
     fs, root = filesystem(uri, cfg.storage_options)
     write_bytes_atomically(fs, f"{root}/{rel}", buf.getvalue())
-    written = WrittenFile(rel, len(buf.getvalue()), {}, data.num_rows, f'{{"numRecords": {data.num_rows}}}')
+    written = WrittenFile(
+        rel, len(buf.getvalue()), {}, data.num_rows, f'{{"numRecords": {data.num_rows}}}'
+    )
     commit_files(table, LEDGER_SCHEMA, [], [written], cfg.name, batch, {})

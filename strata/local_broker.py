@@ -77,7 +77,9 @@ class LocalBroker:
         # Wait for the port first: a client started earlier logs connection refusals.
         while not _port_open(self.port):
             if self._proc.poll() is not None:
-                raise RuntimeError(f"the broker exited with {self._proc.returncode}; see {self._log.name}")
+                raise RuntimeError(
+                    f"the broker exited with {self._proc.returncode}; see {self._log.name}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the broker did not listen within {timeout}s")
@@ -125,7 +127,9 @@ class LocalBroker:
         its last record batch; ending each partition with a single-record batch makes
         the watermark cover every message produced before it.
         """
-        producer = Producer({"bootstrap.servers": self.bootstrap, "batch.num.messages": 1, "linger.ms": 0})
+        producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "batch.num.messages": 1, "linger.ms": 0}
+        )
         for p in partitions:
             if timestamp_ms is None:
                 producer.produce(topic, value, partition=p)

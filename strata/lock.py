@@ -48,7 +48,11 @@ def run_lock(path: Path, pipeline: str) -> Iterator[None]:
         os.write(
             fd,
             json.dumps(
-                {"pid": os.getpid(), "host": socket.gethostname(), "since": datetime.now(UTC).isoformat(timespec="seconds")}
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "since": datetime.now(UTC).isoformat(timespec="seconds"),
+                }
             ).encode(),
         )
         yield

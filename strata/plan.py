@@ -158,7 +158,9 @@ def plan_ranges(
     return ranges, new
 
 
-def split_ranges(ranges: list[OffsetRange], tasks: int, max_per_task: int) -> list[list[OffsetRange]]:
+def split_ranges(
+    ranges: list[OffsetRange], tasks: int, max_per_task: int
+) -> list[list[OffsetRange]]:
     """Group ranges into Spark tasks of about equal size.
 
     Ranges are laid end to end in (topic, partition) order and cut into

@@ -85,11 +85,11 @@ def read_ranges(
     )
     active: dict[tuple[str, int], RangeProgress] = {}
     for r in ranges:
-        p = progress.setdefault((r.topic, r.partition, r.start), RangeProgress(r))
+        tracked = progress.setdefault((r.topic, r.partition, r.start), RangeProgress(r))
         if r.count > 0:
-            active[(r.topic, r.partition)] = p
+            active[(r.topic, r.partition)] = tracked
         else:
-            p.done = True
+            tracked.done = True
     if not active:
         consumer.close()
         return
@@ -99,7 +99,8 @@ def read_ranges(
     last_log = last_progress
     try:
         while active:
-            messages = consumer.consume(10_000, timeout=0.5)
+            # librdkafka messages are typed Optional throughout; inside a range they are set.
+            messages: list[Any] = consumer.consume(10_000, timeout=0.5)
             advanced = False
             for m in messages:
                 key = (m.topic(), m.partition())
@@ -139,7 +140,7 @@ def read_ranges(
                 last_progress = now
             elif now - last_progress > stall_s:
                 stuck = ", ".join(
-                    f"partition {p} of `{t}` at offset {s._last_offset + 1 if s._last_offset >= 0 else s.range.start} "
+                    f"partition {p} of `{t}` at offset {max(s._last_offset + 1, s.range.start)} "
                     f"of [{s.range.start}, {s.range.end})"
                     for (t, p), s in active.items()
                 )
@@ -149,12 +150,10 @@ def read_ranges(
                 )
             if now - last_log > 10:
                 last_log = now
-                for (t, p), s in active.items():
-                    print(
-                        f"strata: batch {batch} reading `{t}` p{p}: {s.messages:,} of "
-                        f"{s.range.count:,} offsets",
-                        file=sys.stderr,
-                        flush=True,
+                for (t, p), st in active.items():
+                    sys.stderr.write(
+                        f"strata: batch {batch} reading `{t}` p{p}: {st.messages:,} of "
+                        f"{st.range.count:,} offsets\n"
                     )
             if cols.size >= chunk_messages:
                 yield cols.flush()
@@ -164,7 +163,9 @@ def read_ranges(
         consumer.close()
 
 
-def _finish(consumer: Consumer, active: dict[tuple[str, int], RangeProgress], key: tuple[str, int]) -> None:
+def _finish(
+    consumer: Consumer, active: dict[tuple[str, int], RangeProgress], key: tuple[str, int]
+) -> None:
     state = active.pop(key)
     state.done = True
     # Stop fetching past the range; the remaining partitions keep the consumer busy.
@@ -200,9 +201,7 @@ class _Columns:
         self.key.append(key)
         self.value.append(value)
         headers = m.headers()
-        self.headers.append(
-            [{"key": k, "value": v} for k, v in headers] if headers else None
-        )
+        self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
 
     def flush(self) -> pa.Table:
         n = len(self.offset)

@@ -66,17 +66,31 @@ def render_summary(outcome: RunOutcome) -> str:
     s = summary_dict(outcome)
     if outcome.status == "idle":
         lag = sum(outcome.lag.values())
-        lines = [f"pipeline {outcome.pipeline}: nothing new to read (lag {lag:,} messages); no batch run"]
+        lines = [
+            f"pipeline {outcome.pipeline}: nothing new to read (lag {lag:,} messages); no batch run"
+        ]
         lines.extend(f"warning: {w}" for w in outcome.warnings)
         return "\n".join(lines)
     head = (
         f"pipeline {outcome.pipeline}: batch {outcome.batch} {outcome.status}: "
         f"{s['messages']:,} messages, {s['rows']:,} rows, {s['quarantined']:,} quarantined, "
         f"{s['gaps']:,} gaps, {s['bytes'] / 1e6:,.1f} MB in {outcome.seconds:.1f}s "
-        f"(Spark start {outcome.spark_seconds:.1f}s; {s['mb_per_s']} MB/s, {s['msgs_per_s']:,} msgs/s "
-        "while reading)"
+        f"(Spark start {outcome.spark_seconds:.1f}s; {s['mb_per_s']} MB/s, "
+        f"{s['msgs_per_s']:,} msgs/s while reading)"
     )
-    cols = ["topic", "part", "start", "end", "rows", "quar", "gaps", "late", "max late", "MB", "lag"]
+    cols = [
+        "topic",
+        "part",
+        "start",
+        "end",
+        "rows",
+        "quar",
+        "gaps",
+        "late",
+        "max late",
+        "MB",
+        "lag",
+    ]
     rows = []
     for r in outcome.ranges:
         rows.append(
@@ -94,7 +108,9 @@ def render_summary(outcome: RunOutcome) -> str:
                 f"{outcome.lag.get((r.topic, r.partition), 0):,}",
             ]
         )
-    widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    widths = [
+        max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)
+    ]
     table = ["  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
     table += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
     files = ", ".join(f"{n} {k}" for k, n in outcome.files.items())
@@ -105,4 +121,3 @@ def render_summary(outcome: RunOutcome) -> str:
         out.append("new partitions: " + ", ".join(f"{t}:{p}" for t, p in outcome.new_partitions))
     out.extend(f"warning: {w}" for w in outcome.warnings)
     return "\n".join(out)
-

@@ -128,7 +128,10 @@ def run_batch(
                 return outcome
             store.save(plan)
         outcome = RunOutcome(
-            cfg.name, "resumed" if resumed else "committed", batch, new_partitions=plan.new_partitions
+            cfg.name,
+            "resumed" if resumed else "committed",
+            batch,
+            new_partitions=plan.new_partitions,
         )
         results = _execute_and_commit(cfg, plan, fingerprint, session, outcome)
         outcome.ranges = results
@@ -234,9 +237,17 @@ def _execute_and_commit(
             continue
         schema, partition_by = layouts[name]
         suffix = {"raw": "_raw", "quarantine": "_quarantine", "table": ""}[name]
-        table = ensure_table(uris[name], schema, partition_by, cfg.storage_options, cfg.name + suffix)
+        table = ensure_table(
+            uris[name], schema, partition_by, cfg.storage_options, cfg.name + suffix
+        )
         commit_files(table, schema, partition_by, files, cfg.name, plan.batch, meta)
-        crash_point({"raw": "after_raw_commit", "quarantine": "after_quarantine_commit", "table": "after_data_commit"}[name])
+        crash_point(
+            {
+                "raw": "after_raw_commit",
+                "quarantine": "after_quarantine_commit",
+                "table": "after_data_commit",
+            }[name]
+        )
     return results
 
 
@@ -343,7 +354,9 @@ def _ledger_row(r: RangeResult) -> dict[str, object]:
     }
 
 
-def _lag(states: list[PartitionState], committed: dict[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+def _lag(
+    states: list[PartitionState], committed: dict[tuple[str, int], int]
+) -> dict[tuple[str, int], int]:
     return {
         (s.topic, s.partition): max(s.high - committed.get((s.topic, s.partition), s.low), 0)
         for s in states
@@ -354,4 +367,3 @@ def _publish(cfg: PipelineConfig, ranges: list[OffsetRange], outcome: RunOutcome
     problem = publish_group_offsets(cfg, ranges)
     if problem:
         outcome.warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")
-

@@ -33,9 +33,7 @@ RAW_SCHEMA = pa.schema(
         pa.field("_batch", pa.int64(), nullable=False),
     ]
 )
-QUARANTINE_SCHEMA = pa.schema(
-    list(RAW_SCHEMA) + [pa.field("reason", pa.string(), nullable=False)]
-)
+QUARANTINE_SCHEMA = pa.schema(list(RAW_SCHEMA) + [pa.field("reason", pa.string(), nullable=False)])
 
 _PRIMITIVES: dict[str, pa.DataType] = {
     "null": pa.null(),
@@ -129,7 +127,9 @@ def _arrow_type(avro_type: Any, path: Path) -> tuple[pa.DataType, bool]:  # noqa
     if logical == "date":
         return pa.date32(), False
     if kind == "record":
-        children = [pa.field(c["name"], _arrow_type(c["type"], path)[0]) for c in avro_type["fields"]]
+        children = [
+            pa.field(c["name"], _arrow_type(c["type"], path)[0]) for c in avro_type["fields"]
+        ]
         return pa.struct(children), False
     if kind == "array":
         return pa.list_(_arrow_type(avro_type["items"], path)[0]), False

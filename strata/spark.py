@@ -46,7 +46,9 @@ def require_java() -> str:
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise JavaMissing(f"{java} -version failed ({exc}); Spark needs a working Java 17+") from None
+        raise JavaMissing(
+            f"{java} -version failed ({exc}); Spark needs a working Java 17+"
+        ) from None
     match = re.search(r'version "(\d+)', out)
     major = int(match.group(1)) if match else 0
     if major < 17:
@@ -88,6 +90,8 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.memory", "1g")
         .config("spark.ui.showConsoleProgress", "false")
+        # A task's files have fixed names; two live attempts of one task must never race.
+        .config("spark.speculation", "false")
     )
     for key, value in cfg.spark.conf.items():
         builder = builder.config(key, value)
@@ -121,11 +125,9 @@ def execute(spark: SparkSession, jobs: list[SplitJob], label: str) -> list[Split
                 if info is not None:
                     done += info.numCompletedTasks
                     running += info.numActiveTasks
-            print(
+            sys.stderr.write(
                 f"strata: {label}: {done}/{len(jobs)} tasks done, {running} running, "
-                f"{time.monotonic() - began:.0f}s",
-                file=sys.stderr,
-                flush=True,
+                f"{time.monotonic() - began:.0f}s\n"
             )
 
     watcher = threading.Thread(target=report, daemon=True)

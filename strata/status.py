@@ -39,7 +39,11 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
         out["broker_error"] = str(exc)
     keys = sorted(set(state.committed) | set(lag))
     for key in keys:
-        entry: dict[str, Any] = {"topic": key[0], "partition": key[1], "committed": state.committed.get(key)}
+        entry: dict[str, Any] = {
+            "topic": key[0],
+            "partition": key[1],
+            "committed": state.committed.get(key),
+        }
         entry.update(lag.get(key, {}))
         partitions.append(entry)
     out["partitions"] = partitions
@@ -99,8 +103,8 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append("recent batches:")
         for b in status["batches"]:
             lines.append(
-                f"  batch {b['batch']:>5} {b['kind']:<8} {b['messages']:>10,} msgs {b['rows']:>10,} rows "
-                f"{b['quarantined']:>6,} quarantined {b['gaps']:>6,} gaps  {b['committed_at']}"
+                f"  batch {b['batch']:>5} {b['kind']:<8} {b['messages']:>10,} msgs "
+                f"{b['rows']:>10,} rows {b['quarantined']:>6,} quarantined "
+                f"{b['gaps']:>6,} gaps  {b['committed_at']}"
             )
     return "\n".join(lines)
-

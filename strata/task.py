@@ -123,10 +123,16 @@ def run_split(job: SplitJob) -> SplitResult:
             job.task,
             limits.target_file_mb << 20,
             limits.row_group_rows,
+            limits.write_buffer_mb << 20,
         )
 
-    results = {(r.topic, r.partition, r.start): RangeResult(r.topic, r.partition, r.start, r.end) for r in job.ranges}
-    by_partition = {(r.topic, r.partition): results[(r.topic, r.partition, r.start)] for r in job.ranges}
+    results = {
+        (r.topic, r.partition, r.start): RangeResult(r.topic, r.partition, r.start, r.end)
+        for r in job.ranges
+    }
+    by_partition = {
+        (r.topic, r.partition): results[(r.topic, r.partition, r.start)] for r in job.ranges
+    }
     progress: dict[tuple[str, int, int], RangeProgress] = {}
     conf = client_conf(cfg, **{"group.id": cfg.group_id})
     for raw in read_ranges(conf, job.ranges, job.batch, progress, stall_s=limits.read_stall_s):
@@ -146,7 +152,9 @@ def run_split(job: SplitJob) -> SplitResult:
             res.max_event_us = _max(res.max_event_us, stats["max_event_us"])
         if decoded.quarantine.num_rows:
             q = decoded.quarantine
-            for topic, partition in zip(q.column("_topic").to_pylist(), q.column("_partition").to_pylist(), strict=True):
+            for topic, partition in zip(
+                q.column("_topic").to_pylist(), q.column("_partition").to_pylist(), strict=True
+            ):
                 by_partition[(topic, partition)].quarantined += 1
 
     for key, p in progress.items():

@@ -89,7 +89,9 @@ class _OpenFile:
             self.fs.move(self.target, final)
         size = self.fs.get_file_info(final).size
         stats = {"numRecords": self.rows, "minValues": self.mins, "maxValues": self.maxs}
-        return WrittenFile(self.rel, int(size or 0), self.partition_values, self.rows, json.dumps(stats))
+        return WrittenFile(
+            self.rel, int(size or 0), self.partition_values, self.rows, json.dumps(stats)
+        )
 
 
 class PartitionedWriter:
@@ -110,6 +112,7 @@ class PartitionedWriter:
         task: int,
         target_bytes: int,
         row_group_rows: int,
+        buffer_bytes: int = 64 << 20,
     ) -> None:
         """Prepare a writer.
 
@@ -122,12 +125,17 @@ class PartitionedWriter:
             task: Task number within the batch, for file names.
             target_bytes: Size at which a file is closed.
             row_group_rows: Rows per row group.
+            buffer_bytes: Memory for rows not yet written, over all partitions. Past
+                it, the largest buffer is written as a shorter row group, so memory
+                stays flat however many event hours a batch touches.
         """
         self.fs, self.root = fs, root
         self.partition_by = partition_by
         self.file_schema = pa.schema([f for f in schema if f.name not in partition_by])
         self.batch, self.task = batch, task
         self.target_bytes, self.row_group_rows = target_bytes, row_group_rows
+        self.buffer_bytes = buffer_bytes
+        self._held: dict[tuple[str, ...], int] = {}
         self._buffers: dict[tuple[str, ...], list[pa.Table]] = {}
         self._buffered: dict[tuple[str, ...], int] = {}
         self._open: dict[tuple[str, ...], _OpenFile] = {}
@@ -146,21 +154,32 @@ class PartitionedWriter:
             body = part.select(self.file_schema.names).cast(self.file_schema)
             self._buffers.setdefault(key, []).append(body)
             self._buffered[key] = self._buffered.get(key, 0) + body.num_rows
+            self._held[key] = self._held.get(key, 0) + body.nbytes
             while self._buffered[key] >= self.row_group_rows:
                 self._write_group(key, self.row_group_rows)
+        while sum(self._held.values()) > self.buffer_bytes:
+            largest = max(self._held, key=lambda k: self._held[k])
+            self._write_group(largest, self._buffered[largest])
 
     def _write_group(self, key: tuple[str, ...], rows: int) -> None:
         buffered = pa.concat_tables(self._buffers[key])
         group, rest = buffered.slice(0, rows), buffered.slice(rows)
         self._buffers[key] = [rest] if rest.num_rows else []
         self._buffered[key] = rest.num_rows
+        self._held[key] = rest.nbytes if rest.num_rows else 0
         out = self._open.get(key)
         if out is None:
             number = self._numbers.get(key, 0)
             self._numbers[key] = number + 1
             directory = "/".join(f"{c}={v}" for c, v in zip(self.partition_by, key, strict=True))
             rel = f"{directory}/{file_name(self.batch, self.task, number)}".lstrip("/")
-            out = _OpenFile(self.fs, self.root, rel, self.file_schema, dict(zip(self.partition_by, key, strict=True)))
+            out = _OpenFile(
+                self.fs,
+                self.root,
+                rel,
+                self.file_schema,
+                dict(zip(self.partition_by, key, strict=True)),
+            )
             self._open[key] = out
         out.write(group)
         if out.bytes_written >= self.target_bytes:

@@ -70,10 +70,19 @@ class Pipeline:
         env.update(extra)
         return env
 
-    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    def cli(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
         """Run the installed `strata` command as a separate process."""
         return subprocess.run(
-            [str(Path(sys.executable).parent / "strata"), *args, "--pipeline", self.name, "--conf-dir", str(self.conf_dir)],
+            [
+                str(Path(sys.executable).parent / "strata"),
+                *args,
+                "--pipeline",
+                self.name,
+                "--conf-dir",
+                str(self.conf_dir),
+            ],
             capture_output=True,
             text=True,
             env=env or self.env(),
@@ -89,19 +98,27 @@ class Pipeline:
         counts: Counter[tuple[int, int]] = Counter()
         for which in ("table", "quarantine"):
             t = self.table_rows(which, ["_partition", "_offset"])
-            counts.update(zip(t.column("_partition").to_pylist(), t.column("_offset").to_pylist(), strict=True))
+            counts.update(
+                zip(
+                    t.column("_partition").to_pylist(), t.column("_offset").to_pylist(), strict=True
+                )
+            )
         return counts
 
     def raw_copies(self) -> Counter[tuple[int, int]]:
         t = self.table_rows("raw", ["_partition", "_offset"])
-        return Counter(zip(t.column("_partition").to_pylist(), t.column("_offset").to_pylist(), strict=True))
+        return Counter(
+            zip(t.column("_partition").to_pylist(), t.column("_offset").to_pylist(), strict=True)
+        )
 
 
 @pytest.fixture
 def make_pipeline(tmp_path: Path, broker: LocalBroker):
     """Create a topic and a pipeline reading it; returns a factory taking config overrides."""
 
-    def factory(partitions: int = 4, overrides: dict[str, Any] | None = None, create: bool = True) -> Pipeline:
+    def factory(
+        partitions: int = 4, overrides: dict[str, Any] | None = None, create: bool = True
+    ) -> Pipeline:
         name = "p_" + uuid.uuid4().hex[:8]
         topic = "t-" + name
         if create:
@@ -134,17 +151,43 @@ def make_pipeline(tmp_path: Path, broker: LocalBroker):
 
 
 def produce_clicks(
-    broker: LocalBroker, topic: str, partitions: int, count: int, *, start_ms: int = START_MS, hours: int = 3, seed: int = 7, **specials: int
+    broker: LocalBroker,
+    topic: str,
+    partitions: int,
+    count: int,
+    *,
+    start_ms: int = START_MS,
+    hours: int = 3,
+    seed: int = 7,
+    **specials: int,
 ) -> dict[int, int]:
     """Produce click events and seal each partition; returns messages per partition."""
-    kinds = produce(broker.bootstrap, topic, partitions, click_events(count, start_ms, hours, seed=seed, **specials))
+    kinds = produce(
+        broker.bootstrap,
+        topic,
+        partitions,
+        click_events(count, start_ms, hours, seed=seed, **specials),
+    )
     total = sum(kinds.values())
     per = {p: len(range(p, total, partitions)) for p in range(partitions)}
-    seal = {"event_id": "seal", "user_id": 0, "page": "/", "device": "desktop", "ts": start_ms + hours * HOUR_MS - 1}
-    broker.seal(topic, list(range(partitions)), json.dumps(seal).encode(), timestamp_ms=start_ms + hours * HOUR_MS)
+    seal = {
+        "event_id": "seal",
+        "user_id": 0,
+        "page": "/",
+        "device": "desktop",
+        "ts": start_ms + hours * HOUR_MS - 1,
+    }
+    broker.seal(
+        topic,
+        list(range(partitions)),
+        json.dumps(seal).encode(),
+        timestamp_ms=start_ms + hours * HOUR_MS,
+    )
     return {p: n + 1 for p, n in per.items()}
 
 
-def expected_offsets(per_partition: dict[int, int], first: dict[int, int] | None = None) -> Counter[tuple[int, int]]:
+def expected_offsets(
+    per_partition: dict[int, int], first: dict[int, int] | None = None
+) -> Counter[tuple[int, int]]:
     first = first or {}
     return Counter((p, o) for p, n in per_partition.items() for o in range(first.get(p, 0), n))

@@ -49,24 +49,37 @@ def test_unknown_key_names_file_key_and_fix(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_pipeline("clicks", conf)
     text = str(err.value)
-    assert "clicks.yaml" in text and "`limits.max_offset_per_task`" in text and "remove it or check its spelling" in text
+    assert (
+        "clicks.yaml" in text
+        and "`limits.max_offset_per_task`" in text
+        and "remove it or check its spelling" in text
+    )
 
 
 def test_bad_value_in_defaults_names_the_defaults_file(tmp_path):
     conf = _project(tmp_path, GOOD, {"starting_offsets": "oldest"})
-    with pytest.raises(ConfigError, match=r"strata.yaml: key `starting_offsets`: Input should be 'earliest' or 'latest'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"strata.yaml: key `starting_offsets`: Input should be 'earliest' or 'latest'",
+    ):
         load_pipeline("clicks", conf)
 
 
 def test_missing_schema_and_bad_duration_are_reported(tmp_path):
-    conf = _project(tmp_path, {**GOOD, "schema_file": "nope.avsc", "event_time": {"field": "ts", "late_after": "soon"}})
+    conf = _project(
+        tmp_path,
+        {**GOOD, "schema_file": "nope.avsc", "event_time": {"field": "ts", "late_after": "soon"}},
+    )
     with pytest.raises(ConfigError) as err:
         load_pipeline("clicks", conf)
     assert "`event_time.late_after`" in str(err.value) and "'1h'" in str(err.value)
 
 
 def test_secrets_come_from_env_and_are_never_printed(tmp_path, monkeypatch):
-    body = {**GOOD, "kafka": {"properties": {"sasl.password": "${KAFKA_PW}", "security.protocol": "SASL_SSL"}}}
+    body = {
+        **GOOD,
+        "kafka": {"properties": {"sasl.password": "${KAFKA_PW}", "security.protocol": "SASL_SSL"}},
+    }
     conf = _project(tmp_path, body)
     with pytest.raises(ConfigError, match=r"\$\{KAFKA_PW\}, which is not set; export KAFKA_PW"):
         load_pipeline("clicks", conf)

@@ -18,7 +18,13 @@ from tests.conftest import START_MS, expected_offsets, produce_clicks
 
 pytestmark = pytest.mark.integration
 
-STEPS = ["after_files", "after_raw_commit", "after_quarantine_commit", "after_data_commit", "after_ledger"]
+STEPS = [
+    "after_files",
+    "after_raw_commit",
+    "after_quarantine_commit",
+    "after_data_commit",
+    "after_ledger",
+]
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -35,7 +41,10 @@ def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(make_pipeline,
     assert p.raw_copies() == expected_offsets(per)
     ledger = read_ledger(p.cfg()).to_pylist()
     assert sorted((r["batch"], r["partition"]) for r in ledger) == [(1, q) for q in range(3)]
-    assert all(r["rows"] + r["quarantined"] + r["gaps"] == r["end_offset"] - r["start_offset"] for r in ledger)
+    assert all(
+        r["rows"] + r["quarantined"] + r["gaps"] == r["end_offset"] - r["start_offset"]
+        for r in ledger
+    )
     assert sum(r["quarantined"] for r in ledger) == 5
 
     idle = p.cli("run")
@@ -48,11 +57,16 @@ def test_kills_at_random_moments_in_a_row_still_land_each_message_once(make_pipe
     total = {0: 0, 1: 0}
     strata = str(Path(sys.executable).parent / "strata")
     for round_ in range(4):
-        new = produce_clicks(broker, p.topic, 2, 4000, seed=round_, start_ms=START_MS + round_ * 3_600_000, hours=1)
+        new = produce_clicks(
+            broker, p.topic, 2, 4000, seed=round_, start_ms=START_MS + round_ * 3_600_000, hours=1
+        )
         total = {q: total[q] + new[q] for q in total}
         proc = subprocess.Popen(
             [strata, "run", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=p.env(), start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=p.env(),
+            start_new_session=True,
         )
         time.sleep(rng.uniform(0.5, 9.0))
         if proc.poll() is None:

@@ -34,7 +34,14 @@ def rules(fmt: str = "json", **event_time) -> DecodeRules:
 
 
 def click(i: int, **over) -> dict:
-    return {"event_id": f"e{i}", "user_id": i, "page": "/p", "device": "mobile", "ts": T0 + i * 1000, **over}
+    return {
+        "event_id": f"e{i}",
+        "user_id": i,
+        "page": "/p",
+        "device": "mobile",
+        "ts": T0 + i * 1000,
+        **over,
+    }
 
 
 def raw(values: list[bytes | None], kafka_ts: list[int] | None = None) -> pa.Table:
@@ -83,7 +90,13 @@ def test_each_bad_message_is_quarantined_with_its_own_reason():
     ]
     out = decode_chunk(raw(values), rules())
     assert out.rows.column("_offset").to_pylist() == [0, 7]
-    reasons = dict(zip(out.quarantine.column("_offset").to_pylist(), out.quarantine.column("reason").to_pylist(), strict=True))
+    reasons = dict(
+        zip(
+            out.quarantine.column("_offset").to_pylist(),
+            out.quarantine.column("reason").to_pylist(),
+            strict=True,
+        )
+    )
     assert "changed from number to string" in reasons[1] or "user_id" in reasons[1]
     assert reasons[2].startswith("not valid JSON for the schema")
     assert reasons[3] == "empty value (tombstone)"
@@ -100,9 +113,20 @@ def test_raw_newlines_inside_json_are_whitespace():
 
 
 def test_event_time_checks_epoch_zero_missing_and_future():
-    values = [enc(click(0, ts=0)), enc(click(1, ts=None)), enc(click(2, ts=T0 + 40 * 86_400_000)), enc(click(3))]
+    values = [
+        enc(click(0, ts=0)),
+        enc(click(1, ts=None)),
+        enc(click(2, ts=T0 + 40 * 86_400_000)),
+        enc(click(3)),
+    ]
     out = decode_chunk(raw(values), rules(max_future_skew="1h"))
-    reasons = dict(zip(out.quarantine.column("_offset").to_pylist(), out.quarantine.column("reason").to_pylist(), strict=True))
+    reasons = dict(
+        zip(
+            out.quarantine.column("_offset").to_pylist(),
+            out.quarantine.column("reason").to_pylist(),
+            strict=True,
+        )
+    )
     assert out.rows.column("_offset").to_pylist() == [3]
     assert "1970-01-01T00:00:00Z is before 2000-01-01" in reasons[0]
     assert reasons[1] == "missing required field `ts`"
@@ -111,7 +135,9 @@ def test_event_time_checks_epoch_zero_missing_and_future():
 
 def test_late_events_keep_their_own_hour_and_are_counted():
     late_kafka = T0 + 5 * 3_600_000
-    out = decode_chunk(raw([enc(click(0)), enc(click(1))], kafka_ts=[T0 + 10, late_kafka]), rules(late_after="1h"))
+    out = decode_chunk(
+        raw([enc(click(0)), enc(click(1))], kafka_ts=[T0 + 10, late_kafka]), rules(late_after="1h")
+    )
     assert out.rows.column("hr").to_pylist() == ["10", "10"]
     stats = partition_stats(out.rows, 3_600_000)
     assert stats[("clicks", 1)]["late_rows"] == 1 and stats[("clicks", 0)]["late_rows"] == 0
@@ -125,11 +151,18 @@ def test_iso8601_event_times_use_the_configured_zone_for_naive_strings(tmp_path)
             f["type"] = "string"
     (tmp_path / "iso.avsc").write_text(json.dumps(schema))
     cfg = PipelineConfig(
-        name="iso", topics=["x"], schema_file="iso.avsc", schemas_dir=str(tmp_path),
+        name="iso",
+        topics=["x"],
+        schema_file="iso.avsc",
+        schemas_dir=str(tmp_path),
         event_time=EventTimeConfig(field="ts", unit="iso8601", timezone="Europe/Berlin"),
     )
     r = DecodeRules.from_config(cfg)
-    values = [enc(click(0, ts="2025-11-22T11:30:00")), enc(click(1, ts="2025-11-22T10:30:00Z")), enc(click(2, ts="yesterday"))]
+    values = [
+        enc(click(0, ts="2025-11-22T11:30:00")),
+        enc(click(1, ts="2025-11-22T10:30:00Z")),
+        enc(click(2, ts="yesterday")),
+    ]
     out = decode_chunk(raw(values), r)
     assert out.rows.column("hr").to_pylist() == ["10", "10"]
     assert out.quarantine.column("reason").to_pylist() == ["missing or unreadable event time `ts`"]
@@ -146,7 +179,9 @@ def test_avro_and_confluent_wire_format():
 
     out = decode_chunk(raw([avro(click(0)), b"\x02garbage", avro(click(2))]), rules("avro"))
     assert out.rows.column("_offset").to_pylist() == [0, 2]
-    assert out.quarantine.column("reason").to_pylist()[0].startswith("not valid Avro for the schema")
+    assert (
+        out.quarantine.column("reason").to_pylist()[0].startswith("not valid Avro for the schema")
+    )
 
     wire = b"\x00" + struct.pack(">I", 42)
     out = decode_chunk(raw([wire + avro(click(0)), avro(click(1))]), rules("confluent_avro"))

@@ -24,7 +24,9 @@ from tests.conftest import START_MS, expected_offsets, produce_clicks
 pytestmark = pytest.mark.integration
 
 
-def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(make_pipeline, broker, spark):
+def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(
+    make_pipeline, broker, spark
+):
     p = make_pipeline(partitions=4)
     per = produce_clicks(broker, p.topic, 4, 3000, late=10, malformed=7, future=2)
     outcome = run_batch(p.cfg(), session=lambda _: spark)
@@ -41,13 +43,18 @@ def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(make
     data = p.table_rows("table")
     # Every row sits in the partition of its own event time, late ones included.
     hours = pc.strftime(data.column("_event_time"), format="%Y-%m-%d/%H").to_pylist()
-    assert hours == [f"{d}/{h}" for d, h in zip(data.column("dt").to_pylist(), data.column("hr").to_pylist(), strict=True)]
+    assert hours == [
+        f"{d}/{h}"
+        for d, h in zip(data.column("dt").to_pylist(), data.column("hr").to_pylist(), strict=True)
+    ]
     summary = summary_dict(outcome)
     assert summary["late_rows"] == 10 and summary["max_lateness_ms"] >= 3 * 3_600_000
     assert summary["rows"] + summary["quarantined"] + summary["gaps"] == sum(per.values())
 
     ledger = read_ledger(p.cfg()).to_pylist()
-    assert sorted((r["partition"], r["start_offset"], r["end_offset"]) for r in ledger) == [(q, 0, n) for q, n in sorted(per.items())]
+    assert sorted((r["partition"], r["start_offset"], r["end_offset"]) for r in ledger) == [
+        (q, 0, n) for q, n in sorted(per.items())
+    ]
     for r in ledger:
         assert r["end_offset"] - r["start_offset"] == r["rows"] + r["quarantined"] + r["gaps"]
         assert r["min_event_time"] is not None and r["max_event_time"] >= r["min_event_time"]
@@ -55,12 +62,20 @@ def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(make
     dt = DeltaTable(p.cfg().location("table"))
     assert dt.transaction_version(p.name) == 1
     adds = pa.table(dt.get_add_actions(flatten=True))
-    per_hour = Counter(zip(adds.column("partition.dt").to_pylist(), adds.column("partition.hr").to_pylist(), strict=True))
+    per_hour = Counter(
+        zip(
+            adds.column("partition.dt").to_pylist(),
+            adds.column("partition.hr").to_pylist(),
+            strict=True,
+        )
+    )
     assert sorted(per_hour) == [("2025-11-22", "10"), ("2025-11-22", "11"), ("2025-11-22", "12")]
     assert max(per_hour.values()) <= 2, "at most one file per task per event hour"
     commit = dt.history(1)[0]
     ranges = json.loads(commit["strata.ranges"])
-    assert sorted((r["partition"], r["start"], r["end"]) for r in ranges) == [(q, 0, n) for q, n in sorted(per.items())]
+    assert sorted((r["partition"], r["start"], r["end"]) for r in ranges) == [
+        (q, 0, n) for q, n in sorted(per.items())
+    ]
 
 
 def test_the_next_run_reads_only_new_offsets(make_pipeline, broker, spark):
@@ -84,14 +99,29 @@ def test_offset_gaps_from_transactions_are_counted_not_waited_for(make_pipeline,
     for txn, (n, commit) in enumerate([(5, True), (3, False), (4, True), (2, False), (6, True)]):
         producer.begin_transaction()
         for i in range(n):
-            body = {"event_id": f"x{txn}-{i}", "user_id": i, "page": "/", "device": "mobile", "ts": START_MS + i}
-            producer.produce(p.topic, json.dumps(body).encode(), partition=0, timestamp=START_MS + i)
+            body = {
+                "event_id": f"x{txn}-{i}",
+                "user_id": i,
+                "page": "/",
+                "device": "mobile",
+                "ts": START_MS + i,
+            }
+            producer.produce(
+                p.topic, json.dumps(body).encode(), partition=0, timestamp=START_MS + i
+            )
             (kept if commit else dropped).append(body["event_id"])
         if commit:
             producer.commit_transaction(30)
         else:
             producer.abort_transaction(30)
-    broker.seal(p.topic, [0], json.dumps({"event_id": "seal", "user_id": 0, "page": "/", "device": "mobile", "ts": START_MS}).encode(), timestamp_ms=START_MS)
+    broker.seal(
+        p.topic,
+        [0],
+        json.dumps(
+            {"event_id": "seal", "user_id": 0, "page": "/", "device": "mobile", "ts": START_MS}
+        ).encode(),
+        timestamp_ms=START_MS,
+    )
     kept.append("seal")
 
     outcome = run_batch(p.cfg(), session=lambda _: spark)
@@ -126,13 +156,25 @@ def test_a_second_run_while_one_is_in_flight_fails_cleanly(make_pipeline, broker
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 20_000)
     first = subprocess.Popen(
-        [str(Path(sys.executable).parent / "strata"), "run", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=p.env(),
+        [
+            str(Path(sys.executable).parent / "strata"),
+            "run",
+            "--pipeline",
+            p.name,
+            "--conf-dir",
+            str(p.conf_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=p.env(),
     )
     lock = p.cfg().lock_path
     deadline = time.monotonic() + 60
     while not (lock.exists() and f'"pid": {first.pid}' in lock.read_text()):
-        assert time.monotonic() < deadline and first.poll() is None, "the first run never took the lock"
+        assert time.monotonic() < deadline and first.poll() is None, (
+            "the first run never took the lock"
+        )
         time.sleep(0.05)
     second = p.cli("run", "--json")
     assert second.returncode == 3

@@ -24,17 +24,24 @@ def test_committed_partitions_continue_where_they_ended():
 
 
 def test_high_watermark_below_committed_stops_with_the_reason():
-    with pytest.raises(PlanError, match=r"partition 2 of `t`: the high watermark 10 is below the committed offset 300"):
+    with pytest.raises(
+        PlanError,
+        match=r"partition 2 of `t`: the high watermark 10 is below the committed offset 300",
+    ):
         plan_ranges([PartitionState("t", 2, 0, 10, 300)], "earliest", 100)
 
 
 def test_offsets_deleted_before_read_fail_closed_with_the_count():
-    with pytest.raises(PlanError, match=r"committed offset 1200 is below the log start 5000; 3800 messages"):
+    with pytest.raises(
+        PlanError, match=r"committed offset 1200 is below the log start 5000; 3800 messages"
+    ):
         plan_ranges([PartitionState("clicks", 3, 5000, 9000, 1200)], "earliest", 100)
 
 
 def test_split_covers_every_offset_once_in_balanced_tasks():
-    ranges = [OffsetRange("t", p, 100 * p, 100 * p + 250) for p in range(4)] + [OffsetRange("t", 9, 5, 5)]
+    ranges = [OffsetRange("t", p, 100 * p, 100 * p + 250) for p in range(4)] + [
+        OffsetRange("t", 9, 5, 5)
+    ]
     splits = split_ranges(ranges, tasks=2, max_per_task=10_000)
     assert len(splits) == 2
     assert [sum(r.count for r in s) for s in splits] == [500, 500]
@@ -51,5 +58,7 @@ def test_split_respects_max_offsets_per_task():
 
 
 def test_plan_round_trips_through_json():
-    plan = BatchPlan("p", 3, [OffsetRange("t", 0, 1, 9)], [[OffsetRange("t", 0, 1, 9)]], [("t", 0)], "abc", "now")
+    plan = BatchPlan(
+        "p", 3, [OffsetRange("t", 0, 1, 9)], [[OffsetRange("t", 0, 1, 9)]], [("t", 0)], "abc", "now"
+    )
     assert BatchPlan.from_json(plan.to_json()) == plan

@@ -23,7 +23,9 @@ def rows(n: int, start: int = 0) -> pa.Table:
 
 def write(root: str, chunks: list[int], target: int = 1 << 30) -> list:
     table = rows(sum(chunks))
-    w = PartitionedWriter(pafs.LocalFileSystem(), root, table.schema, ["dt", "hr"], 7, 2, target, 1000)
+    w = PartitionedWriter(
+        pafs.LocalFileSystem(), root, table.schema, ["dt", "hr"], 7, 2, target, 1000
+    )
     at = 0
     for n in chunks:
         w.write(table.slice(at, n))
@@ -34,10 +36,14 @@ def write(root: str, chunks: list[int], target: int = 1 << 30) -> list:
 def test_same_rows_in_other_chunks_give_identical_files(tmp_path):
     a = write(str(tmp_path / "a"), [5000])
     b = write(str(tmp_path / "b"), [1, 333, 2000, 7, 2659])
-    assert [f.path for f in a] == [f.path for f in b] == [
-        "dt=2025-11-22/hr=10/part-b0000000007-t00002-f000.snappy.parquet",
-        "dt=2025-11-22/hr=11/part-b0000000007-t00002-f000.snappy.parquet",
-    ]
+    assert (
+        [f.path for f in a]
+        == [f.path for f in b]
+        == [
+            "dt=2025-11-22/hr=10/part-b0000000007-t00002-f000.snappy.parquet",
+            "dt=2025-11-22/hr=11/part-b0000000007-t00002-f000.snappy.parquet",
+        ]
+    )
     for fa, fb in zip(a, b, strict=True):
         assert (tmp_path / "a" / fa.path).read_bytes() == (tmp_path / "b" / fb.path).read_bytes()
         assert fa.size == fb.size and fa.rows == fb.rows
@@ -49,7 +55,10 @@ def test_files_roll_at_the_target_size_and_keep_partition_columns_out(tmp_path):
     files = write(str(tmp_path), [20_000], target=50_000)
     hr10 = [f for f in files if "hr=10" in f.path]
     assert len(hr10) > 1
-    assert [f.path.rsplit("-", 1)[1] for f in hr10][:2] == ["f000.snappy.parquet", "f001.snappy.parquet"]
+    assert [f.path.rsplit("-", 1)[1] for f in hr10][:2] == [
+        "f000.snappy.parquet",
+        "f001.snappy.parquet",
+    ]
     first = pq.read_table(tmp_path / hr10[0].path)
     assert first.column_names == ["v", "_partition", "_offset"]
     assert sum(f.rows for f in files) == 20_000

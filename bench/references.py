@@ -1,0 +1,98 @@
+"""The two reference programs the job is measured against, in the same run.
+
+- bare loop: one consumer assigned every partition, `consume(10000)`, counting bytes
+  and nothing else. The broker's serving limit on this machine.
+- naive peer: the same loop, plus a pyarrow JSON decode and one Parquet file per
+  event hour per poll, in one process: what a user writes by hand in 50 lines, with
+  no raw copy, no quarantine, no exactly-once commit.
+
+Each runs as `python -m bench.references {bare,naive} BOOTSTRAP TOPIC PARTITIONS OUT`
+and prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+from confluent_kafka import Consumer, TopicPartition
+
+
+def _consumer(bootstrap: str, topic: str, partitions: int) -> tuple[Consumer, dict[int, int]]:
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "bench-reference", "enable.auto.commit": False}
+    )
+    ends = {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+        for p in range(partitions)
+    }
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    return consumer, ends
+
+
+def run(kind: str, bootstrap: str, topic: str, partitions: int, out: Path) -> dict[str, float]:
+    """Read every partition to its high watermark; for `naive`, also decode and write."""
+    consumer, ends = _consumer(bootstrap, topic, partitions)
+    began = time.monotonic()
+    if kind == "bare":
+        # Nothing but the loop: the load has no offset gaps, so a count tells when to stop.
+        total = sum(ends.values())
+        messages = nbytes = 0
+        while messages < total:
+            for m in consumer.consume(10_000, timeout=1.0):
+                value = m.value()
+                if value is not None:
+                    messages += 1
+                    nbytes += len(value)
+        seconds = time.monotonic() - began
+        consumer.close()
+        return {"messages": messages, "bytes": nbytes, "seconds": seconds, "files": 0}
+    remaining = {p: e for p, e in ends.items() if e > 0}
+    messages = nbytes = files = polls = 0
+    while remaining:
+        batch: list[Any] = consumer.consume(10_000, timeout=1.0)
+        values = []
+        for m in batch:
+            if m.error() is not None:
+                continue
+            p = m.partition()
+            end = remaining.get(p)
+            if end is None or m.offset() >= end:
+                continue
+            value = m.value()
+            messages += 1
+            nbytes += len(value)
+            values.append(value)
+            if m.offset() == end - 1:
+                del remaining[p]
+        if values:
+            table = pajson.read_json(io.BytesIO(b"\n".join(values)))
+            hours = pc.strftime(
+                pc.cast(pc.multiply(table.column("ts"), 1000), pa.timestamp("us", tz="UTC")),
+                format="%Y-%m-%d/%H",
+            )
+            for hour in pc.unique(hours).to_pylist():
+                dt, hr = hour.split("/")
+                target = out / f"dt={dt}" / f"hr={hr}"
+                target.mkdir(parents=True, exist_ok=True)
+                pq.write_table(
+                    table.filter(pc.equal(hours, hour)), target / f"poll-{polls:06d}.parquet"
+                )
+                files += 1
+            polls += 1
+    seconds = time.monotonic() - began
+    consumer.close()
+    return {"messages": messages, "bytes": nbytes, "seconds": seconds, "files": files}
+
+
+if __name__ == "__main__":
+    kind, bootstrap, topic, partitions, out = sys.argv[1:6]
+    print(json.dumps(run(kind, bootstrap, topic, int(partitions), Path(out))))
