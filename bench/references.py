@@ -25,10 +25,17 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, TopicPartition
 
+from strata.read import READ_TUNING
+
 
 def _consumer(bootstrap: str, topic: str, partitions: int) -> tuple[Consumer, dict[int, int]]:
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "bench-reference", "enable.auto.commit": False}
+        {
+            **READ_TUNING,
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-reference",
+            "enable.auto.commit": False,
+        }
     )
     ends = {
         p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]

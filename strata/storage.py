@@ -79,9 +79,8 @@ def write_bytes_atomically(fs: pafs.FileSystem, path: str, data: bytes) -> None:
         path: Destination path.
         data: The content.
     """
-    parent = path.rsplit("/", 1)[0]
-    fs.create_dir(parent, recursive=True)
     if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         with fs.open_output_stream(tmp) as out:
             out.write(data)

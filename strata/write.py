@@ -58,8 +58,10 @@ class _OpenFile:
         self.fs, self.root, self.rel = fs, root, rel
         self.partition_values = partition_values
         final = f"{root}/{rel}"
-        fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
         self.local = isinstance(fs, pafs.LocalFileSystem)
+        if self.local:
+            # Object stores have no directories; creating them would leave marker objects.
+            fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
         self.target = f"{final}.tmp-{uuid.uuid4().hex}" if self.local else final
         self.stream = fs.open_output_stream(self.target)
         self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
