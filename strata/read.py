@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from strata.plan import OffsetRange
@@ -106,7 +107,9 @@ def read_ranges(
         consumer.close()
         return
     consumer.assign([TopicPartition(t, p, r.range.start) for (t, p), r in active.items()])
-    cols = _Columns(batch)
+    single_topic = len({t for t, _ in active}) == 1
+    pending: list[pa.Table] = []
+    held = 0
     last_progress = time.monotonic()
     last_log = last_progress
     try:
@@ -114,39 +117,20 @@ def read_ranges(
             # librdkafka messages are typed Optional throughout; inside a range they are set.
             messages: list[Any] = consumer.consume(10_000, timeout=0.5)
             advanced = False
-            for m in messages:
-                key = (m.topic(), m.partition())
-                state = active.get(key)
-                if state is None:
-                    continue
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        # The log ends here. At or past the range's end the rest were gaps.
-                        if m.offset() >= state.range.end:
-                            _finish(consumer, active, key)
-                            advanced = True
-                        continue
-                    raise ReadError(
-                        f"partition {key[1]} of `{key[0]}`: {err.str()} while reading "
-                        f"[{state.range.start}, {state.range.end})"
-                    )
-                offset = m.offset()
-                if offset >= state.range.end:
+            errors = [m.error() for m in messages]
+            if any(e is not None for e in errors):
+                advanced = _handle_errors(consumer, messages, errors, active)
+                messages = [m for m, e in zip(messages, errors, strict=True) if e is None]
+            if messages:
+                table = _to_table(messages, batch)
+                table, finished = _keep_in_range(table, active, single_topic)
+                if table.num_rows:
+                    pending.append(table)
+                    held += table.num_rows
+                    advanced = True
+                for key in finished:
                     _finish(consumer, active, key)
                     advanced = True
-                    continue
-                if offset < state.range.start or offset <= state._last_offset:
-                    continue
-                state._last_offset = offset
-                value = m.value()
-                msg_key = m.key()
-                state.messages += 1
-                state.bytes += (len(value) if value else 0) + (len(msg_key) if msg_key else 0)
-                cols.add(m, value, msg_key)
-                advanced = True
-                if offset == state.range.end - 1:
-                    _finish(consumer, active, key)
             now = time.monotonic()
             if advanced:
                 last_progress = now
@@ -167,12 +151,108 @@ def read_ranges(
                         f"strata: batch {batch} reading `{t}` p{p}: {st.messages:,} of "
                         f"{st.range.count:,} offsets\n"
                     )
-            if cols.size >= chunk_messages:
-                yield cols.flush()
-        if cols.size:
-            yield cols.flush()
+            if held >= chunk_messages:
+                yield pa.concat_tables(pending).combine_chunks()
+                pending, held = [], 0
+        if pending:
+            yield pa.concat_tables(pending).combine_chunks()
     finally:
         consumer.close()
+
+
+def _handle_errors(
+    consumer: Consumer,
+    messages: list[Any],
+    errors: list[Any],
+    active: dict[tuple[str, int], RangeProgress],
+) -> bool:
+    """Act on error events; True if a range finished. Other errors fail the task."""
+    finished = False
+    for m, err in zip(messages, errors, strict=True):
+        if err is None:
+            continue
+        key = (m.topic(), m.partition())
+        state = active.get(key)
+        if state is None:
+            continue
+        if err.code() == KafkaError._PARTITION_EOF:
+            # The log ends here. At or past the range's end the rest were gaps.
+            if m.offset() >= state.range.end:
+                _finish(consumer, active, key)
+                finished = True
+            continue
+        raise ReadError(
+            f"partition {key[1]} of `{key[0]}`: {err.str()} while reading "
+            f"[{state.range.start}, {state.range.end})"
+        )
+    return finished
+
+
+def _to_table(messages: list[Any], batch: int) -> pa.Table:
+    """One consume() batch as a raw-schema table: one list comprehension per field."""
+    stamps = [m.timestamp() for m in messages]
+    headers = [m.headers() for m in messages]
+    kinds = pa.array([k for k, _ in stamps], pa.int8())
+    ts = pa.array([t for _, t in stamps], pa.int64())
+    # Type 0 is "not available": such a message has no Kafka timestamp.
+    ts = pc.if_else(pc.equal(kinds, 0), pa.scalar(None, pa.int64()), ts)
+    if any(h is not None for h in headers):
+        header_rows: list[Any] = [
+            None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers
+        ]
+    else:
+        header_rows = headers
+    n = len(messages)
+    return pa.table(
+        [
+            pa.array([m.topic() for m in messages], pa.string()),
+            pa.array([m.partition() for m in messages], pa.int32()),
+            pa.array([m.offset() for m in messages], pa.int64()),
+            ts.cast(pa.timestamp("ms", tz="UTC")),
+            pa.array([m.key() for m in messages], pa.binary()),
+            pa.array([m.value() for m in messages], pa.binary()),
+            pa.array(header_rows, RAW_SCHEMA.field("_headers").type),
+            pa.repeat(pa.scalar(batch, pa.int64()), n),
+        ],
+        schema=RAW_SCHEMA,
+    )
+
+
+def _keep_in_range(
+    table: pa.Table, active: dict[tuple[str, int], RangeProgress], single_topic: bool
+) -> tuple[pa.Table, list[tuple[str, int]]]:
+    """Keep the rows inside their partition's range; count them; say which ranges ended."""
+    offsets = table.column("_offset")
+    partitions = table.column("_partition")
+    keep = None
+    finished = []
+    for key, state in active.items():
+        mine = pc.equal(partitions, key[1])
+        if not single_topic:
+            mine = pc.and_(mine, pc.equal(table.column("_topic"), key[0]))
+        if not pc.any(mine).as_py():
+            continue
+        lower = max(state.range.start, state._last_offset + 1)
+        inside = pc.and_(
+            mine,
+            pc.and_(pc.greater_equal(offsets, lower), pc.less(offsets, state.range.end)),
+        )
+        keep = inside if keep is None else pc.or_(keep, inside)
+        taken = table.filter(inside)
+        if taken.num_rows:
+            state.messages += taken.num_rows
+            state.bytes += _length(taken.column("_value")) + _length(taken.column("_key"))
+            state._last_offset = pc.max(taken.column("_offset")).as_py()
+        # An offset at or past the last one of the range means the range is read.
+        if pc.max(pc.filter(offsets, mine)).as_py() >= state.range.end - 1:
+            finished.append(key)
+    if keep is None:
+        return table.slice(0, 0), finished
+    return table.filter(keep), finished
+
+
+def _length(column: pa.ChunkedArray) -> int:
+    return int(pc.sum(pc.binary_length(column)).as_py() or 0)
 
 
 def _finish(
@@ -182,53 +262,3 @@ def _finish(
     state.done = True
     # Stop fetching past the range; the remaining partitions keep the consumer busy.
     consumer.pause([TopicPartition(key[0], key[1])])
-
-
-class _Columns:
-    """Accumulates message fields column by column; far cheaper than row objects."""
-
-    def __init__(self, batch: int) -> None:
-        self.batch = batch
-        self._reset()
-
-    def _reset(self) -> None:
-        self.topic: list[str] = []
-        self.partition: list[int] = []
-        self.offset: list[int] = []
-        self.ts: list[int | None] = []
-        self.key: list[bytes | None] = []
-        self.value: list[bytes | None] = []
-        self.headers: list[list[dict[str, Any]] | None] = []
-
-    @property
-    def size(self) -> int:
-        return len(self.offset)
-
-    def add(self, m: Any, value: bytes | None, key: bytes | None) -> None:  # noqa: ANN401
-        self.topic.append(m.topic())
-        self.partition.append(m.partition())
-        self.offset.append(m.offset())
-        kind, ts = m.timestamp()
-        self.ts.append(ts if kind != 0 and ts >= 0 else None)
-        self.key.append(key)
-        self.value.append(value)
-        headers = m.headers()
-        self.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
-
-    def flush(self) -> pa.Table:
-        n = len(self.offset)
-        table = pa.table(
-            [
-                pa.array(self.topic, pa.string()),
-                pa.array(self.partition, pa.int32()),
-                pa.array(self.offset, pa.int64()),
-                pa.array(self.ts, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-                pa.array(self.key, pa.binary()),
-                pa.array(self.value, pa.binary()),
-                pa.array(self.headers, RAW_SCHEMA.field("_headers").type),
-                pa.array([self.batch] * n, pa.int64()),
-            ],
-            schema=RAW_SCHEMA,
-        )
-        self._reset()
-        return table
