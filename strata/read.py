@@ -118,11 +118,15 @@ def read_ranges(
             messages: list[Any] = consumer.consume(10_000, timeout=0.5)
             advanced = False
             errors = [m.error() for m in messages]
-            if any(e is not None for e in errors):
-                advanced = _handle_errors(consumer, messages, errors, active)
-                messages = [m for m, e in zip(messages, errors, strict=True) if e is None]
-            if messages:
-                table = _to_table(messages, batch)
+            events = (
+                [] if all(e is None for e in errors) else list(zip(messages, errors, strict=True))
+            )
+            data = [m for m, e in events if e is None] if events else messages
+            # Messages first, then events: a partition's end-of-log event can arrive in
+            # the same batch as its last messages, and must not close the range before
+            # they are counted.
+            if data:
+                table = _to_table(data, batch)
                 table, finished = _keep_in_range(table, active, single_topic)
                 if table.num_rows:
                     pending.append(table)
@@ -131,6 +135,8 @@ def read_ranges(
                 for key in finished:
                     _finish(consumer, active, key)
                     advanced = True
+            if events and _handle_errors(consumer, events, active):
+                advanced = True
             now = time.monotonic()
             if advanced:
                 last_progress = now
@@ -162,13 +168,12 @@ def read_ranges(
 
 def _handle_errors(
     consumer: Consumer,
-    messages: list[Any],
-    errors: list[Any],
+    events: list[tuple[Any, Any]],
     active: dict[tuple[str, int], RangeProgress],
 ) -> bool:
     """Act on error events; True if a range finished. Other errors fail the task."""
     finished = False
-    for m, err in zip(messages, errors, strict=True):
+    for m, err in events:
         if err is None:
             continue
         key = (m.topic(), m.partition())
