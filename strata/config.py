@@ -73,7 +73,7 @@ class KafkaConfig(_Strict):
     """
 
     bootstrap_servers: str = "127.0.0.1:9092"
-    properties: dict[str, str] = Field(default_factory=dict)
+    properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
     group_id: str | None = None
     timeout_s: float = Field(default=15.0, gt=0)
 
@@ -180,6 +180,9 @@ class PipelineConfig(_Strict):
         schema_file: Avro schema under `schemas/`, also used to check and coerce JSON.
         event_time: Event-time field and its rules.
         partitioning: `dt` or `dt_hr` (Hive-style `dt=YYYY-MM-DD/hr=HH`).
+        layout: `per_task` (each task writes at most one file per event-time partition)
+            or `shuffle` (rows are shuffled on the event-time partition first, so each
+            gets about one file per batch, at the price of moving the rows once more).
         warehouse: Root that relative locations hang from; `STRATA_WAREHOUSE` overrides it.
         table: Location of the table (relative to the warehouse, absolute, or s3://).
         raw_table: Location of the raw copy of every message read.
@@ -201,6 +204,7 @@ class PipelineConfig(_Strict):
     schema_file: str
     event_time: EventTimeConfig
     partitioning: Literal["dt", "dt_hr"] = "dt_hr"
+    layout: Literal["per_task", "shuffle"] = "per_task"
     warehouse: str = "warehouse"
     table: str | None = None
     raw_table: str | None = None

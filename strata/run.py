@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 import pyarrow.dataset as ds
 
 from strata.config import PipelineConfig
-from strata.decode import DecodeRules
 from strata.delta import batch_metadata, commit_files, committed_batch, ensure_table, open_table
 from strata.kafka import partition_states, publish_group_offsets
 from strata.ledger import commit_ledger, ledger_state
@@ -34,7 +33,7 @@ from strata.plan import (
     plan_ranges,
     split_ranges,
 )
-from strata.schema import QUARANTINE_SCHEMA, RAW_SCHEMA, partition_columns
+from strata.schema import table_layout
 from strata.task import RangeResult, SplitJob, SplitResult
 
 if TYPE_CHECKING:
@@ -212,30 +211,25 @@ def _execute_and_commit(
         from strata.spark import build_session
 
         session = build_session
-    from strata.spark import execute
+    from strata.spark import default_tasks, execute
 
     t0 = time.monotonic()
     spark = session(cfg)
     outcome.spark_seconds = time.monotonic() - t0
     t1 = time.monotonic()
-    split_results = execute(spark, jobs, f"{cfg.name} batch {plan.batch}")
+    reducers = default_tasks(cfg) if cfg.layout == "shuffle" else 0
+    split_results = execute(spark, jobs, f"{cfg.name} batch {plan.batch}", reducers)
     outcome.read_seconds = time.monotonic() - t1
     crash_point("after_files")
     results = merge_results(split_results)
 
-    rules = DecodeRules.from_config(cfg)
-    layouts = {
-        "raw": (RAW_SCHEMA, []),
-        "quarantine": (QUARANTINE_SCHEMA, []),
-        "table": (rules.out_schema, partition_columns(cfg.partitioning)),
-    }
     meta = {RANGES_KEY: [vars(r) for r in results]}
     for name in TABLES:
         files = [f for s in split_results for f in s.files.get(name, [])]
         outcome.files[name] = len(files)
         if done[name]:
             continue
-        schema, partition_by = layouts[name]
+        schema, partition_by = table_layout(cfg, name)
         suffix = {"raw": "_raw", "quarantine": "_quarantine", "table": ""}[name]
         table = ensure_table(
             uris[name], schema, partition_by, cfg.storage_options, cfg.name + suffix

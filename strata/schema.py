@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from strata.config import PipelineConfig
 
 # Kafka coordinates carried by every data, raw and quarantine row.
 COORDINATES = pa.schema(
@@ -160,6 +163,22 @@ def data_schema(topic: TopicSchema, partitioning: str) -> pa.Schema:
     fields.append(pa.field("_batch", pa.int64(), nullable=False))
     fields.extend(pa.field(c, pa.string(), nullable=False) for c in partition_columns(partitioning))
     return pa.schema(fields)
+
+
+def table_layout(cfg: PipelineConfig, which: str) -> tuple[pa.Schema, list[str]]:
+    """Schema and partition columns of one of a pipeline's tables.
+
+    Args:
+        cfg: The pipeline configuration.
+        which: `table`, `raw` or `quarantine`.
+
+    Returns:
+        The table's Arrow schema and its partition columns.
+    """
+    if which == "table":
+        topic = load_topic_schema(cfg.schema_path)
+        return data_schema(topic, cfg.partitioning), partition_columns(cfg.partitioning)
+    return (RAW_SCHEMA if which == "raw" else QUARANTINE_SCHEMA), []
 
 
 def partition_columns(partitioning: str) -> list[str]:

@@ -14,10 +14,11 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 from strata.config import PipelineConfig
-from strata.task import SplitJob, SplitResult, run_split
+from strata.task import SplitJob, SplitResult, map_split, reduce_rows, run_split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -100,16 +101,20 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
     return spark
 
 
-def execute(spark: SparkSession, jobs: list[SplitJob], label: str) -> list[SplitResult]:
+def execute(
+    spark: SparkSession, jobs: list[SplitJob], label: str, reducers: int = 0
+) -> list[SplitResult]:
     """Run one task per split and collect their metadata.
 
     Args:
         spark: The session.
         jobs: The splits.
         label: Printed with progress lines.
+        reducers: 0 for the `per_task` layout; otherwise the `shuffle` layout with
+            this many writing tasks.
 
     Returns:
-        Each task's result.
+        Each task's result (with `shuffle`, plus one holding the reducers' files).
     """
     sc = spark.sparkContext
     sc.setJobDescription(label)
@@ -133,6 +138,19 @@ def execute(spark: SparkSession, jobs: list[SplitJob], label: str) -> list[Split
     watcher = threading.Thread(target=report, daemon=True)
     watcher.start()
     try:
-        return sc.parallelize(jobs, len(jobs)).map(run_split).collect()
+        splits = sc.parallelize(jobs, len(jobs))
+        if not reducers:
+            return splits.map(run_split).collect()
+        cfg, batch = jobs[0].cfg, jobs[0].batch
+        out = (
+            splits.flatMap(map_split)
+            .partitionBy(reducers)
+            .mapPartitionsWithIndex(partial(reduce_rows, cfg, batch))
+            .collect()
+        )
+        results: list[SplitResult] = [payload for kind, payload in out if kind == "meta"]
+        files = [f for kind, payload in out if kind == "files" for f in payload]
+        results.append(SplitResult(task=-1, ranges=[], files={"table": files}, seconds=0.0))
+        return results
     finally:
         stop.set()

@@ -8,16 +8,20 @@ go back to the driver.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
 
 from strata.config import PipelineConfig
 from strata.decode import DecodeRules, decode_chunk, partition_stats
 from strata.kafka import client_conf
 from strata.plan import OffsetRange
 from strata.read import RangeProgress, read_ranges
-from strata.schema import QUARANTINE_SCHEMA, RAW_SCHEMA, partition_columns
+from strata.schema import partition_columns, table_layout
 from strata.storage import filesystem
-from strata.write import PartitionedWriter, WrittenFile
+from strata.write import PartitionedWriter, WrittenFile, split_by
 
 
 @dataclass(frozen=True)
@@ -92,40 +96,40 @@ class SplitResult:
     seconds: float
 
 
-def run_split(job: SplitJob) -> SplitResult:
-    """Read, decode and write one split.
+def _writer(cfg: PipelineConfig, name: str, batch: int, tag: str) -> PartitionedWriter:
+    """A writer for one table's files of one task."""
+    schema, partition_by = table_layout(cfg, name)
+    fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+    limits = cfg.limits
+    return PartitionedWriter(
+        fs,
+        root,
+        schema,
+        partition_by,
+        batch,
+        tag,
+        limits.target_file_mb << 20,
+        limits.row_group_rows,
+        limits.write_buffer_mb << 20,
+    )
 
-    Args:
-        job: The split and its context.
 
-    Returns:
-        Counts per range and the files written.
+def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResult]:
+    """Read, decode and write a split; yield decoded rows instead of writing them if asked.
+
+    Yields:
+        With `shuffle_rows`, each chunk's decoded rows (for the data table); last, the
+        split's result.
     """
     began = time.monotonic()
     cfg = job.cfg
     rules = DecodeRules.from_config(cfg)
-    limits = cfg.limits
-    writers: dict[str, PartitionedWriter] = {}
-    layouts = {
-        "table": (rules.out_schema, partition_columns(cfg.partitioning)),
-        "raw": (RAW_SCHEMA, []),
-        "quarantine": (QUARANTINE_SCHEMA, []),
+    tag = f"t{job.task:05d}"
+    writers = {
+        name: _writer(cfg, name, job.batch, tag)
+        for name in sorted(job.write)
+        if not (shuffle_rows and name == "table")
     }
-    for name in job.write:
-        fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
-        schema, partition_by = layouts[name]
-        writers[name] = PartitionedWriter(
-            fs,
-            root,
-            schema,
-            partition_by,
-            job.batch,
-            job.task,
-            limits.target_file_mb << 20,
-            limits.row_group_rows,
-            limits.write_buffer_mb << 20,
-        )
-
     results = {
         (r.topic, r.partition, r.start): RangeResult(r.topic, r.partition, r.start, r.end)
         for r in job.ranges
@@ -135,12 +139,15 @@ def run_split(job: SplitJob) -> SplitResult:
     }
     progress: dict[tuple[str, int, int], RangeProgress] = {}
     conf = client_conf(cfg, **{"group.id": cfg.group_id})
-    for raw in read_ranges(conf, job.ranges, job.batch, progress, stall_s=limits.read_stall_s):
+    stall = cfg.limits.read_stall_s
+    for raw in read_ranges(conf, job.ranges, job.batch, progress, stall_s=stall):
         if "raw" in writers:
             writers["raw"].write(raw)
         decoded = decode_chunk(raw, rules)
         if "table" in writers:
             writers["table"].write(decoded.rows)
+        elif shuffle_rows and "table" in job.write and decoded.rows.num_rows:
+            yield decoded.rows
         if "quarantine" in writers:
             writers["quarantine"].write(decoded.quarantine)
         for (topic, partition), stats in partition_stats(decoded.rows, rules.late_after_ms).items():
@@ -161,7 +168,68 @@ def run_split(job: SplitJob) -> SplitResult:
         res = results[key]
         res.messages, res.bytes, res.gaps = p.messages, p.bytes, p.gaps
     files = {name: w.close() for name, w in writers.items()}
-    return SplitResult(job.task, list(results.values()), files, time.monotonic() - began)
+    yield SplitResult(job.task, list(results.values()), files, time.monotonic() - began)
+
+
+def run_split(job: SplitJob) -> SplitResult:
+    """Read, decode and write one split: the `per_task` layout.
+
+    Args:
+        job: The split and its context.
+
+    Returns:
+        Counts per range and the files written.
+    """
+    for item in _process(job, shuffle_rows=False):
+        if isinstance(item, SplitResult):
+            return item
+    raise AssertionError("a split always ends with its result")
+
+
+META = ""
+
+
+def map_split(job: SplitJob) -> Iterator[tuple[str, Any]]:
+    """The map side of the `shuffle` layout: rows keyed by event-time partition.
+
+    Rows travel as Arrow IPC bytes, opaque to the JVM, so the shuffle moves bytes
+    and never converts rows. Raw and quarantine files are written here as usual.
+
+    Yields:
+        (partition key, IPC bytes) per chunk and event-time partition; last,
+        (META, the split's result).
+    """
+    columns = partition_columns(job.cfg.partitioning)
+    for item in _process(job, shuffle_rows=True):
+        if isinstance(item, SplitResult):
+            yield META, item
+            continue
+        for key, part in split_by(item, columns):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, part.schema) as stream:
+                stream.write_table(part)
+            yield "/".join(key), sink.getvalue().to_pybytes()
+
+
+def reduce_rows(
+    cfg: PipelineConfig, batch: int, index: int, records: Iterator[tuple[str, Any]]
+) -> Iterator[tuple[str, Any]]:
+    """The reduce side of the `shuffle` layout: one writer for the partitions it owns.
+
+    Yields:
+        ("meta", SplitResult) passed through from the map side, and
+        ("files", written files) once at the end.
+    """
+    writer: PartitionedWriter | None = None
+    for key, payload in records:
+        if key == META:
+            yield "meta", payload
+            continue
+        if writer is None:
+            writer = _writer(cfg, "table", batch, f"r{index:05d}")
+        writer.write(pa.ipc.open_stream(payload).read_all())
+    if writer is not None:
+        yield "files", writer.close()
 
 
 def _min(a: int | None, b: int | None) -> int | None:

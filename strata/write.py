@@ -41,9 +41,15 @@ class WrittenFile:
     stats: str
 
 
-def file_name(batch: int, task: int, number: int) -> str:
-    """The deterministic name of a task's file in one partition directory."""
-    return f"part-b{batch:010d}-t{task:05d}-f{number:03d}.snappy.parquet"
+def file_name(batch: int, tag: str, number: int) -> str:
+    """The deterministic name of a task's file in one partition directory.
+
+    Args:
+        batch: Batch number.
+        tag: The writing task: `t00003` for split 3, `r00001` for shuffle reducer 1.
+        number: The file's number within the task and partition.
+    """
+    return f"part-b{batch:010d}-{tag}-f{number:03d}.snappy.parquet"
 
 
 class _OpenFile:
@@ -111,7 +117,7 @@ class PartitionedWriter:
         schema: pa.Schema,
         partition_by: list[str],
         batch: int,
-        task: int,
+        tag: str,
         target_bytes: int,
         row_group_rows: int,
         buffer_bytes: int = 64 << 20,
@@ -124,7 +130,7 @@ class PartitionedWriter:
             schema: Full table schema, partition columns included.
             partition_by: Partition columns (kept out of the files, as Delta does).
             batch: Batch number, for file names.
-            task: Task number within the batch, for file names.
+            tag: The writing task, for file names (see `file_name`).
             target_bytes: Size at which a file is closed.
             row_group_rows: Rows per row group.
             buffer_bytes: Memory for rows not yet written, over all partitions. Past
@@ -134,7 +140,7 @@ class PartitionedWriter:
         self.fs, self.root = fs, root
         self.partition_by = partition_by
         self.file_schema = pa.schema([f for f in schema if f.name not in partition_by])
-        self.batch, self.task = batch, task
+        self.batch, self.tag = batch, tag
         self.target_bytes, self.row_group_rows = target_bytes, row_group_rows
         self.buffer_bytes = buffer_bytes
         self._held: dict[tuple[str, ...], int] = {}
@@ -152,7 +158,7 @@ class PartitionedWriter:
         """
         if table.num_rows == 0:
             return
-        for key, part in _split_by(table, self.partition_by):
+        for key, part in split_by(table, self.partition_by):
             body = part.select(self.file_schema.names).cast(self.file_schema)
             self._buffers.setdefault(key, []).append(body)
             self._buffered[key] = self._buffered.get(key, 0) + body.num_rows
@@ -174,7 +180,7 @@ class PartitionedWriter:
             number = self._numbers.get(key, 0)
             self._numbers[key] = number + 1
             directory = "/".join(f"{c}={v}" for c, v in zip(self.partition_by, key, strict=True))
-            rel = f"{directory}/{file_name(self.batch, self.task, number)}".lstrip("/")
+            rel = f"{directory}/{file_name(self.batch, self.tag, number)}".lstrip("/")
             out = _OpenFile(
                 self.fs,
                 self.root,
@@ -202,7 +208,7 @@ class PartitionedWriter:
         return sorted(self.files, key=lambda f: f.path)
 
 
-def _split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...], pa.Table]]:
+def split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...], pa.Table]]:
     """Split rows by the values of partition columns."""
     if not columns:
         return [((), table)]

@@ -27,9 +27,13 @@ STEPS = [
 ]
 
 
-@pytest.mark.parametrize("step", STEPS)
-def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(make_pipeline, broker, step):
-    p = make_pipeline(partitions=3)
+@pytest.mark.parametrize(
+    ("step", "layout"), [(step, "per_task") for step in STEPS] + [("after_raw_commit", "shuffle")]
+)
+def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(
+    make_pipeline, broker, step, layout
+):
+    p = make_pipeline(partitions=3, overrides={"layout": layout})
     per = produce_clicks(broker, p.topic, 3, 3000, malformed=5, late=5)
 
     crashed = p.cli("run", env=p.env(**{CRASH_ENV: step}))

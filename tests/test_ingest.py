@@ -61,6 +61,9 @@ def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(
 
     dt = DeltaTable(p.cfg().location("table"))
     assert dt.transaction_version(p.name) == 1
+    # Plain Delta: no table features that Trino's or delta-spark's readers could lack.
+    protocol = dt.protocol()
+    assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2)
     adds = pa.table(dt.get_add_actions(flatten=True))
     per_hour = Counter(
         zip(
@@ -184,3 +187,44 @@ def test_a_second_run_while_one_is_in_flight_fails_cleanly(make_pipeline, broker
     assert first.returncode == 0, err
     assert p.landed() == expected_offsets(per)
     assert [r["batch"] for r in read_ledger(p.cfg()).to_pylist()] == [1, 1]
+
+
+def test_the_shuffle_layout_writes_one_file_per_event_hour(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=4, overrides={"layout": "shuffle"})
+    per = produce_clicks(broker, p.topic, 4, 4000, malformed=4, late=6)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    adds = pa.table(DeltaTable(p.cfg().location("table")).get_add_actions(flatten=True))
+    hours = list(
+        zip(
+            adds.column("partition.dt").to_pylist(),
+            adds.column("partition.hr").to_pylist(),
+            strict=True,
+        )
+    )
+    assert sorted(hours) == [("2025-11-22", "10"), ("2025-11-22", "11"), ("2025-11-22", "12")]
+    assert all("-r0000" in path for path in adds.column("path").to_pylist())
+    assert outcome.files["table"] == 3
+    assert summary_dict(outcome)["late_rows"] == 6
+
+
+def test_latest_start_records_where_new_partitions_begin_without_spark(
+    make_pipeline, broker, spark
+):
+    p = make_pipeline(partitions=2, overrides={"starting_offsets": "latest"})
+    old = produce_clicks(broker, p.topic, 2, 200)
+
+    def no_spark(_):
+        raise AssertionError("nothing to read: Spark must not start")
+
+    first = run_batch(p.cfg(), session=no_spark)
+    assert first.status == "committed" and first.new_partitions == [(p.topic, 0), (p.topic, 1)]
+    assert [(r.start, r.end) for r in first.ranges] == [(old[0], old[0]), (old[1], old[1])]
+    new = produce_clicks(broker, p.topic, 2, 60, seed=5)
+    second = run_batch(p.cfg(), session=lambda _: spark)
+    assert [(r.start, r.end) for r in second.ranges] == [
+        (old[q], old[q] + new[q]) for q in range(2)
+    ]
+    landed = p.landed()
+    assert landed == Counter({(q, o): 1 for q in range(2) for o in range(old[q], old[q] + new[q])})

@@ -24,7 +24,7 @@ def rows(n: int, start: int = 0) -> pa.Table:
 def write(root: str, chunks: list[int], target: int = 1 << 30) -> list:
     table = rows(sum(chunks))
     w = PartitionedWriter(
-        pafs.LocalFileSystem(), root, table.schema, ["dt", "hr"], 7, 2, target, 1000
+        pafs.LocalFileSystem(), root, table.schema, ["dt", "hr"], 7, "t00002", target, 1000
     )
     at = 0
     for n in chunks:
