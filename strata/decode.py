@@ -236,11 +236,7 @@ def _parse_json(
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             error = str(exc).splitlines()[0]
         if len(idx) == 1:
-            only = idx[0].as_py()
-            if not body[0].as_py().strip():
-                reasons[only] = "empty value"
-            else:
-                reasons[only] = f"not valid JSON for the schema: {_clean_arrow_error(error)}"
+            reasons[idx[0].as_py()] = _json_reason(body[0].as_py(), error)
             return
         mid = len(idx) // 2
         parse(idx.slice(0, mid))
@@ -254,9 +250,20 @@ def _parse_json(
     return parsed, pa.concat_arrays(good).to_pylist()
 
 
-def _clean_arrow_error(message: str) -> str:
-    # Arrow appends "in row 0" for the single-line parse; the row is always that message.
-    return message.replace(" in row 0", "").strip() or "unparseable"
+def _json_reason(value: bytes, error: str) -> str:
+    """Why one message is not JSON for the schema, in plain words."""
+    if not value.strip():
+        return "empty value"
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not valid JSON: not UTF-8 text (byte {exc.start})"
+    nul = value.find(b"\x00")
+    if nul >= 0:
+        return f"not valid JSON: a NUL byte at position {nul}"
+    # Arrow appends "in row 0" for the single-line parse; the row is always this message.
+    detail = error.replace(" in row 0", "").strip() or "unparseable"
+    return f"not valid JSON for the schema: {detail}"
 
 
 def _parse_avro(

@@ -65,9 +65,14 @@ def read_ledger(cfg: PipelineConfig) -> pa.Table:
     return table.to_pyarrow_table()
 
 
-def ledger_state(cfg: PipelineConfig) -> LedgerState:
-    """The last committed batch and the committed end offset of every partition."""
-    rows = read_ledger(cfg)
+def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerState:
+    """The last committed batch and the committed end offset of every partition.
+
+    Args:
+        cfg: The pipeline configuration.
+        rows: The ledger, if already read.
+    """
+    rows = read_ledger(cfg) if rows is None else rows
     if rows.num_rows == 0:
         return LedgerState(0, {})
     last = pc.max(rows.column("batch")).as_py()

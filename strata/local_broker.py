@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import NoReturn
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -77,12 +78,9 @@ class LocalBroker:
         # Wait for the port first: a client started earlier logs connection refusals.
         while not _port_open(self.port):
             if self._proc.poll() is not None:
-                raise RuntimeError(
-                    f"the broker exited with {self._proc.returncode}; see {self._log.name}"
-                )
+                self._fail(f"the broker exited with {self._proc.returncode}")
             if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the broker did not listen within {timeout}s")
+                self._fail(f"the broker did not listen within {timeout}s")
             time.sleep(0.05)
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
         while True:
@@ -91,8 +89,13 @@ class LocalBroker:
                 return self
             except KafkaException:
                 if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the broker did not answer within {timeout}s") from None
+                    self._fail(f"the broker did not answer within {timeout}s")
+
+    def _fail(self, reason: str) -> NoReturn:
+        self._log.flush()
+        tail = Path(self._log.name).read_text(errors="replace")[-2000:]
+        self.stop()
+        raise RuntimeError(f"{reason}; its log ends with:\n{tail}")
 
     def stop(self) -> None:
         """Stop the broker."""
@@ -105,6 +108,7 @@ class LocalBroker:
                 self._proc.wait()
         self._proc = None
         self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
 
     def create_topic(self, topic: str, partitions: int) -> None:
         """Create a topic and wait for it."""

@@ -23,7 +23,7 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
         brokers cannot be reached: the ledger alone still answers.
     """
     rows = read_ledger(cfg)
-    state = ledger_state(cfg)
+    state = ledger_state(cfg, rows)
     out: dict[str, Any] = {"pipeline": cfg.name, "last_batch": state.last_batch}
     partitions = []
     lag: dict[tuple[str, int], dict[str, int]] = {}

@@ -87,6 +87,8 @@ def test_each_bad_message_is_quarantined_with_its_own_reason():
         enc({k: v for k, v in click(5).items() if k != "page"}),
         b"[1, 2]",
         enc(click(7)),
+        b"\x00\x01binary",
+        b"\xff\xfe{}",
     ]
     out = decode_chunk(raw(values), rules())
     assert out.rows.column("_offset").to_pylist() == [0, 7]
@@ -103,6 +105,8 @@ def test_each_bad_message_is_quarantined_with_its_own_reason():
     assert reasons[4] == "empty value"
     assert reasons[5] == "missing required field `page`"
     assert reasons[6].startswith("not valid JSON")
+    assert reasons[8] == "not valid JSON: a NUL byte at position 0"
+    assert reasons[9] == "not valid JSON: not UTF-8 text (byte 0)"
     assert out.quarantine.column("_value").to_pylist()[0] == values[1]
 
 
