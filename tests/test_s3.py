@@ -20,6 +20,16 @@ from tests.conftest import expected_offsets, produce_clicks
 pytestmark = pytest.mark.integration
 
 
+def s3_client(url: str):
+    return boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        region_name="us-east-1",
+    )
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory):
     port = free_port()
@@ -31,13 +41,7 @@ def s3_endpoint(tmp_path_factory):
             stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=url,
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        region_name="us-east-1",
-    )
+    client = s3_client(url)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -90,13 +94,7 @@ def test_a_batch_lands_in_s3_exactly_once(make_pipeline, broker, spark, s3_endpo
     assert outcome.status == "committed"
     assert p.cfg().location("table").startswith("s3://lake/wh1/")
     assert landed(p, options) == expected_offsets(per)
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        region_name="us-east-1",
-    )
+    client = s3_client(s3_endpoint)
     keys = [
         o["Key"]
         for o in client.list_objects_v2(Bucket="lake", Prefix=f"wh1/{p.name}/dt=")["Contents"]
