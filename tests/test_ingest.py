@@ -228,3 +228,62 @@ def test_latest_start_records_where_new_partitions_begin_without_spark(
     ]
     landed = p.landed()
     assert landed == Counter({(q, o): 1 for q in range(2) for o in range(old[q], old[q] + new[q])})
+
+
+def test_confluent_avro_lands_and_the_raw_copy_keeps_keys_headers_and_timestamps(
+    make_pipeline, broker, spark
+):
+    import io
+    import struct
+
+    from fastavro import parse_schema, schemaless_writer
+
+    p = make_pipeline(partitions=1, overrides={"format": "confluent_avro"})
+    schema = parse_schema(
+        json.loads((Path(__file__).parents[1] / "schemas" / "clicks.avsc").read_text())
+    )
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    sent = []
+    for i in range(30):
+        record = {
+            "event_id": f"a{i}",
+            "user_id": i,
+            "session_id": None,
+            "page": "/",
+            "referrer": None,
+            "country": "DE",
+            "device": "tablet",
+            "latency_ms": i,
+            "ts": START_MS + i * 1000,
+        }
+        buf = io.BytesIO()
+        schemaless_writer(buf, schema, record)
+        value = b"\x00" + struct.pack(">I", 7) + buf.getvalue()
+        if i == 13:
+            value = buf.getvalue()  # plain Avro without the wire-format header
+        headers = [("trace", f"t{i}".encode()), ("source", b"web")]
+        producer.produce(
+            p.topic,
+            value,
+            f"k{i}".encode(),
+            partition=0,
+            timestamp=START_MS + i * 1000 + 7,
+            headers=headers,
+        )
+        sent.append((f"k{i}".encode(), value, headers, START_MS + i * 1000 + 7))
+    producer.flush(30)
+    broker.seal(p.topic, [0], b"\x00\x00\x00\x00\x07", timestamp_ms=START_MS)
+
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert summary_dict(outcome)["rows"] == 29 and summary_dict(outcome)["quarantined"] == 2
+    rows = p.table_rows("table").sort_by("_offset").to_pylist()
+    assert [r["event_id"] for r in rows] == [f"a{i}" for i in range(30) if i != 13]
+    assert rows[0]["device"] == "tablet" and rows[0]["_key"] == b"k0"
+    reasons = p.table_rows("quarantine").sort_by("_offset").column("reason").to_pylist()
+    assert reasons[0] == "not in Confluent wire format (expected magic byte 0 and a schema id)"
+
+    raw = p.table_rows("raw").sort_by("_offset").to_pylist()[:30]
+    for r, (key, value, headers, ts) in zip(raw, sent, strict=True):
+        assert r["_key"] == key and r["_value"] == value
+        assert [(h["key"], h["value"]) for h in r["_headers"]] == headers
+        assert int(r["_kafka_ts"].timestamp() * 1000) == ts
