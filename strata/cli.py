@@ -50,6 +50,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(status)
     status.add_argument("--history", type=int, default=10, help="how many recent batches to list")
+    publish = sub.add_parser(
+        "publish",
+        help="register the pipeline's tables in the Hive Metastore",
+        description="Create or correct the metastore entries of the pipeline's data, raw, "
+        "quarantine and ledger tables. Idempotent; every run does it after its commit.",
+    )
+    _common(publish)
+    metastore = sub.add_parser(
+        "metastore",
+        help="start or stop a local Hive Metastore (Derby, loopback)",
+        description="Run the Hive Metastore thrift service from the jars the pyspark wheel "
+        "ships, on Derby, on a loopback port, in the background.",
+    )
+    metastore.add_argument("action", choices=["up", "down", "status"])
+    metastore.add_argument(
+        "--dir", default=".strata/metastore", help="where its Derby database and log live"
+    )
+    metastore.add_argument("--port", type=int, default=9083, help="port to listen on (up)")
+    metastore.add_argument("--json", action="store_true", help="end the output with one JSON line")
     return parser
 
 
@@ -63,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     args = build_parser().parse_args(argv)
+    if args.command == "metastore":
+        return run_guarded(lambda: _metastore(args), args.json)
     try:
         cfg = load_pipeline(args.pipeline, args.conf_dir)
     except ConfigError as exc:
@@ -71,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[PipelineConfig, argparse.Namespace], tuple[str, dict[str, Any]]] = {
         "run": _run,
         "status": _status,
+        "publish": _publish,
     }[args.command]
     return run_guarded(lambda: handler(cfg, args), args.json)
 
@@ -78,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool) -> int:
     from strata.kafka import KafkaUnavailable
     from strata.lock import LockBusy
+    from strata.metastore import MetastoreError
     from strata.plan import PlanError
     from strata.read import ReadError
     from strata.run import ReconcileError
@@ -90,14 +113,26 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
         return _fail(str(exc), 3, as_json)
     except SchemaError as exc:
         return _fail(str(exc), 2, as_json)
-    except (PlanError, KafkaUnavailable, ReconcileError, JavaMissing, ReadError) as exc:
+    except (
+        PlanError,
+        KafkaUnavailable,
+        ReconcileError,
+        JavaMissing,
+        ReadError,
+        MetastoreError,
+    ) as exc:
         return _fail(str(exc), 1, as_json)
     except Exception as exc:  # noqa: BLE001 - Spark wraps task errors; surface their cause
         return _fail(_root_cause(exc), 1, as_json)
     print(text, flush=True)
+    # A run whose batch committed but whose tables could not be registered still fails:
+    # the data is safe, and the exit code makes the scheduler retry the registration.
+    error = body.get("publish_error")
+    if error:
+        print(f"strata: error: {error}", file=sys.stderr, flush=True)
     if as_json:
         print(json.dumps(body, sort_keys=True), flush=True)
-    return 0
+    return 1 if error else 0
 
 
 def _fail(message: str, code: int, as_json: bool) -> int:
@@ -123,6 +158,44 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
 
     outcome = run_batch(cfg, max_offsets=args.max_offsets)
     return render_summary(outcome), summary_dict(outcome)
+
+
+def _publish(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from dataclasses import asdict
+
+    from strata.publish import publish, render_publish
+
+    report = publish(cfg)
+    return render_publish(report), asdict(report)
+
+
+def _metastore(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from pathlib import Path
+
+    from strata.local_metastore import metastore_down, metastore_running, metastore_up
+
+    directory = Path(args.dir).resolve()
+    if args.action == "up":
+        directory.mkdir(parents=True, exist_ok=True)
+        state = metastore_up(directory, args.port)
+        text = (
+            f"metastore running at {state['uri']} (pid {state['pid']}, data in {directory})\n"
+            f"export STRATA_METASTORE_URI={state['uri']}"
+        )
+        return text, {"status": "up", **state}
+    if args.action == "down":
+        stopped = metastore_down(directory)
+        return ("metastore stopped" if stopped else "no metastore was running"), {
+            "status": "down",
+            "stopped": stopped,
+        }
+    running = metastore_running(directory)
+    if running is None:
+        return "no metastore running", {"status": "down"}
+    return f"metastore running at {running['uri']} (pid {running['pid']})", {
+        "status": "up",
+        **running,
+    }
 
 
 def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 ENV_BOOTSTRAP = "STRATA_KAFKA_BOOTSTRAP"
 ENV_WAREHOUSE = "STRATA_WAREHOUSE"
+ENV_METASTORE = "STRATA_METASTORE_URI"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -156,6 +157,37 @@ class LimitsConfig(_Strict):
     read_stall_s: float = Field(default=60.0, gt=0)
 
 
+class MetastoreConfig(_Strict):
+    """Where the pipeline's tables are registered for Presto/Trino and Spark.
+
+    Attributes:
+        uri: `thrift://host:port` of the Hive Metastore; `STRATA_METASTORE_URI`
+            overrides it. Unset: nothing is registered.
+        database: Database the tables are registered in.
+        timeout_s: Bound on connecting and on every metastore call.
+    """
+
+    uri: str | None = None
+    database: str = "strata"
+    timeout_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^thrift://[A-Za-z0-9.-]+:\d+$", value):
+            raise ValueError(f"{value!r} is not a metastore uri; write thrift://host:9083")
+        return value
+
+    @field_validator("database")
+    @classmethod
+    def _database(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(
+                f"{value!r} is not a valid database name; use lower-case letters, digits and '_'"
+            )
+        return value
+
+
 class SparkConfig(_Strict):
     """The Spark session the job builds when it runs outside spark-submit.
 
@@ -194,6 +226,7 @@ class PipelineConfig(_Strict):
         kafka: Broker connection.
         limits: Batch bounds.
         spark: Spark session settings.
+        metastore: Hive Metastore registration.
         storage_options: Object-store options (endpoint, region...) for s3:// locations.
         schemas_dir: Directory holding `schema_file`; set by the loader.
     """
@@ -216,6 +249,7 @@ class PipelineConfig(_Strict):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    metastore: MetastoreConfig = Field(default_factory=MetastoreConfig)
     storage_options: dict[str, str] = Field(default_factory=dict)
     schemas_dir: str = "schemas"
 
@@ -406,6 +440,8 @@ def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
     if "://" not in warehouse:
         warehouse = str((root / warehouse).resolve())
     merged["warehouse"] = warehouse
+    if os.environ.get(ENV_METASTORE):
+        merged["metastore"] = {**merged.get("metastore", {}), "uri": os.environ[ENV_METASTORE]}
     if os.environ.get(ENV_BOOTSTRAP):
         merged.setdefault("kafka", {})
         merged["kafka"] = {**merged["kafka"], "bootstrap_servers": os.environ[ENV_BOOTSTRAP]}

@@ -58,6 +58,8 @@ def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
             for r in outcome.ranges
         ],
         "warnings": outcome.warnings,
+        "published": outcome.published,
+        "publish_error": outcome.publish_error,
     }
 
 
@@ -70,6 +72,8 @@ def render_summary(outcome: RunOutcome) -> str:
             f"pipeline {outcome.pipeline}: nothing new to read (lag {lag:,} messages); no batch run"
         ]
         lines.extend(f"warning: {w}" for w in outcome.warnings)
+        if outcome.published:
+            lines.append(outcome.published)
         return "\n".join(lines)
     head = (
         f"pipeline {outcome.pipeline}: batch {outcome.batch} {outcome.status}: "
@@ -120,4 +124,6 @@ def render_summary(outcome: RunOutcome) -> str:
     if outcome.new_partitions:
         out.append("new partitions: " + ", ".join(f"{t}:{p}" for t, p in outcome.new_partitions))
     out.extend(f"warning: {w}" for w in outcome.warnings)
+    if outcome.published:
+        out.append(outcome.published)
     return "\n".join(out)

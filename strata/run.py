@@ -66,6 +66,8 @@ class RunOutcome:
         spark_seconds: Time to start Spark (0 when no JVM was needed).
         read_seconds: Time the tasks took, Spark start-up excluded.
         warnings: Things the operator should know that did not fail the run.
+        published: What registering the tables in the metastore changed, if configured.
+        publish_error: Why registering failed; the batch stands, the run exits non-zero.
     """
 
     pipeline: str
@@ -79,6 +81,8 @@ class RunOutcome:
     spark_seconds: float = 0.0
     read_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    published: str | None = None
+    publish_error: str | None = None
 
 
 def crash_point(step: str) -> None:
@@ -123,6 +127,7 @@ def run_batch(
                 # Catch the consumer group up with the ledger, in case a run died before.
                 ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
                 _publish(cfg, ranges, outcome)
+                _register(cfg, outcome)
                 outcome.seconds = time.monotonic() - began
                 return outcome
             store.save(plan)
@@ -146,6 +151,7 @@ def run_batch(
             outcome.lag = _lag(after, committed)
         except Exception as exc:  # noqa: BLE001 - lag is informational; the batch stands
             outcome.warnings.append(f"lag after the run unknown: {exc}")
+        _register(cfg, outcome)
         outcome.seconds = time.monotonic() - began
         return outcome
 
@@ -355,6 +361,23 @@ def _lag(
         (s.topic, s.partition): max(s.high - committed.get((s.topic, s.partition), s.low), 0)
         for s in states
     }
+
+
+def _register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
+    """Register the tables in the metastore, after the commit; a failure loses nothing."""
+    if not cfg.metastore.uri:
+        return
+    from strata.metastore import MetastoreError
+    from strata.publish import publish, render_publish
+
+    try:
+        outcome.published = render_publish(publish(cfg))
+    except MetastoreError as exc:
+        done = f"batch {outcome.batch} is committed; " if outcome.batch else ""
+        outcome.publish_error = (
+            f"{done}registering the tables in the metastore failed: {exc}. The next run, "
+            f"or `strata publish --pipeline {cfg.name}`, completes the registration."
+        )
 
 
 def _publish(cfg: PipelineConfig, ranges: list[OffsetRange], outcome: RunOutcome) -> None:

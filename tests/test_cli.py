@@ -21,10 +21,11 @@ STRATA = str(Path(sys.executable).parent / "strata")
 
 def test_every_subcommand_has_help():
     commands = [a for a in build_parser()._subparsers._group_actions[0].choices]  # noqa: SLF001
-    assert {"run", "status"} <= set(commands)
+    assert {"run", "status", "publish", "metastore"} <= set(commands)
     for command in commands:
         done = subprocess.run([STRATA, command, "--help"], capture_output=True, text=True)
-        assert done.returncode == 0 and "--pipeline" in done.stdout and "--json" in done.stdout
+        assert done.returncode == 0 and "--json" in done.stdout
+        assert ("--dir" if command == "metastore" else "--pipeline") in done.stdout
 
 
 def test_bad_config_fails_at_load_naming_file_key_and_fix(tmp_path):

@@ -1,0 +1,127 @@
+"""Registration in the real Hive Metastore thrift service (from the pyspark wheel's jars)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from strata.local_broker import free_port
+from strata.local_metastore import LocalMetastore
+from strata.metastore import MetastoreClient
+from strata.publish import TABLE_SUFFIXES, location_uri
+from strata.run import run_batch
+from tests.conftest import produce_clicks
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def metastore(tmp_path_factory):
+    with LocalMetastore(tmp_path_factory.mktemp("metastore")) as service:
+        yield service
+
+
+def tables(service, database: str, pipeline: str) -> dict:
+    with MetastoreClient(service.uri, 30) as client:
+        return {s: client.get_table(database, pipeline + s) for s in TABLE_SUFFIXES.values()}
+
+
+def test_a_run_registers_its_four_tables_as_delta_for_trino(
+    make_pipeline, broker, spark, metastore
+):
+    p = make_pipeline(
+        partitions=2, overrides={"metastore": {"uri": metastore.uri, "database": "lake"}}
+    )
+    produce_clicks(broker, p.topic, 2, 300)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.publish_error is None
+    assert outcome.published.startswith("metastore database lake: created ")
+    cfg = p.cfg()
+    for which, suffix in TABLE_SUFFIXES.items():
+        table = tables(metastore, "lake", p.name)[suffix]
+        assert table is not None, suffix
+        assert table.tableType == "EXTERNAL_TABLE"
+        assert table.parameters["spark.sql.sources.provider"] == "delta"
+        assert table.parameters["EXTERNAL"] == "TRUE"
+        assert table.sd.location == location_uri(cfg.location(which))
+        assert table.sd.location.startswith("file:/")
+
+
+def test_publishing_again_changes_nothing_and_drift_is_corrected(
+    make_pipeline, broker, spark, metastore
+):
+    p = make_pipeline(partitions=1, overrides={"metastore": {"uri": metastore.uri}})
+    produce_clicks(broker, p.topic, 1, 50)
+    run_batch(p.cfg(), session=lambda _: spark)
+    before = tables(metastore, "strata", p.name)
+
+    again = p.cli("publish", "--json")
+    assert again.returncode == 0, again.stderr
+    body = json.loads(again.stdout.strip().splitlines()[-1])
+    assert body["created"] == [] and body["updated"] == [] and len(body["unchanged"]) == 4
+    assert tables(metastore, "strata", p.name) == before
+
+    # Someone points the table elsewhere by hand: publish puts it back.
+    with MetastoreClient(metastore.uri, 30) as client:
+        drifted = client.get_table("strata", p.name)
+        drifted.sd.location = "file:/elsewhere"
+        client.alter_table(drifted)
+    fixed = p.cli("publish", "--json")
+    assert json.loads(fixed.stdout.strip().splitlines()[-1])["updated"] == [p.name]
+    assert tables(metastore, "strata", p.name)[""].sd.location == location_uri(
+        p.cfg().location("table")
+    )
+
+
+def test_a_metastore_down_during_a_run_loses_nothing_and_the_next_run_registers(
+    make_pipeline, broker, metastore
+):
+    dead = f"thrift://127.0.0.1:{free_port()}"
+    p = make_pipeline(partitions=2, overrides={"metastore": {"uri": dead, "timeout_s": 3}})
+    per = produce_clicks(broker, p.topic, 2, 400)
+    run = p.cli("run", "--json")
+    assert run.returncode == 1
+    committed = "batch 1 is committed; registering the tables in the metastore failed: "
+    assert committed + "cannot reach the metastore" in run.stderr
+    assert f"`strata publish --pipeline {p.name}`" in run.stderr
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "committed" and summary["messages"] == sum(per.values())
+    assert sum(p.landed().values()) == sum(per.values())
+
+    following = p.cli("run", "--json", env=p.env(STRATA_METASTORE_URI=metastore.uri))
+    assert following.returncode == 0, following.stderr
+    assert "nothing new to read" in following.stdout
+    assert all(t is not None for t in tables(metastore, "strata", p.name).values())
+
+
+def test_metastore_up_status_down_from_the_command_line(tmp_path):
+    strata = str(Path(sys.executable).parent / "strata")
+    port = str(free_port())
+    where = ["--dir", str(tmp_path / "ms"), "--json"]
+    up = subprocess.run(
+        [strata, "metastore", "up", "--port", port, *where],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert up.returncode == 0, up.stderr
+    try:
+        state = json.loads(up.stdout.strip().splitlines()[-1])
+        assert state["uri"] == f"thrift://127.0.0.1:{port}"
+        with MetastoreClient(state["uri"], 30) as client:
+            assert "default" in client._client.get_all_databases()  # noqa: SLF001
+        status = subprocess.run(
+            [strata, "metastore", "status", *where], capture_output=True, text=True
+        )
+        assert json.loads(status.stdout.strip().splitlines()[-1])["status"] == "up"
+    finally:
+        down = subprocess.run(
+            [strata, "metastore", "down", *where], capture_output=True, text=True, timeout=60
+        )
+    assert json.loads(down.stdout.strip().splitlines()[-1])["stopped"] is True
+    status = subprocess.run([strata, "metastore", "status", *where], capture_output=True, text=True)
+    assert json.loads(status.stdout.strip().splitlines()[-1])["status"] == "down"
