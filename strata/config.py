@@ -165,11 +165,13 @@ class MetastoreConfig(_Strict):
             overrides it. Unset: nothing is registered.
         database: Database the tables are registered in.
         timeout_s: Bound on connecting and on every metastore call.
+        partition_batch: Partitions added per metastore call.
     """
 
     uri: str | None = None
     database: str = "strata"
     timeout_s: float = Field(default=30.0, gt=0)
+    partition_batch: int = Field(default=500, gt=0)
 
     @field_validator("uri")
     @classmethod
@@ -215,6 +217,9 @@ class PipelineConfig(_Strict):
         layout: `per_task` (each task writes at most one file per event-time partition)
             or `shuffle` (rows are shuffled on the event-time partition first, so each
             gets about one file per batch, at the price of moving the rows once more).
+        table_format: `delta` (default) or `parquet`: plain Hive-style Parquet
+            directories for the data, raw and quarantine tables, for Presto/Hive-only
+            shops. The ledger stays Delta and its commit is the batch's commit point.
         warehouse: Root that relative locations hang from; `STRATA_WAREHOUSE` overrides it.
         table: Location of the table (relative to the warehouse, absolute, or s3://).
         raw_table: Location of the raw copy of every message read.
@@ -238,6 +243,7 @@ class PipelineConfig(_Strict):
     event_time: EventTimeConfig
     partitioning: Literal["dt", "dt_hr"] = "dt_hr"
     layout: Literal["per_task", "shuffle"] = "per_task"
+    table_format: Literal["delta", "parquet"] = "delta"
     warehouse: str = "warehouse"
     table: str | None = None
     raw_table: str | None = None

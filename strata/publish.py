@@ -14,13 +14,26 @@ no `register_table` call is needed by hand.
 
 from __future__ import annotations
 
+import copy
+import re
 import time
 from dataclasses import dataclass, field
 
-from pymetastore.hive_metastore.ttypes import FieldSchema, SerDeInfo, StorageDescriptor, Table
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pymetastore.hive_metastore.ttypes import (
+    FieldSchema,
+    Partition,
+    SerDeInfo,
+    StorageDescriptor,
+    Table,
+)
 
 from strata.config import PipelineConfig
+from strata.ledger import LEDGER_SCHEMA
 from strata.metastore import MetastoreClient, MetastoreError
+from strata.schema import partition_columns, table_layout
+from strata.storage import filesystem
 
 # Which table each location holds, and its name suffix in the metastore.
 TABLE_SUFFIXES = {"table": "", "raw": "_raw", "quarantine": "_quarantine", "ledger": "_ledger"}
@@ -40,12 +53,18 @@ class PublishReport:
         created: Tables created.
         updated: Tables whose definition was corrected.
         unchanged: Tables already as they should be.
+        partitions: Event-time partitions the data table has on storage.
+        partitions_added: Partitions the metastore lacked and now has.
+        partitions_unknown: Partitions the metastore lists but storage lacks (left alone).
     """
 
     database: str
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     unchanged: list[str] = field(default_factory=list)
+    partitions: int = 0
+    partitions_added: list[str] = field(default_factory=list)
+    partitions_unknown: list[str] = field(default_factory=list)
 
 
 def location_uri(location: str) -> str:
@@ -90,13 +109,161 @@ def delta_table(database: str, name: str, location: str, pipeline: str) -> Table
     )
 
 
+PARQUET_SERDE = "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe"
+PARQUET_INPUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat"
+PARQUET_OUTPUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat"
+
+
+def hive_type(kind: pa.DataType) -> str:
+    """The Hive type of an Arrow type, as Parquet readers (Hive, Trino, Spark) map it."""
+    simple = {
+        pa.int8(): "tinyint",
+        pa.int16(): "smallint",
+        pa.int32(): "int",
+        pa.int64(): "bigint",
+        pa.float32(): "float",
+        pa.float64(): "double",
+        pa.bool_(): "boolean",
+        pa.string(): "string",
+        pa.large_string(): "string",
+        pa.binary(): "binary",
+        pa.date32(): "date",
+    }
+    if kind in simple:
+        return simple[kind]
+    if pa.types.is_timestamp(kind):
+        return "timestamp"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"array<{hive_type(kind.value_type)}>"
+    if pa.types.is_map(kind):
+        return f"map<{hive_type(kind.key_type)},{hive_type(kind.item_type)}>"
+    if pa.types.is_struct(kind):
+        fields = ",".join(
+            f"{kind.field(i).name}:{hive_type(kind.field(i).type)}" for i in range(kind.num_fields)
+        )
+        return f"struct<{fields}>"
+    raise MetastoreError(f"no Hive type for Arrow type {kind}")
+
+
+def _parquet_storage(
+    location: str, schema: pa.Schema, partition_by: list[str]
+) -> StorageDescriptor:
+    return StorageDescriptor(
+        cols=[
+            FieldSchema(f.name, hive_type(f.type), None)
+            for f in schema
+            if f.name not in partition_by
+        ],
+        location=location,
+        inputFormat=PARQUET_INPUT,
+        outputFormat=PARQUET_OUTPUT,
+        compressed=False,
+        numBuckets=-1,
+        serdeInfo=SerDeInfo(
+            serializationLib=PARQUET_SERDE, parameters={"serialization.format": "1"}
+        ),
+        bucketCols=[],
+        sortCols=[],
+        parameters={},
+    )
+
+
+def parquet_table(
+    database: str,
+    name: str,
+    location: str,
+    schema: pa.Schema,
+    partition_by: list[str],
+    pipeline: str,
+) -> Table:
+    """The metastore definition of an external, Hive-style Parquet table."""
+    return Table(
+        tableName=name,
+        dbName=database,
+        owner="strata",
+        createTime=int(time.time()),
+        lastAccessTime=0,
+        retention=0,
+        sd=_parquet_storage(location_uri(location), schema, partition_by),
+        partitionKeys=[FieldSchema(c, "string", None) for c in partition_by],
+        parameters={"EXTERNAL": "TRUE", "strata.pipeline": pipeline},
+        tableType="EXTERNAL_TABLE",
+    )
+
+
 def _same(current: Table, wanted: Table) -> bool:
     params = current.parameters or {}
+    provider = (wanted.parameters or {}).get("spark.sql.sources.provider")
     return (
         current.sd.location == wanted.sd.location
-        and params.get("spark.sql.sources.provider", "").lower() == DELTA_PROVIDER
+        and params.get("spark.sql.sources.provider") == provider
         and current.tableType == wanted.tableType
+        and current.sd.serdeInfo.serializationLib == wanted.sd.serdeInfo.serializationLib
+        and [(c.name, c.type) for c in current.sd.cols]
+        == [(c.name, c.type) for c in wanted.sd.cols]
+        and [c.name for c in current.partitionKeys or []] == [c.name for c in wanted.partitionKeys]
     )
+
+
+_PARTITION_VALUE = {"dt": re.compile(r"^\d{4}-\d{2}-\d{2}$"), "hr": re.compile(r"^\d{2}$")}
+
+
+def storage_partitions(cfg: PipelineConfig) -> list[tuple[str, ...]]:
+    """Event-time partitions present on storage, from the directory names.
+
+    Only names Strata itself writes (`dt=YYYY-MM-DD`, `hr=HH`) are taken, so a stray
+    directory can never become a partition that points outside the table.
+    """
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    columns = partition_columns(cfg.partitioning)
+    found: list[tuple[str, ...]] = [()]
+    for column in columns:
+        deeper = []
+        for prefix in found:
+            base = "/".join([root, *(f"{c}={v}" for c, v in zip(columns, prefix, strict=False))])
+            if fs.get_file_info(base).type != pafs.FileType.Directory:
+                continue
+            for info in fs.get_file_info(pafs.FileSelector(base)):
+                key, _, value = info.base_name.partition("=")
+                if (
+                    info.type == pafs.FileType.Directory
+                    and key == column
+                    and _PARTITION_VALUE[column].match(value)
+                ):
+                    deeper.append((*prefix, value))
+        found = deeper
+    return sorted(found)
+
+
+def _reconcile_partitions(
+    client: MetastoreClient, cfg: PipelineConfig, table: Table, report: PublishReport
+) -> None:
+    columns = partition_columns(cfg.partitioning)
+    on_storage = storage_partitions(cfg)
+    report.partitions = len(on_storage)
+    name = lambda values: "/".join(f"{c}={v}" for c, v in zip(columns, values, strict=True))  # noqa: E731
+    registered = set(client.partition_names(table.dbName, table.tableName))
+    missing = [values for values in on_storage if name(values) not in registered]
+    report.partitions_unknown = sorted(registered - {name(v) for v in on_storage})
+    batch = cfg.metastore.partition_batch
+    for at in range(0, len(missing), batch):
+        parts = []
+        for values in missing[at : at + batch]:
+            storage = copy.deepcopy(table.sd)
+            storage.location = f"{table.sd.location}/{name(values)}"
+            parts.append(
+                Partition(
+                    values=list(values),
+                    dbName=table.dbName,
+                    tableName=table.tableName,
+                    createTime=int(time.time()),
+                    lastAccessTime=0,
+                    sd=storage,
+                    parameters={},
+                )
+            )
+        client.add_partitions(table.dbName, table.tableName, parts)
+    report.partitions_added = [name(v) for v in missing]
 
 
 def publish(cfg: PipelineConfig) -> PublishReport:
@@ -124,7 +291,14 @@ def publish(cfg: PipelineConfig) -> PublishReport:
         )
         for which, suffix in TABLE_SUFFIXES.items():
             name = f"{cfg.name}{suffix}"
-            wanted = delta_table(ms.database, name, cfg.location(which), cfg.name)  # type: ignore[arg-type]
+            location = cfg.location(which)  # type: ignore[arg-type]
+            if cfg.table_format == "parquet":
+                schema, partition_by = (
+                    (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg, which)
+                )
+                wanted = parquet_table(ms.database, name, location, schema, partition_by, cfg.name)
+            else:
+                wanted = delta_table(ms.database, name, location, cfg.name)
             current = client.get_table(ms.database, name)
             if current is None:
                 client.create_table(wanted)
@@ -135,6 +309,8 @@ def publish(cfg: PipelineConfig) -> PublishReport:
                 wanted.createTime = current.createTime
                 client.alter_table(wanted)
                 report.updated.append(name)
+            if which == "table" and cfg.table_format == "parquet":
+                _reconcile_partitions(client, cfg, wanted, report)
     return report
 
 
@@ -149,4 +325,11 @@ def render_publish(report: PublishReport) -> str:
         )
         if names
     ]
+    if report.partitions_added:
+        parts.append(f"{len(report.partitions_added)} partitions added")
+    if report.partitions_unknown:
+        parts.append(
+            f"{len(report.partitions_unknown)} registered partitions have no data on storage "
+            f"(left alone): {', '.join(report.partitions_unknown[:5])}"
+        )
     return f"metastore database {report.database}: " + "; ".join(parts)

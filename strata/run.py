@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from strata.config import PipelineConfig
 from strata.delta import batch_metadata, commit_files, committed_batch, ensure_table, open_table
@@ -34,7 +36,9 @@ from strata.plan import (
     split_ranges,
 )
 from strata.schema import table_layout
+from strata.storage import filesystem
 from strata.task import RangeResult, SplitJob, SplitResult
+from strata.write import WrittenFile
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -137,12 +141,12 @@ def run_batch(
             batch,
             new_partitions=plan.new_partitions,
         )
-        results = _execute_and_commit(cfg, plan, fingerprint, session, outcome)
+        results, written = _execute_and_commit(cfg, plan, fingerprint, session, outcome, resumed)
         outcome.ranges = results
         ledger_rows = [_ledger_row(r) for r in results]
         commit_ledger(cfg, batch, ledger_rows)
         crash_point("after_ledger")
-        reconcile(cfg, batch, results)
+        reconcile(cfg, batch, results, written)
         _publish(cfg, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome)
         try:
             after = partition_states(cfg, {(r.topic, r.partition): r.end for r in results})
@@ -189,10 +193,19 @@ def _execute_and_commit(
     fingerprint: str,
     session: Callable[[PipelineConfig], SparkSession] | None,
     outcome: RunOutcome,
-) -> list[RangeResult]:
+    resumed: bool,
+) -> tuple[list[RangeResult], dict[str, list[WrittenFile]] | None]:
+    """Run the batch's tasks and commit the tables whose commit does not stand yet.
+
+    Returns:
+        Per-partition results, and for plain Parquet tables the files written (the
+        ledger commit that follows is their commit point).
+    """
     uris = {name: cfg.location(name) for name in TABLES}  # type: ignore[arg-type]
+    parquet = cfg.table_format == "parquet"
     done = {
-        name: (committed_batch(uri, cfg.name, cfg.storage_options) or 0) >= plan.batch
+        name: not parquet
+        and (committed_batch(uri, cfg.name, cfg.storage_options) or 0) >= plan.batch
         for name, uri in uris.items()
     }
     if all(done.values()):
@@ -202,15 +215,19 @@ def _execute_and_commit(
                 f"batch {plan.batch}: the data table records it but its commit has no ranges; "
                 "the table was written by something other than this pipeline"
             )
-        return [RangeResult(**r) for r in stored]
+        return [RangeResult(**r) for r in stored], None
     if plan.offsets == 0:
-        return [RangeResult(r.topic, r.partition, r.start, r.end) for r in plan.ranges]
+        return [RangeResult(r.topic, r.partition, r.start, r.end) for r in plan.ranges], None
     if plan.fingerprint and plan.fingerprint != fingerprint and any(done.values()):
         raise PlanError(
             f"batch {plan.batch} was begun with other decode settings (schema, format, event "
             "time or partitioning) and is partly committed; restore the settings it began "
             "with, finish it, then change them"
         )
+    if parquet and resumed:
+        # Plain Parquet readers see every file in a directory: a crashed attempt's files
+        # must go before this attempt writes, or rows could show twice.
+        remove_batch_files(cfg, plan.batch)
     write = frozenset(name for name, d in done.items() if not d)
     jobs = [SplitJob(cfg, plan.batch, i, split, write) for i, split in enumerate(plan.splits)]
     if session is None:
@@ -230,10 +247,11 @@ def _execute_and_commit(
     results = merge_results(split_results)
 
     meta = {RANGES_KEY: [vars(r) for r in results]}
+    written = {name: [f for s in split_results for f in s.files.get(name, [])] for name in TABLES}
     for name in TABLES:
-        files = [f for s in split_results for f in s.files.get(name, [])]
+        files = written[name]
         outcome.files[name] = len(files)
-        if done[name]:
+        if done[name] or parquet:
             continue
         schema, partition_by = table_layout(cfg, name)
         suffix = {"raw": "_raw", "quarantine": "_quarantine", "table": ""}[name]
@@ -248,7 +266,22 @@ def _execute_and_commit(
                 "table": "after_data_commit",
             }[name]
         )
-    return results
+    return results, written if parquet else None
+
+
+def remove_batch_files(cfg: PipelineConfig, batch: int) -> int:
+    """Delete every file of `batch` from the plain Parquet tables; returns how many."""
+    prefixes = (f"part-b{batch:010d}-", f".part-b{batch:010d}-")
+    removed = 0
+    for name in TABLES:
+        fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            continue
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+            if info.type == pafs.FileType.File and info.base_name.startswith(prefixes):
+                fs.delete_file(info.path)
+                removed += 1
+    return removed
 
 
 def merge_results(split_results: list[SplitResult]) -> list[RangeResult]:
@@ -275,11 +308,18 @@ def merge_results(split_results: list[SplitResult]) -> list[RangeResult]:
     return [merged[k] for k in sorted(merged)]
 
 
-def reconcile(cfg: PipelineConfig, batch: int, results: list[RangeResult]) -> None:
+def reconcile(
+    cfg: PipelineConfig,
+    batch: int,
+    results: list[RangeResult],
+    written: dict[str, list[WrittenFile]] | None = None,
+) -> None:
     """Check that the committed batch adds up, partition by partition.
 
     Offsets spanned must equal rows + quarantined + gaps; and the rows the data,
     quarantine and raw tables hold for the batch must equal what the tasks counted.
+    Delta tables are read back through their logs; plain Parquet tables through the
+    files the batch wrote.
 
     Raises:
         ReconcileError: Naming each partition that does not add up.
@@ -293,9 +333,10 @@ def reconcile(cfg: PipelineConfig, batch: int, results: list[RangeResult]) -> No
                 f"{r.gaps} = {r.rows + r.quarantined + r.gaps}"
             )
     counted = {
-        "table": _batch_counts(cfg, "table", batch),
-        "quarantine": _batch_counts(cfg, "quarantine", batch),
-        "raw": _batch_counts(cfg, "raw", batch),
+        name: _batch_counts(cfg, name, batch)
+        if written is None
+        else _file_counts(cfg, name, written[name])
+        for name in TABLES
     }
     for r in results:
         key = (r.topic, r.partition)
@@ -318,6 +359,23 @@ def _batch_counts(cfg: PipelineConfig, name: str, batch: int) -> dict[tuple[str,
     data = table.to_pyarrow_dataset().to_table(
         columns=["_topic", "_partition"], filter=ds.field("_batch") == batch
     )
+    return _count_by_partition(data)
+
+
+def _file_counts(
+    cfg: PipelineConfig, name: str, files: list[WrittenFile]
+) -> dict[tuple[str, int], int]:
+    fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+    if not files:
+        return {}
+    paths = [f"{root}/{f.path}" for f in files]
+    data = ds.dataset(paths, format="parquet", filesystem=fs).to_table(
+        columns=["_topic", "_partition"]
+    )
+    return _count_by_partition(data)
+
+
+def _count_by_partition(data: pa.Table) -> dict[tuple[str, int], int]:
     if data.num_rows == 0:
         return {}
     grouped = data.group_by(["_topic", "_partition"]).aggregate([("_partition", "count")])

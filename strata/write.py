@@ -68,7 +68,11 @@ class _OpenFile:
         if self.local:
             # Object stores have no directories; creating them would leave marker objects.
             fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
-        self.target = f"{final}.tmp-{uuid.uuid4().hex}" if self.local else final
+        # Readers of plain Parquet directories (Hive, Trino, Spark) skip dot-files, so a
+        # crashed attempt's half-written file is never read.
+        directory, _, base = final.rpartition("/")
+        hidden = f"{directory}/.{base}.tmp-{uuid.uuid4().hex}"
+        self.target = hidden if self.local else final
         self.stream = fs.open_output_stream(self.target)
         self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
         self.rows = 0

@@ -29,12 +29,14 @@ STEPS = [
 
 
 @pytest.mark.parametrize(
-    ("step", "layout"), [(step, "per_task") for step in STEPS] + [("after_raw_commit", "shuffle")]
+    ("step", "layout", "table_format"),
+    [(step, "per_task", "delta") for step in STEPS]
+    + [("after_raw_commit", "shuffle", "delta"), ("after_files", "shuffle", "parquet")],
 )
 def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(
-    make_pipeline, broker, step, layout
+    make_pipeline, broker, step, layout, table_format
 ):
-    p = make_pipeline(partitions=3, overrides={"layout": layout})
+    p = make_pipeline(partitions=3, overrides={"layout": layout, "table_format": table_format})
     per = produce_clicks(broker, p.topic, 3, 3000, malformed=5, late=5)
 
     crashed = p.cli("run", env=p.env(**{CRASH_ENV: step}))
@@ -105,3 +107,20 @@ def test_a_saved_plan_the_broker_no_longer_serves_fails_clearly(make_pipeline, b
     assert re.match(stuck, error), error
     assert "Traceback" not in error
     assert read_ledger(p.cfg()).num_rows == 0
+
+
+def test_a_plain_parquet_rerun_removes_what_the_crashed_attempt_wrote(make_pipeline, broker):
+    p = make_pipeline(partitions=2, overrides={"layout": "shuffle", "table_format": "parquet"})
+    per = produce_clicks(broker, p.topic, 2, 2000, malformed=3)
+    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    assert crashed.returncode == -signal.SIGKILL
+    table_dir = Path(p.cfg().location("table"))
+    assert list(table_dir.rglob("part-b0000000001-r*.parquet")), "the crashed attempt wrote files"
+    # The re-run writes other file names (per-task layout): only the clean-up prevents doubles.
+    conf = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    conf.write_text(conf.read_text().replace("layout: shuffle", "layout: per_task"))
+    rerun = p.cli("run")
+    assert rerun.returncode == 0, rerun.stderr
+    assert not list(table_dir.rglob("part-b0000000001-r*.parquet"))
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)

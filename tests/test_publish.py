@@ -125,3 +125,66 @@ def test_metastore_up_status_down_from_the_command_line(tmp_path):
     assert json.loads(down.stdout.strip().splitlines()[-1])["stopped"] is True
     status = subprocess.run([strata, "metastore", "status", *where], capture_output=True, text=True)
     assert json.loads(status.stdout.strip().splitlines()[-1])["status"] == "down"
+
+
+PARQUET = (
+    "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe",
+    "org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat",
+    "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat",
+)
+
+
+def test_plain_parquet_tables_list_exactly_their_partitions(
+    make_pipeline, broker, spark, metastore
+):
+    p = make_pipeline(
+        partitions=2,
+        overrides={
+            "table_format": "parquet",
+            "metastore": {"uri": metastore.uri, "partition_batch": 2},
+        },
+    )
+    produce_clicks(broker, p.topic, 2, 900, hours=5, late=3)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.publish_error is None, outcome.publish_error
+    location = location_uri(p.cfg().location("table"))
+    on_disk = sorted(
+        f"{d.name}/{h.name}"
+        for d in Path(p.cfg().location("table")).glob("dt=*")
+        for h in d.glob("hr=*")
+    )
+    assert len(on_disk) == 5
+
+    with MetastoreClient(metastore.uri, 30) as client:
+        assert sorted(client.partition_names("strata", p.name)) == on_disk
+        for part in client.partitions("strata", p.name):
+            assert part.sd.location == f"{location}/dt={part.values[0]}/hr={part.values[1]}"
+            assert (
+                part.sd.serdeInfo.serializationLib,
+                part.sd.inputFormat,
+                part.sd.outputFormat,
+            ) == PARQUET
+        table = client.get_table("strata", p.name)
+        assert [k.name for k in table.partitionKeys] == ["dt", "hr"]
+        assert ("user_id", "bigint") in [(c.name, c.type) for c in table.sd.cols]
+        assert ("_event_time", "timestamp") in [(c.name, c.type) for c in table.sd.cols]
+        assert "spark.sql.sources.provider" not in table.parameters
+        for suffix in ("_raw", "_quarantine", "_ledger"):
+            other = client.get_table("strata", p.name + suffix)
+            assert other.sd.serdeInfo.serializationLib == PARQUET[0] and not other.partitionKeys
+
+        # Re-publishing changes nothing.
+        again = p.cli("publish", "--json")
+        body = json.loads(again.stdout.strip().splitlines()[-1])
+        assert body["partitions_added"] == [] and body["updated"] == [] and body["partitions"] == 5
+        assert sorted(client.partition_names("strata", p.name)) == on_disk
+
+        # A partition dropped by hand comes back with `strata publish`.
+        dt, hr = on_disk[2].split("/")
+        client._client.drop_partition("strata", p.name, [dt.split("=")[1], hr.split("=")[1]], False)  # noqa: SLF001
+        assert on_disk[2] not in client.partition_names("strata", p.name)
+        restored = p.cli("publish", "--json")
+        assert json.loads(restored.stdout.strip().splitlines()[-1])["partitions_added"] == [
+            on_disk[2]
+        ]
+        assert sorted(client.partition_names("strata", p.name)) == on_disk

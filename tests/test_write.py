@@ -49,6 +49,7 @@ def test_same_rows_in_other_chunks_give_identical_files(tmp_path):
         assert fa.size == fb.size and fa.rows == fb.rows
     assert sum(f.rows for f in a) == 5000
     assert not list(tmp_path.rglob("*.tmp-*"))
+    assert not list(tmp_path.rglob(".*"))
 
 
 def test_files_roll_at_the_target_size_and_keep_partition_columns_out(tmp_path):
