@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
         "quarantine and ledger tables. Idempotent; every run does it after its commit.",
     )
     _common(publish)
+    sql = sub.add_parser(
+        "sql",
+        help="print Trino SQL for the pipeline (ddl)",
+        description="Print the Trino statements that register or create the pipeline's "
+        "tables: register_table calls for Delta, CREATE TABLE and partition sync for Parquet.",
+    )
+    sql.add_argument("what", choices=["ddl"])
+    _common(sql)
     metastore = sub.add_parser(
         "metastore",
         help="start or stop a local Hive Metastore (Derby, loopback)",
@@ -93,6 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run": _run,
         "status": _status,
         "publish": _publish,
+        "sql": _sql,
     }[args.command]
     return run_guarded(lambda: handler(cfg, args), args.json)
 
@@ -167,6 +176,13 @@ def _publish(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[s
 
     report = publish(cfg)
     return render_publish(report), asdict(report)
+
+
+def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.sql import pipeline_ddl
+
+    ddl = pipeline_ddl(cfg)
+    return ddl.rstrip("\n"), {"pipeline": cfg.name, "ddl": ddl}
 
 
 def _metastore(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

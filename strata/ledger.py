@@ -38,6 +38,7 @@ LEDGER_SCHEMA = pa.schema(
         pa.field("max_lateness_ms", pa.int64(), nullable=False),
         pa.field("min_event_time", pa.timestamp("us", tz="UTC")),
         pa.field("max_event_time", pa.timestamp("us", tz="UTC")),
+        pa.field("high_watermark", pa.int64()),
         pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("note", pa.string()),
     ]

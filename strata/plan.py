@@ -76,6 +76,8 @@ class BatchPlan:
         fingerprint: Hash of the settings that decide where a message lands; a resumed
             batch must decode exactly as it began.
         created_at: When the plan was made (informational).
+        watermarks: Each partition's high watermark when planned (`topic:partition`),
+            so the ledger can tell how far behind the log each batch ended.
     """
 
     pipeline: str
@@ -85,6 +87,7 @@ class BatchPlan:
     new_partitions: list[tuple[str, int]] = field(default_factory=list)
     fingerprint: str = ""
     created_at: str = ""
+    watermarks: dict[str, int] = field(default_factory=dict)
 
     @property
     def offsets(self) -> int:
@@ -108,6 +111,7 @@ class BatchPlan:
             new_partitions=[(t, p) for t, p in body.get("new_partitions", [])],
             fingerprint=body.get("fingerprint", ""),
             created_at=body.get("created_at", ""),
+            watermarks=body.get("watermarks", {}),
         )
 
 

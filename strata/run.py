@@ -143,7 +143,7 @@ def run_batch(
         )
         results, written = _execute_and_commit(cfg, plan, fingerprint, session, outcome, resumed)
         outcome.ranges = results
-        ledger_rows = [_ledger_row(r) for r in results]
+        ledger_rows = [_ledger_row(r, plan.watermarks) for r in results]
         commit_ledger(cfg, batch, ledger_rows)
         crash_point("after_ledger")
         reconcile(cfg, batch, results, written)
@@ -184,6 +184,7 @@ def _new_plan(
         new_partitions=new,
         fingerprint=fingerprint,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        watermarks={f"{s.topic}:{s.partition}": s.high for s in states},
     )
 
 
@@ -390,7 +391,7 @@ def _count_by_partition(data: pa.Table) -> dict[tuple[str, int], int]:
     }
 
 
-def _ledger_row(r: RangeResult) -> dict[str, object]:
+def _ledger_row(r: RangeResult, watermarks: dict[str, int]) -> dict[str, object]:
     def ts(us: int | None) -> datetime | None:
         return None if us is None else datetime.fromtimestamp(us / 1_000_000, tz=UTC)
 
@@ -409,6 +410,7 @@ def _ledger_row(r: RangeResult) -> dict[str, object]:
         "max_lateness_ms": r.max_lateness_ms,
         "min_event_time": ts(r.min_event_us),
         "max_event_time": ts(r.max_event_us),
+        "high_watermark": watermarks.get(f"{r.topic}:{r.partition}"),
     }
 
 

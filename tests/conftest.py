@@ -34,6 +34,14 @@ def broker() -> Iterator[LocalBroker]:
 
 
 @pytest.fixture(scope="session")
+def metastore(tmp_path_factory):
+    from strata.local_metastore import LocalMetastore
+
+    with LocalMetastore(tmp_path_factory.mktemp("metastore")) as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
 def spark():
     from pyspark.sql import SparkSession
 

@@ -58,7 +58,6 @@ def test_split_respects_max_offsets_per_task():
 
 
 def test_plan_round_trips_through_json():
-    plan = BatchPlan(
-        "p", 3, [OffsetRange("t", 0, 1, 9)], [[OffsetRange("t", 0, 1, 9)]], [("t", 0)], "abc", "now"
-    )
+    ranges = [OffsetRange("t", 0, 1, 9)]
+    plan = BatchPlan("p", 3, ranges, [ranges], [("t", 0)], "abc", "now", {"t:0": 12})
     assert BatchPlan.from_json(plan.to_json()) == plan

@@ -10,19 +10,12 @@ from pathlib import Path
 import pytest
 
 from strata.local_broker import free_port
-from strata.local_metastore import LocalMetastore
 from strata.metastore import MetastoreClient
 from strata.publish import TABLE_SUFFIXES, location_uri
 from strata.run import run_batch
 from tests.conftest import produce_clicks
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def metastore(tmp_path_factory):
-    with LocalMetastore(tmp_path_factory.mktemp("metastore")) as service:
-        yield service
 
 
 def tables(service, database: str, pipeline: str) -> dict:

@@ -1,0 +1,107 @@
+"""The SQL in sql/: it parses as Trino SQL, the DDL is what the command prints, quoting holds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from strata.config import PipelineConfig, load_pipeline
+from strata.sql import pipeline_ddl, quote_identifier, quote_literal
+from tests.conftest import ROOT
+
+SQL_FILES = sorted((ROOT / "sql").rglob("*.sql"))
+
+
+def statements(text: str) -> list[exp.Expression]:
+    parsed = sqlglot.parse(text, read="trino", error_level=sqlglot.ErrorLevel.RAISE)
+    return [e for e in parsed if e is not None]
+
+
+def test_there_are_queries_and_ddl():
+    names = {p.name for p in SQL_FILES}
+    assert {
+        "rows_per_hour.sql",
+        "late_arrivals.sql",
+        "lag_per_partition.sql",
+        "clicks.sql",
+    } <= names
+
+
+@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_sql_file_parses_as_trino(path: Path):
+    parsed = statements(path.read_text())
+    assert parsed
+    for statement in parsed:
+        # Trino's procedure calls are the one statement sqlglot keeps as a command.
+        if isinstance(statement, exp.Command):
+            assert statement.this.upper() == "CALL", statement.sql()
+
+
+def test_the_committed_ddl_is_what_the_command_prints():
+    env = {**os.environ, "STRATA_WAREHOUSE": "s3://your-bucket/warehouse"}
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "strata"),
+            "sql",
+            "ddl",
+            "--pipeline",
+            "clicks",
+            "--conf-dir",
+            str(ROOT / "conf"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (ROOT / "sql" / "ddl" / "clicks.sql").read_text()
+
+
+def test_parquet_ddl_creates_partitioned_external_tables(monkeypatch):
+    monkeypatch.setenv("STRATA_WAREHOUSE", "s3://b/w")
+    cfg = load_pipeline("clicks", ROOT / "conf").model_copy(update={"table_format": "parquet"})
+    parsed = statements(pipeline_ddl(cfg))
+    creates = [s for s in parsed if isinstance(s, exp.Create) and s.kind == "TABLE"]
+    assert [c.this.this.name for c in creates] == [
+        "clicks",
+        "clicks_raw",
+        "clicks_quarantine",
+        "clicks_ledger",
+    ]
+    data = creates[0].sql("trino")
+    assert "PARTITIONED_BY=ARRAY['dt', 'hr']" in data and "'s3://b/w/clicks'" in data
+    assert isinstance(parsed[-1], exp.Command) and "sync_partition_metadata" in parsed[-1].sql()
+
+
+def test_quoting_keeps_hostile_names_and_values_inert():
+    hostile = 'a"; DROP TABLE x; --'
+    statement = (
+        f"SELECT {quote_identifier(hostile)} FROM t WHERE v = {quote_literal(hostile + chr(39))}"
+    )
+    [parsed] = statements(statement)
+    assert isinstance(parsed, exp.Select)
+    assert parsed.selects[0].name == hostile
+    assert parsed.find(exp.Literal).this == hostile + "'"
+
+
+def test_hostile_topic_pipeline_and_database_names_fail_at_load():
+    base = {
+        "schema_file": "clicks.avsc",
+        "schemas_dir": str(ROOT / "schemas"),
+        "event_time": {"field": "ts"},
+    }
+    for bad in (
+        {"name": "p", "topics": ["a;drop table x"]},
+        {"name": "p;drop", "topics": ["t"]},
+        {"name": "p", "topics": [".."]},
+        {"name": "p", "topics": ["t"], "metastore": {"database": "x; drop"}},
+    ):
+        with pytest.raises(ValueError):
+            PipelineConfig.model_validate({**base, **bad})

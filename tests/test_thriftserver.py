@@ -1,0 +1,105 @@
+"""What a HiveServer2/Presto-style client sees: the Spark Thrift Server on the same metastore."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import sqlglot
+from pyhive import hive
+from sqlglot import exp
+
+from strata.ledger import read_ledger
+from strata.local_thriftserver import LocalThriftServer
+from strata.run import run_batch
+from tests.conftest import ROOT, START_MS, produce_clicks
+
+pytestmark = pytest.mark.integration
+QUERIES = ROOT / "sql" / "queries"
+
+
+@pytest.fixture(scope="session")
+def thriftserver(tmp_path_factory, metastore):
+    with LocalThriftServer(tmp_path_factory.mktemp("thriftserver"), metastore.uri) as server:
+        yield server
+
+
+def spark_sql(name: str, pipeline: str) -> str:
+    """An analyst query from sql/queries, for this pipeline's tables, in Spark's dialect."""
+    tree = sqlglot.parse_one((QUERIES / name).read_text(), read="trino")
+
+    def rename(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Table) and node.name.startswith("clicks"):
+            return exp.table_(pipeline + node.name[len("clicks") :], db=node.db)
+        return node
+
+    return tree.transform(rename).sql("spark")
+
+
+def test_the_thrift_server_sees_exactly_what_the_ledger_says(
+    make_pipeline, broker, spark, metastore, thriftserver
+):
+    p = make_pipeline(
+        partitions=2, overrides={"table_format": "parquet", "metastore": {"uri": metastore.uri}}
+    )
+    produce_clicks(broker, p.topic, 2, 1200, hours=4, late=5, malformed=4)
+    assert run_batch(p.cfg(), session=lambda _: spark).publish_error is None
+    produce_clicks(
+        broker, p.topic, 2, 600, seed=2, start_ms=START_MS + 4 * 3_600_000, hours=2, late=2
+    )
+    assert run_batch(p.cfg(), session=lambda _: spark).publish_error is None
+    ledger = read_ledger(p.cfg()).to_pylist()
+    assert sorted({r["batch"] for r in ledger}) == [1, 2]
+
+    cursor = hive.connect("127.0.0.1", port=thriftserver.port, auth="NOSASL").cursor()
+
+    def query(sql: str) -> list[tuple]:
+        cursor.execute(sql)
+        return cursor.fetchall()
+
+    per_partition = Counter()
+    for r in ledger:
+        per_partition[r["partition"]] += r["rows"]
+    assert (
+        dict(query(f"SELECT _partition, count(*) FROM strata.{p.name} GROUP BY _partition"))
+        == per_partition
+    )
+    total_rows = sum(per_partition.values())
+
+    hours = query(spark_sql("rows_per_hour.sql", p.name))
+    assert len(hours) == 6 and sum(n for _, _, n in hours) == total_rows
+
+    fresh = query(spark_sql("freshness_per_partition.sql", p.name))
+    assert max(row[4] for row in fresh) == 2 and sum(row[5] for row in fresh) == total_rows
+
+    late = query(spark_sql("late_arrivals.sql", p.name))
+    assert (
+        sum(n for hours_late, n in late if hours_late >= 1)
+        == sum(r["late_rows"] for r in ledger)
+        == 7
+    )
+
+    reasons = query(spark_sql("quarantine_reasons.sql", p.name))
+    assert sum(row[1] for row in reasons) == sum(r["quarantined"] for r in ledger) == 4
+
+    ranges = query(spark_sql("ledger_ranges.sql", p.name))
+    assert [(b, part, s, e, rows, q, g) for b, _, _, part, s, e, _, rows, q, g, _, _ in ranges] == [
+        (
+            r["batch"],
+            r["partition"],
+            r["start_offset"],
+            r["end_offset"],
+            r["rows"],
+            r["quarantined"],
+            r["gaps"],
+        )
+        for r in sorted(ledger, key=lambda r: (r["batch"], r["partition"]))
+    ]
+    assert all(row[10] == 0 for row in ranges)
+
+    lag = query(spark_sql("lag_per_partition.sql", p.name))
+    newest = {r["partition"]: r for r in ledger if r["batch"] == 2}
+    assert [(row[1], row[2], row[4]) for row in lag] == [
+        (q, newest[q]["end_offset"], newest[q]["high_watermark"] - newest[q]["end_offset"])
+        for q in sorted(newest)
+    ]
