@@ -9,6 +9,7 @@ whole: locally through a rename, on object stores through the atomic PUT.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -212,16 +213,35 @@ class PartitionedWriter:
         return sorted(self.files, key=lambda f: f.path)
 
 
+# A partition value becomes a directory name: it must not be able to leave the table.
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_:+-][A-Za-z0-9_.:+-]*$")
+
+
+class UnsafePartitionValue(ValueError):
+    """A partition value that would not stay one directory inside the table."""
+
+
 def split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...], pa.Table]]:
-    """Split rows by the values of partition columns."""
+    """Split rows by the values of partition columns.
+
+    Raises:
+        UnsafePartitionValue: If a value is null, empty, or could escape the table
+            directory (`/`, `..`, leading dots, other special characters).
+    """
     if not columns:
         return [((), table)]
-    if len(columns) == 1:
-        keys = table.column(columns[0])
-    else:
-        keys = pc.binary_join_element_wise(*[table.column(c) for c in columns], "/")
+    combos = table.group_by(columns).aggregate([]).to_pylist()
     out = []
-    for value in sorted(pc.unique(keys).to_pylist()):
-        part = table.filter(pc.equal(keys, value))
-        out.append((tuple(value.split("/")) if len(columns) > 1 else (value,), part))
+    for combo in sorted(combos, key=lambda c: [c[k] or "" for k in columns]):
+        values = tuple(combo[c] for c in columns)
+        for column, value in zip(columns, values, strict=True):
+            if value is None or not _SAFE_VALUE.match(value):
+                raise UnsafePartitionValue(
+                    f"partition value {value!r} of `{column}` cannot be a directory name"
+                )
+        mask = None
+        for column, value in zip(columns, values, strict=True):
+            test = pc.equal(table.column(column), value)
+            mask = test if mask is None else pc.and_(mask, test)
+        out.append((values, table.filter(mask)))
     return out

@@ -105,3 +105,36 @@ def test_hostile_topic_pipeline_and_database_names_fail_at_load():
     ):
         with pytest.raises(ValueError):
             PipelineConfig.model_validate({**base, **bad})
+
+
+def test_only_partition_directories_strata_writes_become_partitions(tmp_path):
+    from strata.publish import storage_partitions
+
+    table = tmp_path / "wh" / "clicks"
+    for d in [
+        "dt=2025-11-22/hr=10",
+        "dt=2025-11-22/hr=11",
+        "dt=2025-11-23/hr=00",
+        "dt=2025-11-22/hr=..",
+        "dt=../hr=01",
+        "dt=2025-11-22x/hr=01",
+        "dt=2025-11-22/hr=1%2F",
+        "other/hr=01",
+        "_delta_log",
+    ]:
+        (table / d).mkdir(parents=True, exist_ok=True)
+    cfg = PipelineConfig.model_validate(
+        {
+            "name": "clicks",
+            "topics": ["t"],
+            "schema_file": "clicks.avsc",
+            "schemas_dir": str(ROOT / "schemas"),
+            "event_time": {"field": "ts"},
+            "warehouse": str(tmp_path / "wh"),
+        }
+    )
+    assert storage_partitions(cfg) == [
+        ("2025-11-22", "10"),
+        ("2025-11-22", "11"),
+        ("2025-11-23", "00"),
+    ]

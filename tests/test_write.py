@@ -5,8 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+import pytest
 
-from strata.write import PartitionedWriter
+from strata.write import PartitionedWriter, UnsafePartitionValue
 
 
 def rows(n: int, start: int = 0) -> pa.Table:
@@ -65,3 +66,14 @@ def test_files_roll_at_the_target_size_and_keep_partition_columns_out(tmp_path):
     assert sum(f.rows for f in files) == 20_000
     assert hr10[0].partition_values == {"dt": "2025-11-22", "hr": "10"}
     assert '"_offset"' in hr10[0].stats
+
+
+@pytest.mark.parametrize("bad", ["../../etc", "2025/11", "..", ".hidden", "", "a b", None])
+def test_a_partition_value_that_could_escape_the_table_is_refused(tmp_path, bad):
+    table = pa.table({"v": ["x"], "dt": pa.array([bad], pa.string())})
+    w = PartitionedWriter(
+        pafs.LocalFileSystem(), str(tmp_path / "t"), table.schema, ["dt"], 1, "t00000", 1 << 20, 10
+    )
+    with pytest.raises(UnsafePartitionValue):
+        w.write(table)
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
