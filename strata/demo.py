@@ -157,16 +157,18 @@ def produce(
 
 def main() -> int:
     """Run the demo end to end against a throw-away local broker."""
-    from strata.config import ENV_BOOTSTRAP, ENV_WAREHOUSE, load_pipeline
+    from strata.config import ENV_BOOTSTRAP, ENV_METASTORE, ENV_WAREHOUSE, load_pipeline
     from strata.local_broker import LocalBroker
+    from strata.local_metastore import LocalMetastore
     from strata.report import render_summary
     from strata.run import run_batch
     from strata.status import pipeline_status, render_status
 
     warehouse = Path("demo-warehouse").resolve()
     shutil.rmtree(warehouse, ignore_errors=True)
-    with LocalBroker() as broker:
-        print(f"local broker (Tansu) on {broker.bootstrap}")
+    warehouse.mkdir(parents=True)
+    with LocalBroker() as broker, LocalMetastore(warehouse / "_metastore") as metastore:
+        print(f"local broker (Tansu) on {broker.bootstrap}; Hive Metastore on {metastore.uri}")
         broker.create_topic("clicks", 4)
         # Six event hours ending at the start of the current hour, so the demo looks live.
         start = (int(time.time() * 1000) // HOUR_MS - 6) * HOUR_MS
@@ -182,6 +184,7 @@ def main() -> int:
         print(f"seeded `clicks` (4 partitions): {counts} + 4 sealing events")
         os.environ[ENV_BOOTSTRAP] = broker.bootstrap
         os.environ[ENV_WAREHOUSE] = str(warehouse)
+        os.environ[ENV_METASTORE] = metastore.uri
         cfg = load_pipeline("clicks", "conf")
         outcome = run_batch(cfg)
         print()
@@ -190,10 +193,25 @@ def main() -> int:
         print(render_status(pipeline_status(cfg)))
         print()
         _show_landed(cfg)
+        _show_registered(cfg)
         again = run_batch(cfg)
         print()
         print("a second run right away: " + render_summary(again))
     return 0
+
+
+def _show_registered(cfg: PipelineConfig) -> None:
+    from strata.metastore import MetastoreClient
+
+    assert cfg.metastore.uri is not None
+    with MetastoreClient(cfg.metastore.uri, cfg.metastore.timeout_s) as client:
+        print(f"metastore {cfg.metastore.uri}, database {cfg.metastore.database}:")
+        for suffix in ("", "_raw", "_quarantine", "_ledger"):
+            table = client.get_table(cfg.metastore.database, cfg.name + suffix)
+            if table is not None:
+                provider = (table.parameters or {}).get("spark.sql.sources.provider", "hive")
+                name = f"{cfg.metastore.database}.{table.tableName}"
+                print(f"  {name} ({provider}) -> {table.sd.location}")
 
 
 def _show_landed(cfg: PipelineConfig) -> None:
