@@ -190,6 +190,34 @@ class MetastoreConfig(_Strict):
         return value
 
 
+class TrinoConfig(_Strict):
+    """A Trino to notify after publishing.
+
+    Attributes:
+        url: `http(s)://host:port` of the Trino coordinator; unset, Trino is not called.
+        user: User the statements run as.
+        hive_catalog: Trino catalog over the metastore for Parquet tables.
+        delta_catalog: Trino catalog for Delta tables.
+        register_delta_tables: Call `register_table` for Delta tables. Only needed when
+            Trino's Delta catalog uses another metastore than `metastore.uri`.
+        timeout_s: Bound on each statement.
+    """
+
+    url: str | None = None
+    user: str = "strata"
+    hive_catalog: str = "hive"
+    delta_catalog: str = "delta"
+    register_delta_tables: bool = False
+    timeout_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("hive_catalog", "delta_catalog")
+    @classmethod
+    def _catalog(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"{value!r} is not a valid catalog name")
+        return value
+
+
 class SparkConfig(_Strict):
     """The Spark session the job builds when it runs outside spark-submit.
 
@@ -232,6 +260,7 @@ class PipelineConfig(_Strict):
         limits: Batch bounds.
         spark: Spark session settings.
         metastore: Hive Metastore registration.
+        trino: A Trino to notify after publishing.
         storage_options: Object-store options (endpoint, region...) for s3:// locations.
         schemas_dir: Directory holding `schema_file`; set by the loader.
     """
@@ -256,6 +285,7 @@ class PipelineConfig(_Strict):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     metastore: MetastoreConfig = Field(default_factory=MetastoreConfig)
+    trino: TrinoConfig = Field(default_factory=TrinoConfig)
     storage_options: dict[str, str] = Field(default_factory=dict)
     schemas_dir: str = "schemas"
 

@@ -432,6 +432,11 @@ def _register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
 
     try:
         outcome.published = render_publish(publish(cfg))
+        if cfg.trino.url:
+            from strata.sql import run_in_trino, trino_statements
+
+            ran = run_in_trino(cfg, trino_statements(cfg))
+            outcome.published += f"; {len(ran)} statement(s) run in Trino at {cfg.trino.url}"
     except MetastoreError as exc:
         done = f"batch {outcome.batch} is committed; " if outcome.batch else ""
         outcome.publish_error = (

@@ -60,6 +60,73 @@ def _uri(location: str) -> str:
     return location if "://" in location else f"file://{location}"
 
 
+def trino_statements(cfg: PipelineConfig) -> list[str]:
+    """What to run in Trino after publishing, for `trino.url`.
+
+    Parquet tables: `sync_partition_metadata`, so Trino's Hive catalog sees partitions
+    added since its metastore cache was filled. Delta tables: nothing, since the
+    metastore entry is all Trino's Delta catalog needs, unless that catalog uses
+    another metastore (`trino.register_delta_tables`): then `register_table`.
+    """
+    database = quote_literal(cfg.metastore.database)
+    if cfg.table_format == "parquet":
+        catalog = quote_identifier(cfg.trino.hive_catalog)
+        args = f"{database}, {quote_literal(cfg.name)}, 'ADD'"
+        return [f"CALL {catalog}.system.sync_partition_metadata({args})"]
+    if not cfg.trino.register_delta_tables:
+        return []
+    catalog = quote_identifier(cfg.trino.delta_catalog)
+    return [
+        f"CALL {catalog}.system.register_table(schema_name => {database}, "
+        f"table_name => {quote_literal(cfg.name + suffix)}, "
+        f"table_location => {quote_literal(_uri(cfg.location(which)))})"  # type: ignore[arg-type]
+        for which, suffix in TABLE_SUFFIXES.items()
+    ]
+
+
+def run_in_trino(cfg: PipelineConfig, statements: list[str]) -> list[str]:
+    """Run statements in Trino; a table registered already is not an error.
+
+    Returns:
+        The statements that ran.
+
+    Raises:
+        MetastoreError: If Trino cannot be reached or refuses a statement.
+    """
+    import trino
+    from trino.exceptions import TrinoQueryError
+
+    from strata.metastore import MetastoreError
+
+    url = cfg.trino.url
+    assert url is not None
+    scheme, _, rest = url.partition("://")
+    host, _, port = rest.rstrip("/").partition(":")
+    ran = []
+    try:
+        with trino.dbapi.connect(
+            host=host,
+            port=int(port or (443 if scheme == "https" else 8080)),
+            user=cfg.trino.user,
+            http_scheme=scheme,
+            request_timeout=cfg.trino.timeout_s,
+        ) as conn:
+            cursor = conn.cursor()
+            for statement in statements:
+                try:
+                    cursor.execute(statement)
+                    cursor.fetchall()
+                except TrinoQueryError as exc:
+                    if exc.error_name != "ALREADY_EXISTS":
+                        raise
+                ran.append(statement)
+    except (TrinoQueryError, OSError) as exc:
+        raise MetastoreError(f"Trino at {url}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the client raises requests' errors too
+        raise MetastoreError(f"Trino at {url}: {type(exc).__name__}: {exc}") from None
+    return ran
+
+
 def pipeline_ddl(
     cfg: PipelineConfig, delta_catalog: str = "delta", hive_catalog: str = "hive"
 ) -> str:

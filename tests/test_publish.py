@@ -181,3 +181,92 @@ def test_plain_parquet_tables_list_exactly_their_partitions(
             on_disk[2]
         ]
         assert sorted(client.partition_names("strata", p.name)) == on_disk
+
+
+class _FakeTrino:
+    """A stand-in for a Trino coordinator: Trino cannot be installed here, so this
+    speaks just enough of its HTTP protocol (POST /v1/statement, one final answer)
+    to record the statements the real client sends."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.statements = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+                seen.append((self.headers.get("X-Trino-User"), body))
+                answer = {
+                    "id": f"q{len(seen)}",
+                    "infoUri": "http://x",
+                    "stats": {"state": "FINISHED"},
+                    "updateType": "CALL",
+                }
+                if "clicks_raw" in body:
+                    answer["error"] = {
+                        "message": "Table already exists",
+                        "errorName": "ALREADY_EXISTS",
+                        "errorCode": 1,
+                        "errorType": "USER_ERROR",
+                    }
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_a_configured_trino_is_told_to_sync_partitions_after_publishing(
+    make_pipeline, broker, spark, metastore
+):
+    fake = _FakeTrino()
+    p = make_pipeline(
+        partitions=1,
+        overrides={
+            "table_format": "parquet",
+            "metastore": {"uri": metastore.uri},
+            "trino": {"url": fake.url, "user": "etl"},
+        },
+    )
+    produce_clicks(broker, p.topic, 1, 100)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    fake.server.shutdown()
+    assert outcome.publish_error is None, outcome.publish_error
+    assert fake.statements == [
+        ("etl", f"""CALL "hive".system.sync_partition_metadata('strata', '{p.name}', 'ADD')""")
+    ]
+    assert "1 statement(s) run in Trino" in outcome.published
+
+
+def test_delta_tables_are_registered_in_a_trino_on_another_metastore(
+    make_pipeline, broker, spark, metastore
+):
+    fake = _FakeTrino()
+    p = make_pipeline(
+        partitions=1,
+        overrides={
+            "metastore": {"uri": metastore.uri},
+            "trino": {"url": fake.url, "register_delta_tables": True},
+        },
+    )
+    produce_clicks(broker, p.topic, 1, 50)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    fake.server.shutdown()
+    assert outcome.publish_error is None, outcome.publish_error
+    calls = [sql for _, sql in fake.statements]
+    assert len(calls) == 4 and all(
+        c.startswith('CALL "delta".system.register_table(') for c in calls
+    )
+    assert (
+        f"table_location => 'file://{p.cfg().location('raw')}'" in calls[1]
+    )  # already there: not an error
