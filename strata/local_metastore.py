@@ -10,15 +10,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
-from typing import NoReturn
 from xml.sax.saxutils import escape
 
-from strata.local_broker import free_port
+from strata.local_service import LocalService, port_open
 
 MAIN_CLASS = "org.apache.hadoop.hive.metastore.HiveMetaStore"
 STATE_FILE = "metastore.json"
@@ -51,14 +47,10 @@ def hive_site(directory: Path) -> str:
     return f'<?xml version="1.0"?>\n<configuration>\n{body}\n</configuration>\n'
 
 
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-class LocalMetastore:
+class LocalMetastore(LocalService):
     """The Hive Metastore thrift service on a loopback port; a context manager."""
+
+    name = "metastore"
 
     def __init__(self, directory: Path, port: int | None = None) -> None:
         """Choose where the metastore keeps its Derby database, and its port.
@@ -68,14 +60,8 @@ class LocalMetastore:
             port: Port to listen on; a free one if None.
         """
         self.directory = directory.resolve()
-        self.port = port or free_port()
+        super().__init__(port, self.directory / "metastore.log")
         self.uri = f"thrift://127.0.0.1:{self.port}"
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def log_path(self) -> Path:
-        """The service's log file."""
-        return self.directory / "metastore.log"
 
     def start(self, timeout: float = 120.0, detach: bool = False) -> LocalMetastore:
         """Start the service and wait until it accepts connections.
@@ -90,66 +76,17 @@ class LocalMetastore:
         conf = self.directory / "conf"
         conf.mkdir(parents=True, exist_ok=True)
         (conf / "hive-site.xml").write_text(hive_site(self.directory))
-        java = (
-            os.path.join(os.environ["JAVA_HOME"], "bin", "java")
-            if os.environ.get("JAVA_HOME")
-            else "java"
-        )
-        with self.log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
-                [
-                    java,
-                    "-Xmx512m",
-                    "-cp",
-                    f"{pyspark_jars()}/*:{conf}",
-                    MAIN_CLASS,
-                    "-p",
-                    str(self.port),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=self.directory,  # Derby writes derby.log to the working directory
-                start_new_session=detach,
-            )
-        deadline = time.monotonic() + timeout
-        while not _port_open(self.port):
-            if self._proc.poll() is not None:
-                self._fail(f"the metastore exited with {self._proc.returncode}")
-            if time.monotonic() > deadline:
-                self._fail(f"the metastore did not listen within {timeout:.0f}s")
-            time.sleep(0.2)
-        if detach:
+        home = os.environ.get("JAVA_HOME")
+        java = os.path.join(home, "bin", "java") if home else "java"
+        classpath = f"{pyspark_jars()}/*:{conf}"
+        command = [java, "-Xmx512m", "-cp", classpath, MAIN_CLASS, "-p", str(self.port)]
+        # Derby writes derby.log to the working directory.
+        self._spawn(command, cwd=self.directory, detach=detach)
+        self._wait(timeout)
+        if detach and self._proc is not None:
             state = {"pid": self._proc.pid, "port": self.port, "uri": self.uri}
             (self.directory / STATE_FILE).write_text(json.dumps(state))
         return self
-
-    def _fail(self, reason: str) -> NoReturn:
-        tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
-        self.stop()
-        raise RuntimeError(f"{reason}; its log ({self.log_path}) ends with:\n{tail}")
-
-    def stop(self) -> None:
-        """Stop the service."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc = None
-
-    def __enter__(self) -> LocalMetastore:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def metastore_up(directory: Path, port: int | None = None) -> dict[str, object]:
@@ -179,7 +116,7 @@ def metastore_running(directory: Path) -> dict[str, object] | None:
         os.kill(pid, 0)
     except ProcessLookupError:
         return None
-    return state if _port_open(port) else None
+    return state if port_open(port) else None
 
 
 def metastore_down(directory: Path, timeout: float = 30.0) -> bool:

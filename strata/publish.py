@@ -75,21 +75,14 @@ def location_uri(location: str) -> str:
 def delta_table(database: str, name: str, location: str, pipeline: str) -> Table:
     """The metastore definition of an external Delta table."""
     uri = location_uri(location)
-    storage = StorageDescriptor(
+    storage = _storage(
         # Spark's convention for a data source table: the real schema is the Delta log's.
-        cols=[FieldSchema("col", "array<string>", "from deserializer")],
-        location=uri,
-        inputFormat="org.apache.hadoop.mapred.SequenceFileInputFormat",
-        outputFormat="org.apache.hadoop.hive.ql.io.HiveSequenceFileOutputFormat",
-        compressed=False,
-        numBuckets=-1,
-        serdeInfo=SerDeInfo(
-            serializationLib="org.apache.hadoop.hive.serde2.lazy.LazySimpleSerDe",
-            parameters={"path": uri, "serialization.format": "1"},
-        ),
-        bucketCols=[],
-        sortCols=[],
-        parameters={},
+        [FieldSchema("col", "array<string>", "from deserializer")],
+        uri,
+        "org.apache.hadoop.mapred.SequenceFileInputFormat",
+        "org.apache.hadoop.hive.ql.io.HiveSequenceFileOutputFormat",
+        "org.apache.hadoop.hive.serde2.lazy.LazySimpleSerDe",
+        {"path": uri, "serialization.format": "1"},
     )
     return Table(
         tableName=name,
@@ -145,26 +138,36 @@ def hive_type(kind: pa.DataType) -> str:
     raise MetastoreError(f"no Hive type for Arrow type {kind}")
 
 
-def _parquet_storage(
-    location: str, schema: pa.Schema, partition_by: list[str]
+def _storage(
+    cols: list[FieldSchema],
+    location: str,
+    input_format: str,
+    output_format: str,
+    serde: str,
+    serde_parameters: dict[str, str],
 ) -> StorageDescriptor:
     return StorageDescriptor(
-        cols=[
-            FieldSchema(f.name, hive_type(f.type), None)
-            for f in schema
-            if f.name not in partition_by
-        ],
+        cols=cols,
         location=location,
-        inputFormat=PARQUET_INPUT,
-        outputFormat=PARQUET_OUTPUT,
+        inputFormat=input_format,
+        outputFormat=output_format,
         compressed=False,
         numBuckets=-1,
-        serdeInfo=SerDeInfo(
-            serializationLib=PARQUET_SERDE, parameters={"serialization.format": "1"}
-        ),
+        serdeInfo=SerDeInfo(serializationLib=serde, parameters=serde_parameters),
         bucketCols=[],
         sortCols=[],
         parameters={},
+    )
+
+
+def _parquet_storage(
+    location: str, schema: pa.Schema, partition_by: list[str]
+) -> StorageDescriptor:
+    cols = [
+        FieldSchema(f.name, hive_type(f.type), None) for f in schema if f.name not in partition_by
+    ]
+    return _storage(
+        cols, location, PARQUET_INPUT, PARQUET_OUTPUT, PARQUET_SERDE, {"serialization.format": "1"}
     )
 
 

@@ -13,7 +13,7 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 
 from strata.cli import build_parser
-from strata.local_broker import free_port
+from strata.local_service import free_port
 from tests.conftest import ROOT, expected_offsets, produce_clicks
 
 STRATA = str(Path(sys.executable).parent / "strata")

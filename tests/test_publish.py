@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.local_broker import free_port
+from strata.local_service import free_port
 from strata.metastore import MetastoreClient
 from strata.publish import TABLE_SUFFIXES, location_uri
 from strata.run import run_batch

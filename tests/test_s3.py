@@ -13,7 +13,7 @@ import boto3
 import pytest
 from deltalake import DeltaTable
 
-from strata.local_broker import free_port
+from strata.local_service import free_port
 from strata.run import CRASH_ENV, run_batch
 from tests.conftest import expected_offsets, produce_clicks
 
