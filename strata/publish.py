@@ -84,21 +84,8 @@ def delta_table(database: str, name: str, location: str, pipeline: str) -> Table
         "org.apache.hadoop.hive.serde2.lazy.LazySimpleSerDe",
         {"path": uri, "serialization.format": "1"},
     )
-    return Table(
-        tableName=name,
-        dbName=database,
-        owner="strata",
-        createTime=int(time.time()),
-        lastAccessTime=0,
-        retention=0,
-        sd=storage,
-        partitionKeys=[],
-        parameters={
-            "EXTERNAL": "TRUE",
-            "spark.sql.sources.provider": DELTA_PROVIDER,
-            "strata.pipeline": pipeline,
-        },
-        tableType="EXTERNAL_TABLE",
+    return _external_table(
+        database, name, storage, [], pipeline, {"spark.sql.sources.provider": DELTA_PROVIDER}
     )
 
 
@@ -136,6 +123,28 @@ def hive_type(kind: pa.DataType) -> str:
         )
         return f"struct<{fields}>"
     raise MetastoreError(f"no Hive type for Arrow type {kind}")
+
+
+def _external_table(
+    database: str,
+    name: str,
+    storage: StorageDescriptor,
+    partition_by: list[str],
+    pipeline: str,
+    parameters: dict[str, str],
+) -> Table:
+    return Table(
+        tableName=name,
+        dbName=database,
+        owner="strata",
+        createTime=int(time.time()),
+        lastAccessTime=0,
+        retention=0,
+        sd=storage,
+        partitionKeys=[FieldSchema(c, "string", None) for c in partition_by],
+        parameters={"EXTERNAL": "TRUE", "strata.pipeline": pipeline, **parameters},
+        tableType="EXTERNAL_TABLE",
+    )
 
 
 def _storage(
@@ -180,18 +189,8 @@ def parquet_table(
     pipeline: str,
 ) -> Table:
     """The metastore definition of an external, Hive-style Parquet table."""
-    return Table(
-        tableName=name,
-        dbName=database,
-        owner="strata",
-        createTime=int(time.time()),
-        lastAccessTime=0,
-        retention=0,
-        sd=_parquet_storage(location_uri(location), schema, partition_by),
-        partitionKeys=[FieldSchema(c, "string", None) for c in partition_by],
-        parameters={"EXTERNAL": "TRUE", "strata.pipeline": pipeline},
-        tableType="EXTERNAL_TABLE",
-    )
+    storage = _parquet_storage(location_uri(location), schema, partition_by)
+    return _external_table(database, name, storage, partition_by, pipeline, {})
 
 
 def _same(current: Table, wanted: Table) -> bool:
