@@ -57,6 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
         "quarantine and ledger tables. Idempotent; every run does it after its commit.",
     )
     _common(publish)
+    backfill = sub.add_parser(
+        "backfill",
+        help="re-ingest one committed offset range, replacing its rows",
+        description="Re-read [--from, --to) of one partition (from Kafka, or from the raw "
+        "copy when Kafka no longer holds it), and replace that range's rows in the data, "
+        "quarantine and raw tables in one transaction per table. Rows outside the range "
+        "are untouched; the ledger records the backfill and its reason.",
+    )
+    _common(backfill)
+    backfill.add_argument("--topic", required=True)
+    backfill.add_argument("--partition", type=int, required=True)
+    backfill.add_argument("--from", dest="start", type=int, required=True, help="first offset")
+    backfill.add_argument("--to", dest="end", type=int, required=True, help="first offset after")
+    backfill.add_argument("--reason", required=True, help="why; recorded in the ledger")
     sql = sub.add_parser(
         "sql",
         help="print Trino SQL for the pipeline (ddl)",
@@ -102,11 +116,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "status": _status,
         "publish": _publish,
         "sql": _sql,
+        "backfill": _backfill,
     }[args.command]
     return run_guarded(lambda: handler(cfg, args), args.json)
 
 
 def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool) -> int:
+    from strata.backfill import BackfillError
     from strata.kafka import KafkaUnavailable
     from strata.lock import LockBusy
     from strata.metastore import MetastoreError
@@ -129,6 +145,7 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
         JavaMissing,
         ReadError,
         MetastoreError,
+        BackfillError,
     ) as exc:
         return _fail(str(exc), 1, as_json)
     except Exception as exc:  # noqa: BLE001 - Spark wraps task errors; surface their cause
@@ -176,6 +193,16 @@ def _publish(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[s
 
     report = publish(cfg)
     return render_publish(report), asdict(report)
+
+
+def _backfill(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.backfill import backfill
+    from strata.plan import OffsetRange
+    from strata.report import render_summary, summary_dict
+
+    target = OffsetRange(args.topic, args.partition, args.start, args.end)
+    outcome = backfill(cfg, target, args.reason)
+    return render_summary(outcome), summary_dict(outcome)
 
 
 def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

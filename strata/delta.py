@@ -13,12 +13,15 @@ import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, Transaction
 
 from strata.storage import delta_options
-from strata.write import WrittenFile
+from strata.write import WrittenFile, write_file
 
 BATCH_KEY = "strata.batch"
 
@@ -73,6 +76,7 @@ def commit_files(
     app_id: str,
     batch: int,
     metadata: dict[str, Any],
+    removes: list[RemoveAction] | None = None,
 ) -> None:
     """Commit files and the batch's app transaction as one Delta transaction.
 
@@ -84,11 +88,11 @@ def commit_files(
         app_id: The pipeline name.
         batch: The batch number.
         metadata: Custom commit metadata (ranges and counts).
+        removes: Files to remove in the same transaction (a backfill's replaced rows).
     """
     now = int(time.time() * 1000)
-    actions: list[AddAction | RemoveAction] = [
-        AddAction(f.path, f.size, f.partition_values, now, True, f.stats) for f in files
-    ]
+    actions: list[AddAction | RemoveAction] = list(removes or [])
+    actions += [AddAction(f.path, f.size, f.partition_values, now, True, f.stats) for f in files]
     table.create_write_transaction(
         actions,
         mode="append",
@@ -110,3 +114,63 @@ def batch_metadata(uri: str, batch: int, options: dict[str, str], key: str) -> A
         if commit.get(BATCH_KEY) == batch and key in commit:
             return json.loads(commit[key])
     return None
+
+
+def without_range(
+    table: DeltaTable,
+    fs: pafs.FileSystem,
+    root: str,
+    partition_by: list[str],
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    batch: int,
+) -> tuple[list[RemoveAction], list[WrittenFile], int]:
+    """Rewrite the table's files that hold rows of a range, without those rows.
+
+    Files are picked by their offset and partition statistics, then read to be sure.
+    Nothing is committed: the caller commits the removes, the rewritten files and
+    the range's new rows in one transaction, so readers see the old rows or the new,
+    never both and never neither.
+
+    Returns:
+        Remove actions for the old files, the rewritten files, and the rows dropped.
+    """
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    now = int(time.time() * 1000)
+    removes: list[RemoveAction] = []
+    rewritten: list[WrittenFile] = []
+    dropped = 0
+    for number, add in enumerate(adds):
+        bounds = [
+            add.get(k) for k in ("min._partition", "max._partition", "min._offset", "max._offset")
+        ]
+        if None not in bounds and (
+            bounds[1] < partition or bounds[0] > partition or bounds[3] < start or bounds[2] >= end
+        ):
+            continue
+        path = add["path"]
+        data = pq.read_table(f"{root}/{path}", filesystem=fs)
+        hit = pc.and_(
+            pc.and_(
+                pc.equal(data.column("_topic"), topic),
+                pc.equal(data.column("_partition"), partition),
+            ),
+            pc.and_(
+                pc.greater_equal(data.column("_offset"), start),
+                pc.less(data.column("_offset"), end),
+            ),
+        )
+        count = int(pc.sum(pc.cast(hit, pa.int64())).as_py() or 0)
+        if count == 0:
+            continue
+        dropped += count
+        values = {c: add[f"partition.{c}"] for c in partition_by}
+        removes.append(RemoveAction(path, True, now, add["size_bytes"], values or None))
+        keep = data.filter(pc.invert(hit))
+        if keep.num_rows:
+            directory = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+            rel = f"{directory}part-b{batch:010d}-x{number:05d}-f000.snappy.parquet"
+            rewritten.append(write_file(fs, root, rel, keep, values))
+    return removes, rewritten, dropped

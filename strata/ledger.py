@@ -7,18 +7,16 @@ are only a copy of it for lag tools.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from strata.config import PipelineConfig
 from strata.delta import commit_files, ensure_table, open_table
-from strata.storage import filesystem, write_bytes_atomically
-from strata.write import WrittenFile
+from strata.storage import filesystem
+from strata.write import write_file
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -50,8 +48,9 @@ class LedgerState:
     """What the ledger says about a pipeline.
 
     Attributes:
-        last_batch: Highest committed batch, or 0 if none.
-        committed: End offset of the latest range per (topic, partition).
+        last_batch: Highest committed batch (of any kind), or 0 if none.
+        committed: End offset of the latest ingested range per (topic, partition); a
+            backfill re-reads old offsets and never moves it.
     """
 
     last_batch: int
@@ -78,7 +77,8 @@ def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerSta
         return LedgerState(0, {})
     last = pc.max(rows.column("batch")).as_py()
     committed: dict[tuple[str, int], int] = {}
-    ordered = rows.sort_by([("batch", "ascending")])
+    ingested = rows.filter(pc.equal(rows.column("kind"), "ingest"))
+    ordered = ingested.sort_by([("batch", "ascending")])
     for topic, partition, end in zip(
         ordered.column("topic").to_pylist(),
         ordered.column("partition").to_pylist(),
@@ -106,12 +106,8 @@ def commit_ledger(cfg: PipelineConfig, batch: int, rows: list[dict[str, object]]
         {"pipeline": cfg.name, "batch": batch, "committed_at": now, "note": None, **r} for r in rows
     ]
     data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
-    buf = io.BytesIO()
-    pq.write_table(data, buf, compression="snappy")
-    rel = f"ledger-b{batch:010d}.parquet"
     fs, root = filesystem(uri, cfg.storage_options)
-    write_bytes_atomically(fs, f"{root}/{rel}", buf.getvalue())
-    written = WrittenFile(
-        rel, len(buf.getvalue()), {}, data.num_rows, f'{{"numRecords": {data.num_rows}}}'
-    )
+    # A fixed name per batch: a re-run overwrites, so even a plain Parquet reader of
+    # the ledger directory never sees a batch twice.
+    written = write_file(fs, root, f"ledger-b{batch:010d}.parquet", data, {})
     commit_files(table, LEDGER_SCHEMA, [], [written], cfg.name, batch, {})

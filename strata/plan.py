@@ -43,6 +43,10 @@ class OffsetRange:
         """How many offsets the range spans (messages plus gaps)."""
         return self.end - self.start
 
+    def describe(self) -> str:
+        """The range in words, for messages."""
+        return f"offsets [{self.start}, {self.end}) of partition {self.partition} of `{self.topic}`"
+
 
 @dataclass(frozen=True)
 class PartitionState:
@@ -78,6 +82,9 @@ class BatchPlan:
         created_at: When the plan was made (informational).
         watermarks: Each partition's high watermark when planned (`topic:partition`),
             so the ledger can tell how far behind the log each batch ended.
+        kind: `ingest` (the next offsets) or `backfill` (a committed range again).
+        note: Why, for a backfill.
+        source: `kafka`, or `raw` when a backfill reads the raw copy.
     """
 
     pipeline: str
@@ -88,6 +95,9 @@ class BatchPlan:
     fingerprint: str = ""
     created_at: str = ""
     watermarks: dict[str, int] = field(default_factory=dict)
+    kind: str = "ingest"
+    note: str = ""
+    source: str = "kafka"
 
     @property
     def offsets(self) -> int:
@@ -112,6 +122,9 @@ class BatchPlan:
             fingerprint=body.get("fingerprint", ""),
             created_at=body.get("created_at", ""),
             watermarks=body.get("watermarks", {}),
+            kind=body.get("kind", "ingest"),
+            note=body.get("note", ""),
+            source=body.get("source", "kafka"),
         )
 
 

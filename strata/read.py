@@ -267,3 +267,52 @@ def _finish(
     state.done = True
     # Stop fetching past the range; the remaining partitions keep the consumer busy.
     consumer.pause([TopicPartition(key[0], key[1])])
+
+
+def read_raw_copy(
+    raw_uri: str,
+    storage_options: dict[str, str] | None,
+    ranges: list[OffsetRange],
+    batch: int,
+    progress: dict[tuple[str, int, int], RangeProgress],
+) -> Iterator[pa.Table]:
+    """Yield the raw copy's messages of the ranges, as `read_ranges` yields Kafka's.
+
+    A backfill of offsets that Kafka's retention has deleted reads them here: the raw
+    copy holds every message ever read, with its key, value, headers and timestamp.
+
+    Args:
+        raw_uri: The raw copy's Delta table.
+        storage_options: Object-store options for deltalake.
+        ranges: Ranges to read.
+        batch: Batch number stamped on each row.
+        progress: Filled in place, keyed by (topic, partition, start).
+
+    Yields:
+        Tables in `RAW_SCHEMA`.
+    """
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    dataset = DeltaTable(raw_uri, storage_options=storage_options).to_pyarrow_dataset()
+    for r in ranges:
+        state = progress.setdefault((r.topic, r.partition, r.start), RangeProgress(r))
+        wanted = (
+            (ds.field("_topic") == r.topic)
+            & (ds.field("_partition") == r.partition)
+            & (ds.field("_offset") >= r.start)
+            & (ds.field("_offset") < r.end)
+        )
+        for chunk in dataset.to_batches(filter=wanted, columns=RAW_SCHEMA.names):
+            if chunk.num_rows == 0:
+                continue
+            table = pa.Table.from_batches([chunk]).cast(RAW_SCHEMA)
+            table = table.set_column(
+                RAW_SCHEMA.get_field_index("_batch"),
+                RAW_SCHEMA.field("_batch"),
+                pa.repeat(pa.scalar(batch, pa.int64()), table.num_rows),
+            )
+            state.messages += table.num_rows
+            state.bytes += _length(table.column("_value")) + _length(table.column("_key"))
+            yield table
+        state.done = True

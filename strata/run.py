@@ -131,7 +131,7 @@ def run_batch(
                 # Catch the consumer group up with the ledger, in case a run died before.
                 ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
                 _publish(cfg, ranges, outcome)
-                _register(cfg, outcome)
+                register(cfg, outcome)
                 outcome.seconds = time.monotonic() - began
                 return outcome
             store.save(plan)
@@ -143,7 +143,7 @@ def run_batch(
         )
         results, written = _execute_and_commit(cfg, plan, fingerprint, session, outcome, resumed)
         outcome.ranges = results
-        ledger_rows = [_ledger_row(r, plan.watermarks) for r in results]
+        ledger_rows = [ledger_row(r, plan.watermarks) for r in results]
         commit_ledger(cfg, batch, ledger_rows)
         crash_point("after_ledger")
         reconcile(cfg, batch, results, written)
@@ -155,7 +155,7 @@ def run_batch(
             outcome.lag = _lag(after, committed)
         except Exception as exc:  # noqa: BLE001 - lag is informational; the batch stands
             outcome.warnings.append(f"lag after the run unknown: {exc}")
-        _register(cfg, outcome)
+        register(cfg, outcome)
         outcome.seconds = time.monotonic() - began
         return outcome
 
@@ -230,20 +230,7 @@ def _execute_and_commit(
         # must go before this attempt writes, or rows could show twice.
         remove_batch_files(cfg, plan.batch)
     write = frozenset(name for name, d in done.items() if not d)
-    jobs = [SplitJob(cfg, plan.batch, i, split, write) for i, split in enumerate(plan.splits)]
-    if session is None:
-        from strata.spark import build_session
-
-        session = build_session
-    from strata.spark import default_tasks, execute
-
-    t0 = time.monotonic()
-    spark = session(cfg)
-    outcome.spark_seconds = time.monotonic() - t0
-    t1 = time.monotonic()
-    reducers = default_tasks(cfg) if cfg.layout == "shuffle" else 0
-    split_results = execute(spark, jobs, f"{cfg.name} batch {plan.batch}", reducers)
-    outcome.read_seconds = time.monotonic() - t1
+    split_results = run_tasks(cfg, plan, write, session, outcome)
     crash_point("after_files")
     results = merge_results(split_results)
 
@@ -268,6 +255,34 @@ def _execute_and_commit(
             }[name]
         )
     return results, written if parquet else None
+
+
+def run_tasks(
+    cfg: PipelineConfig,
+    plan: BatchPlan,
+    write: frozenset[str],
+    session: Callable[[PipelineConfig], SparkSession] | None,
+    outcome: RunOutcome,
+) -> list[SplitResult]:
+    """Start Spark and run one task per split of the plan, writing the given tables."""
+    jobs = [
+        SplitJob(cfg, plan.batch, i, split, write, plan.source)
+        for i, split in enumerate(plan.splits)
+    ]
+    if session is None:
+        from strata.spark import build_session
+
+        session = build_session
+    from strata.spark import default_tasks, execute
+
+    t0 = time.monotonic()
+    spark = session(cfg)
+    outcome.spark_seconds = time.monotonic() - t0
+    t1 = time.monotonic()
+    reducers = default_tasks(cfg) if cfg.layout == "shuffle" else 0
+    results = execute(spark, jobs, f"{cfg.name} batch {plan.batch}", reducers)
+    outcome.read_seconds = time.monotonic() - t1
+    return results
 
 
 def remove_batch_files(cfg: PipelineConfig, batch: int) -> int:
@@ -391,12 +406,17 @@ def _count_by_partition(data: pa.Table) -> dict[tuple[str, int], int]:
     }
 
 
-def _ledger_row(r: RangeResult, watermarks: dict[str, int]) -> dict[str, object]:
+def ledger_row(
+    r: RangeResult, watermarks: dict[str, int], kind: str = "ingest", note: str | None = None
+) -> dict[str, object]:
+    """A batch's ledger row for one partition."""
+
     def ts(us: int | None) -> datetime | None:
         return None if us is None else datetime.fromtimestamp(us / 1_000_000, tz=UTC)
 
     return {
-        "kind": "ingest",
+        "kind": kind,
+        "note": note,
         "topic": r.topic,
         "partition": r.partition,
         "start_offset": r.start,
@@ -423,7 +443,7 @@ def _lag(
     }
 
 
-def _register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
+def register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
     """Register the tables in the metastore, after the commit; a failure loses nothing."""
     if not cfg.metastore.uri:
         return

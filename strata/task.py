@@ -18,9 +18,9 @@ from strata.config import PipelineConfig
 from strata.decode import DecodeRules, decode_chunk, partition_stats
 from strata.kafka import client_conf
 from strata.plan import OffsetRange
-from strata.read import RangeProgress, read_ranges
+from strata.read import RangeProgress, read_ranges, read_raw_copy
 from strata.schema import partition_columns, table_layout
-from strata.storage import filesystem
+from strata.storage import delta_options, filesystem
 from strata.write import PartitionedWriter, WrittenFile, split_by
 
 
@@ -35,6 +35,8 @@ class SplitJob:
         ranges: Ranges this task reads.
         write: Tables whose files this task writes (`raw`, `quarantine`, `table`).
             On resume, tables whose commit already stands are not rewritten.
+        source: `kafka`, or `raw` to read the raw copy (a backfill of offsets
+            Kafka no longer holds).
     """
 
     cfg: PipelineConfig
@@ -42,6 +44,7 @@ class SplitJob:
     task: int
     ranges: list[OffsetRange]
     write: frozenset[str]
+    source: str = "kafka"
 
 
 @dataclass
@@ -138,9 +141,17 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
         (r.topic, r.partition): results[(r.topic, r.partition, r.start)] for r in job.ranges
     }
     progress: dict[tuple[str, int, int], RangeProgress] = {}
-    conf = client_conf(cfg, **{"group.id": cfg.group_id})
-    stall = cfg.limits.read_stall_s
-    for raw in read_ranges(conf, job.ranges, job.batch, progress, stall_s=stall):
+    chunks: Iterator[pa.Table]
+    if job.source == "raw":
+        raw_uri = cfg.location("raw")
+        chunks = read_raw_copy(
+            raw_uri, delta_options(raw_uri, cfg.storage_options), job.ranges, job.batch, progress
+        )
+    else:
+        conf = client_conf(cfg, **{"group.id": cfg.group_id})
+        stall = cfg.limits.read_stall_s
+        chunks = read_ranges(conf, job.ranges, job.batch, progress, stall_s=stall)
+    for raw in chunks:
         if "raw" in writers:
             writers["raw"].write(raw)
         decoded = decode_chunk(raw, rules)

@@ -12,6 +12,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -19,8 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-# Integer columns whose min/max go into Delta's file statistics, for file skipping.
-_STATS_COLUMNS = ("_partition", "_offset", "_batch")
+# Longer string bounds are left out of the statistics rather than bloat the log.
+_MAX_STAT_STRING = 64
 
 
 @dataclass(frozen=True)
@@ -76,19 +77,12 @@ class _OpenFile:
         self.target = hidden if self.local else final
         self.stream = fs.open_output_stream(self.target)
         self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
+        self.schema = schema
         self.rows = 0
-        self.mins: dict[str, Any] = {}
-        self.maxs: dict[str, Any] = {}
 
     def write(self, table: pa.Table) -> None:
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
-        for name in _STATS_COLUMNS:
-            if name in table.column_names:
-                mm = pc.min_max(table.column(name)).as_py()
-                if mm["min"] is not None:
-                    self.mins[name] = min(mm["min"], self.mins.get(name, mm["min"]))
-                    self.maxs[name] = max(mm["max"], self.maxs.get(name, mm["max"]))
 
     @property
     def bytes_written(self) -> int:
@@ -97,14 +91,121 @@ class _OpenFile:
     def close(self) -> WrittenFile:
         self.writer.close()
         self.stream.close()
+        footer = self.writer.writer.metadata
         final = f"{self.root}/{self.rel}"
         if self.local:
             self.fs.move(self.target, final)
         size = self.fs.get_file_info(final).size
-        stats = {"numRecords": self.rows, "minValues": self.mins, "maxValues": self.maxs}
+        stats = delta_stats(footer, self.schema, self.rows)
         return WrittenFile(
             self.rel, int(size or 0), self.partition_values, self.rows, json.dumps(stats)
         )
+
+
+def delta_stats(footer: Any, schema: pa.Schema, rows: int) -> dict[str, Any]:  # noqa: ANN401
+    """Delta file statistics from a Parquet footer, which the writer computed anyway.
+
+    Every column gets a null count, and min/max where they are exact and small. A
+    column missing from a file's statistics is not safe: delta-rs's reader then
+    builds `col >= null` for it, and any filter on that column finds no rows.
+
+    Args:
+        footer: The file's `pyarrow.parquet.FileMetaData`.
+        schema: The file's Arrow schema.
+        rows: Rows in the file.
+
+    Returns:
+        `numRecords`, `minValues`, `maxValues`, `nullCount`.
+    """
+    leaves: dict[str, list[Any]] = {}
+    for g in range(footer.num_row_groups):
+        group = footer.row_group(g)
+        for i in range(group.num_columns):
+            column = group.column(i)
+            stats = column.statistics
+            entry = leaves.setdefault(column.path_in_schema, [None, None, 0, True])
+            if stats is None or not stats.has_null_count:
+                entry[2], entry[3] = None, False
+                continue
+            if entry[2] is not None:
+                entry[2] += stats.null_count
+            if stats.has_min_max:
+                entry[0] = stats.min if entry[0] is None else min(entry[0], stats.min)
+                entry[1] = stats.max if entry[1] is None else max(entry[1], stats.max)
+            elif stats.null_count != group.num_rows:
+                entry[3] = False
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, Any] = {}
+    for field in schema:
+        _field_stats(field, field.name, leaves, mins, maxs, nulls)
+    return {"numRecords": rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _field_stats(
+    field: pa.Field,
+    path: str,
+    leaves: dict[str, list[Any]],
+    mins: dict[str, Any],
+    maxs: dict[str, Any],
+    nulls: dict[str, Any],
+) -> None:
+    kind = field.type
+    if pa.types.is_struct(kind):
+        child_min: dict[str, Any] = {}
+        child_max: dict[str, Any] = {}
+        child_nulls: dict[str, Any] = {}
+        for i in range(kind.num_fields):
+            child = kind.field(i)
+            _field_stats(child, f"{path}.{child.name}", leaves, child_min, child_max, child_nulls)
+        for target, values in ((mins, child_min), (maxs, child_max), (nulls, child_nulls)):
+            if values:
+                target[field.name] = values
+        return
+    leaf = leaves.get(path)
+    if leaf is None:
+        return  # lists and maps: Delta keeps no statistics for them
+    low, high, null_count, exact = leaf
+    if null_count is None:
+        return
+    nulls[field.name] = null_count
+    if not exact or low is None:
+        return
+    bounds = _stat_bounds(kind, low, high)
+    if bounds is not None:
+        mins[field.name], maxs[field.name] = bounds
+
+
+def _stat_bounds(kind: pa.DataType, low: Any, high: Any) -> tuple[Any, Any] | None:  # noqa: ANN401
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return low, high
+    if pa.types.is_string(kind):
+        if len(low) > _MAX_STAT_STRING or len(high) > _MAX_STAT_STRING:
+            return None
+        return low, high
+    if pa.types.is_timestamp(kind):
+        # Delta keeps milliseconds: round the lower bound down and the upper one up.
+        floor = low.replace(microsecond=low.microsecond // 1000 * 1000)
+        ceil_us = -(-high.microsecond // 1000) * 1000
+        ceil = high.replace(microsecond=0) + timedelta(microseconds=ceil_us)
+        return _iso_ms(floor), _iso_ms(ceil)
+    if pa.types.is_date(kind):
+        return low.isoformat(), high.isoformat()
+    return None
+
+
+def _iso_ms(moment: datetime) -> str:
+    utc = moment.astimezone(UTC) if moment.tzinfo else moment
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def write_file(
+    fs: pafs.FileSystem, root: str, rel: str, table: pa.Table, partition_values: dict[str, str]
+) -> WrittenFile:
+    """Write one whole file (atomically, with its statistics) and describe it."""
+    out = _OpenFile(fs, root, rel, table.schema, partition_values)
+    out.write(table)
+    return out.close()
 
 
 class PartitionedWriter:

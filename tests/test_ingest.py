@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
@@ -61,6 +62,19 @@ def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(
 
     dt = DeltaTable(p.cfg().location("table"))
     assert dt.transaction_version(p.name) == 1
+    # Full file statistics: delta-rs's own reader prunes by them, and a column missing
+    # from them would make any filter on it find nothing.
+    everything = dt.to_pyarrow_table(columns=["page", "_event_time", "country"])
+    for column, value in (("page", "/"), ("country", "DE")):
+        expected = sum(1 for v in everything.column(column).to_pylist() if v == value)
+        assert (
+            expected
+            and dt.to_pyarrow_dataset().count_rows(filter=ds.field(column) == value) == expected
+        )
+    newest = pc.max(everything.column("_event_time"))
+    assert dt.to_pyarrow_dataset().count_rows(filter=ds.field("_event_time") == newest) >= 1
+    ledger_dt = DeltaTable(p.cfg().location("ledger"))
+    assert ledger_dt.to_pyarrow_dataset().count_rows(filter=ds.field("topic") == p.topic) == 4
     # Plain Delta: no table features that Trino's or delta-spark's readers could lack.
     protocol = dt.protocol()
     assert (protocol.min_reader_version, protocol.min_writer_version) == (1, 2)

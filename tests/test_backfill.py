@@ -1,0 +1,131 @@
+"""Backfill: a committed range re-ingested and replaced exactly, from Kafka or the raw copy."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from strata.backfill import BackfillError, backfill
+from strata.ledger import ledger_state, read_ledger
+from strata.plan import OffsetRange
+from strata.run import CRASH_ENV, run_batch
+from tests.conftest import expected_offsets, produce_clicks
+
+pytestmark = pytest.mark.integration
+
+
+def rows_by_offset(p) -> dict[tuple[int, int], tuple[int, str]]:
+    t = p.table_rows("table", ["_partition", "_offset", "_batch", "event_id"]).to_pylist()
+    return {(r["_partition"], r["_offset"]): (r["_batch"], r["event_id"]) for r in t}
+
+
+def test_a_backfill_from_kafka_replaces_exactly_the_range(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=2)
+    per = produce_clicks(broker, p.topic, 2, 2000, malformed=4)
+    run_batch(p.cfg(), session=lambda _: spark)
+    before = rows_by_offset(p)
+
+    outcome = backfill(
+        p.cfg(), OffsetRange(p.topic, 0, 100, 600), "decoder fix", session=lambda _: spark
+    )
+    assert outcome.status == "backfilled" and outcome.batch == 2 and not outcome.warnings
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    after = rows_by_offset(p)
+    assert after.keys() == before.keys()
+    for key, (batch, event_id) in after.items():
+        inside = key[0] == 0 and 100 <= key[1] < 600
+        assert batch == (2 if inside else 1), key
+        assert event_id == before[key][1]
+    [row] = [r for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 2]
+    assert (row["kind"], row["note"], row["partition"], row["start_offset"], row["end_offset"]) == (
+        "backfill",
+        "decoder fix",
+        0,
+        100,
+        600,
+    )
+    assert row["rows"] + row["quarantined"] + row["gaps"] == 500
+    assert ledger_state(p.cfg()).committed == {(p.topic, 0): per[0], (p.topic, 1): per[1]}
+    assert run_batch(p.cfg(), session=lambda _: spark).status == "idle"
+
+
+def test_a_range_kafka_no_longer_holds_is_read_from_the_raw_copy(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=1)
+    per = produce_clicks(broker, p.topic, 1, 1500, malformed=2)
+    run_batch(p.cfg(), session=lambda _: spark)
+    broker.delete_topic(p.topic)
+    broker.create_topic(p.topic, 1)
+    produce_clicks(broker, p.topic, 1, 20, seed=9)
+
+    outcome = backfill(
+        p.cfg(), OffsetRange(p.topic, 0, 200, 1200), "replay", session=lambda _: spark
+    )
+    assert outcome.warnings == [
+        f"offsets [200, 1200) of partition 0 of `{p.topic}` are no longer in Kafka; "
+        "they were read from the raw copy"
+    ]
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    batches = {b for (part, off), (b, _) in rows_by_offset(p).items() if 200 <= off < 1200}
+    assert batches == {2}
+
+
+def test_backfills_that_cannot_be_done_say_why_and_change_nothing(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=1, overrides={"starting_offsets": "latest"})
+    first = produce_clicks(broker, p.topic, 1, 100)
+    run_batch(p.cfg(), session=lambda _: spark)  # records where reading starts
+    more = produce_clicks(broker, p.topic, 1, 100, seed=4)
+    run_batch(p.cfg(), session=lambda _: spark)
+    committed = first[0] + more[0]
+    broker.delete_topic(p.topic)
+    broker.create_topic(p.topic, 1)
+    ledger_before = read_ledger(p.cfg()).num_rows
+
+    with pytest.raises(
+        BackfillError,
+        match=r"offsets \[0, 50\) of partition 0 of .* are held by neither Kafka "
+        r"\(Kafka holds \[0, 0\)\) nor the raw copy",
+    ):
+        backfill(p.cfg(), OffsetRange(p.topic, 0, 0, 50), "x", session=lambda _: spark)
+    with pytest.raises(
+        BackfillError, match=rf"has committed offsets below {committed}; only a committed range"
+    ):
+        backfill(p.cfg(), OffsetRange(p.topic, 0, 150, committed + 5), "x", session=lambda _: spark)
+    with pytest.raises(BackfillError, match="not a range"):
+        backfill(p.cfg(), OffsetRange(p.topic, 0, 9, 9), "x")
+    with pytest.raises(BackfillError, match="is not read by pipeline"):
+        backfill(p.cfg(), OffsetRange("other", 0, 0, 9), "x")
+    assert read_ledger(p.cfg()).num_rows == ledger_before
+
+
+def test_a_backfill_killed_midway_finishes_exactly_once_when_run_again(make_pipeline, broker):
+    p = make_pipeline(partitions=2)
+    per = produce_clicks(broker, p.topic, 2, 1500, malformed=3)
+    assert p.cli("run").returncode == 0
+    args = [
+        "backfill",
+        "--topic",
+        p.topic,
+        "--partition",
+        "1",
+        "--from",
+        "10",
+        "--to",
+        "700",
+        "--reason",
+        "incident 42",
+    ]
+    crashed = p.cli(*args, env=p.env(**{CRASH_ENV: "after_quarantine_commit"}))
+    assert crashed.returncode == -signal.SIGKILL
+    again = p.cli(*args, "--json")
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "backfilled" and summary["batch"] == 2
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    assert [r["note"] for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 2] == [
+        "incident 42"
+    ]
