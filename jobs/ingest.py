@@ -24,6 +24,11 @@ def main() -> int:
     parser.add_argument("--conf-dir", default="conf")
     parser.add_argument("--max-offsets", type=int, default=None)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--no-register",
+        action="store_true",
+        help="leave metastore registration to a later step (an Airflow publish task)",
+    )
     args = parser.parse_args()
     try:
         cfg = load_pipeline(args.pipeline, args.conf_dir)
@@ -32,7 +37,12 @@ def main() -> int:
         return 2
 
     def action() -> tuple[str, dict[str, object]]:
-        outcome = run_batch(cfg, max_offsets=args.max_offsets, session=build_session)
+        outcome = run_batch(
+            cfg,
+            max_offsets=args.max_offsets,
+            session=build_session,
+            register_tables=not args.no_register,
+        )
         return render_summary(outcome), summary_dict(outcome)
 
     return run_guarded(action, args.json)

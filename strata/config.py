@@ -218,6 +218,34 @@ class TrinoConfig(_Strict):
         return value
 
 
+class AirflowConfig(_Strict):
+    """How Airflow schedules and runs the pipeline.
+
+    Attributes:
+        schedule: Cron expression or preset (`@hourly`) of the ingest DAG.
+        spark_mode: `local` runs the job inside the Airflow worker (laptops, tests);
+            `spark_submit` submits `jobs/ingest.py` to a cluster.
+        spark_conn_id: Airflow connection of the Spark cluster, for `spark_submit`.
+        retries: Retries of each task; safe, since batches are idempotent.
+        retry_delay: Wait before a retry.
+        vacuum_retention: Age past which removed Delta files are deleted by the
+            maintenance DAG (a time-travel reader older than this fails).
+    """
+
+    schedule: str = "@hourly"
+    spark_mode: Literal["local", "spark_submit"] = "local"
+    spark_conn_id: str = "spark_default"
+    retries: int = Field(default=2, ge=0)
+    retry_delay: str = "1m"
+    vacuum_retention: str = "7d"
+
+    @field_validator("retry_delay", "vacuum_retention")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        parse_duration_ms(value)
+        return value
+
+
 class SparkConfig(_Strict):
     """The Spark session the job builds when it runs outside spark-submit.
 
@@ -261,6 +289,7 @@ class PipelineConfig(_Strict):
         spark: Spark session settings.
         metastore: Hive Metastore registration.
         trino: A Trino to notify after publishing.
+        airflow: Scheduling of the pipeline's DAGs.
         storage_options: Object-store options (endpoint, region...) for s3:// locations.
         schemas_dir: Directory holding `schema_file`; set by the loader.
     """
@@ -286,6 +315,7 @@ class PipelineConfig(_Strict):
     spark: SparkConfig = Field(default_factory=SparkConfig)
     metastore: MetastoreConfig = Field(default_factory=MetastoreConfig)
     trino: TrinoConfig = Field(default_factory=TrinoConfig)
+    airflow: AirflowConfig = Field(default_factory=AirflowConfig)
     storage_options: dict[str, str] = Field(default_factory=dict)
     schemas_dir: str = "schemas"
 

@@ -44,8 +44,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 # Fault injection for the crash tests: the process kills itself with SIGKILL at the
-# named step, exactly as an OOM killer or a lost node would.
+# named step, exactly as an OOM killer or a lost node would. FAIL_ONCE_ENV instead
+# raises once (a marker file remembers), as a task attempt that fails and is retried.
 CRASH_ENV = "STRATA_CRASH_AT"
+FAIL_ONCE_ENV = "STRATA_FAIL_ONCE_AT"
+FAIL_ONCE_MARKER_ENV = "STRATA_FAIL_ONCE_MARKER"
 RANGES_KEY = "strata.ranges"
 TABLES = ("raw", "quarantine", "table")
 
@@ -90,9 +93,15 @@ class RunOutcome:
 
 
 def crash_point(step: str) -> None:
-    """Die by SIGKILL here if the crash tests asked for it."""
+    """Die by SIGKILL here, or fail once, if the crash tests asked for it."""
     if os.environ.get(CRASH_ENV) == step:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(FAIL_ONCE_ENV) == step:
+        marker = os.environ.get(FAIL_ONCE_MARKER_ENV, "")
+        if marker and not os.path.exists(marker):
+            with open(marker, "w") as out:
+                out.write(step)
+            raise RuntimeError(f"injected failure at {step}")
 
 
 def run_batch(
@@ -100,6 +109,7 @@ def run_batch(
     *,
     max_offsets: int | None = None,
     session: Callable[[PipelineConfig], SparkSession] | None = None,
+    register_tables: bool = True,
 ) -> RunOutcome:
     """Plan and run the next batch of a pipeline, or finish an unfinished one.
 
@@ -107,6 +117,8 @@ def run_batch(
         cfg: The pipeline configuration.
         max_offsets: Per-partition cap for this run, overriding the config.
         session: Builds the Spark session; only called when there is data to read.
+        register_tables: Register the tables in the metastore after the commit. An
+            Airflow DAG leaves this to its own publish task.
 
     Returns:
         The outcome.
@@ -131,7 +143,8 @@ def run_batch(
                 # Catch the consumer group up with the ledger, in case a run died before.
                 ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
                 _publish(cfg, ranges, outcome)
-                register(cfg, outcome)
+                if register_tables:
+                    register(cfg, outcome)
                 outcome.seconds = time.monotonic() - began
                 return outcome
             store.save(plan)
@@ -155,9 +168,29 @@ def run_batch(
             outcome.lag = _lag(after, committed)
         except Exception as exc:  # noqa: BLE001 - lag is informational; the batch stands
             outcome.warnings.append(f"lag after the run unknown: {exc}")
-        register(cfg, outcome)
+        if register_tables:
+            register(cfg, outcome)
         outcome.seconds = time.monotonic() - began
         return outcome
+
+
+def plan_next(cfg: PipelineConfig, max_offsets: int | None = None) -> BatchPlan | None:
+    """Plan and persist the next batch without running it (no JVM); None if idle.
+
+    An unfinished batch's saved plan is returned as it is, so the run that follows
+    reads exactly what was planned.
+    """
+    with run_lock(cfg.lock_path, cfg.name):
+        state = ledger_state(cfg)
+        store = PlanStore(cfg)
+        plan = store.load(state.last_batch + 1)
+        if plan is None:
+            states = partition_states(cfg, state.committed)
+            fingerprint = decode_fingerprint(cfg)
+            plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, fingerprint)
+            if plan is not None:
+                store.save(plan)
+        return plan
 
 
 def _new_plan(

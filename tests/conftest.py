@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -204,3 +207,27 @@ def expected_offsets(
 ) -> Counter[tuple[int, int]]:
     first = first or {}
     return Counter((p, o) for p, n in per_partition.items() for o in range(first.get(p, 0), n))
+
+
+# py4j logs its shutdown at interpreter exit, after pytest closed the streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
+
+# Airflow reads its configuration when first imported: point it at a throw-away home,
+# this project's DAG folder, and no examples, before any test imports it.
+if "AIRFLOW_HOME" not in os.environ:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="strata-airflow-")
+    atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], True)
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(ROOT / "airflow_dags"))
+
+
+@pytest.fixture(scope="session")
+def airflow_db():
+    """Airflow's metadata database (SQLite in the throw-away home), migrated once."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    yield os.environ["AIRFLOW_HOME"]

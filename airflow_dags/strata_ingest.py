@@ -1,0 +1,99 @@
+"""Strata ingest: one DAG per pipeline in `conf/pipelines/`.
+
+Each run plans the next batch (ranges shown in the `plan` task's XCom), ingests it
+with Spark, registers the tables in the metastore, and passes the quality gate.
+Batches are idempotent, so retries are safe: a retried task finishes the batch its
+first attempt planned, exactly once. Runs never overlap (`max_active_runs=1`) and
+nothing is caught up: each run reads what Kafka holds beyond the last commit.
+
+The Spark step runs in the worker (`airflow.spark_mode: local`) or is submitted to
+a cluster with `SparkSubmitOperator` (`spark_submit`), per pipeline. Set
+`STRATA_CONF_DIR` when the configuration is not beside this folder.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+
+from strata.config import PipelineConfig, list_pipelines, load_pipeline, parse_duration_ms
+
+PROJECT = Path(__file__).resolve().parents[1]
+CONF_DIR = os.environ.get("STRATA_CONF_DIR") or str(PROJECT / "conf")
+INGEST_JOB = str(PROJECT / "jobs" / "ingest.py")
+
+
+def ingest_dag(cfg: PipelineConfig) -> DAG:
+    """The ingest DAG of one pipeline."""
+    name = cfg.name
+    with DAG(
+        dag_id=f"strata_ingest_{name}",
+        doc_md=__doc__,
+        schedule=cfg.airflow.schedule,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        tags=["strata", "ingest", name],
+        default_args={
+            "retries": cfg.airflow.retries,
+            "retry_delay": timedelta(milliseconds=parse_duration_ms(cfg.airflow.retry_delay)),
+        },
+    ) as dag:
+
+        @task
+        def plan() -> dict[str, object]:
+            from strata.orchestrate import plan_task
+
+            return plan_task(name, CONF_DIR)
+
+        if cfg.airflow.spark_mode == "spark_submit":
+            from airflow.providers.apache.spark.operators.spark_submit import (
+                SparkSubmitOperator,
+            )
+
+            ingest = SparkSubmitOperator(
+                task_id="ingest",
+                application=INGEST_JOB,
+                application_args=[
+                    "--pipeline",
+                    name,
+                    "--conf-dir",
+                    CONF_DIR,
+                    "--json",
+                    "--no-register",
+                ],
+                conn_id=cfg.airflow.spark_conn_id,
+                name=f"strata-{name}",
+            )
+        else:
+
+            @task
+            def ingest() -> dict[str, object]:
+                from strata.orchestrate import ingest_task
+
+                return ingest_task(name, CONF_DIR)
+
+            ingest = ingest()
+
+        @task
+        def publish() -> dict[str, object]:
+            from strata.orchestrate import publish_task
+
+            return publish_task(name, CONF_DIR)
+
+        @task
+        def quality_gate() -> dict[str, object]:
+            from strata.orchestrate import quality_gate_task
+
+            return quality_gate_task(name, CONF_DIR)
+
+        plan() >> ingest >> publish() >> quality_gate()
+    return dag
+
+
+for _name in list_pipelines(CONF_DIR):
+    _dag = ingest_dag(load_pipeline(_name, CONF_DIR))
+    globals()[_dag.dag_id] = _dag

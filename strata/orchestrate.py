@@ -1,0 +1,99 @@
+"""What the Airflow tasks call: each step of a run as a function of plain arguments.
+
+The DAG files import nothing heavy; the tasks import this module when they run.
+Every function returns a small JSON-ready dict, which Airflow keeps as the task's
+XCom, so the UI shows what each run planned, read and registered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from strata.config import load_pipeline
+from strata.plan import OffsetRange
+
+
+def plan_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """Plan (and persist) the next batch; no JVM starts here."""
+    from strata.run import plan_next
+
+    plan = plan_next(load_pipeline(pipeline, conf_dir))
+    if plan is None:
+        return {"pipeline": pipeline, "batch": None, "ranges": [], "offsets": 0}
+    return {
+        "pipeline": pipeline,
+        "batch": plan.batch,
+        "kind": plan.kind,
+        "offsets": plan.offsets,
+        "ranges": [asdict(r) for r in plan.ranges],
+        "tasks": len(plan.splits),
+    }
+
+
+def ingest_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """Run the planned batch in this process (the `local` Spark mode)."""
+    from strata.report import summary_dict
+    from strata.run import run_batch
+
+    outcome = run_batch(load_pipeline(pipeline, conf_dir), register_tables=False)
+    return summary_dict(outcome)
+
+
+def publish_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """Register the tables in the metastore (and tell Trino), if one is configured."""
+    from strata.run import RunOutcome, register
+
+    cfg = load_pipeline(pipeline, conf_dir)
+    if not cfg.metastore.uri:
+        return {"pipeline": pipeline, "published": None, "reason": "no metastore configured"}
+    outcome = RunOutcome(pipeline, "publish")
+    register(cfg, outcome)
+    if outcome.publish_error:
+        from strata.metastore import MetastoreError
+
+        raise MetastoreError(outcome.publish_error)
+    return {"pipeline": pipeline, "published": outcome.published}
+
+
+def quality_gate_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """The quality gate: it passes until data-quality checks are configured."""
+    load_pipeline(pipeline, conf_dir)
+    return {"pipeline": pipeline, "gate": "pass", "checks": 0}
+
+
+def backfill_task(
+    pipeline: str, conf_dir: str, topic: str, partition: int, start: int, end: int, reason: str
+) -> dict[str, Any]:
+    """Re-ingest one committed range, replacing its rows."""
+    from strata.backfill import backfill
+    from strata.report import summary_dict
+
+    outcome = backfill(
+        load_pipeline(pipeline, conf_dir), OffsetRange(topic, partition, start, end), reason
+    )
+    return summary_dict(outcome)
+
+
+def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """Delete Delta files removed longer ago than the pipeline's vacuum retention."""
+    from deltalake import DeltaTable
+
+    from strata.config import parse_duration_ms
+    from strata.delta import open_table
+
+    cfg = load_pipeline(pipeline, conf_dir)
+    hours = parse_duration_ms(cfg.airflow.vacuum_retention) // 3_600_000
+    deleted: dict[str, int] = {}
+    if cfg.table_format != "delta":
+        return {"pipeline": pipeline, "deleted": deleted, "reason": "plain Parquet tables"}
+    for which in ("table", "raw", "quarantine", "ledger"):
+        uri = cfg.location(which)
+        table: DeltaTable | None = open_table(uri, cfg.storage_options)
+        if table is None:
+            continue
+        removed = table.vacuum(
+            retention_hours=hours, dry_run=False, enforce_retention_duration=False
+        )
+        deleted[which] = len(removed)
+    return {"pipeline": pipeline, "retention_hours": hours, "deleted": deleted}

@@ -1,0 +1,170 @@
+"""The DAGs: they import cleanly and cheaply, and real `dag.test()` runs land data."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from strata.ledger import read_ledger
+from strata.run import FAIL_ONCE_ENV, FAIL_ONCE_MARKER_ENV
+from tests.conftest import ROOT, START_MS, expected_offsets, produce_clicks
+
+DAGS = ROOT / "airflow_dags"
+
+
+def load_dags(conf_dir: Path | str):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS))
+    assert bag.import_errors == {}
+    return bag
+
+
+def test_the_dag_folder_imports_without_errors(monkeypatch):
+    monkeypatch.setenv("STRATA_CONF_DIR", str(ROOT / "conf"))
+    bag = load_dags(ROOT / "conf")
+    assert sorted(bag.dag_ids) == ["strata_backfill", "strata_ingest_clicks", "strata_maintenance"]
+    dag = bag.dags.__getitem__("strata_ingest_clicks")
+    assert [t.task_id for t in dag.topological_sort()] == [
+        "plan",
+        "ingest",
+        "publish",
+        "quality_gate",
+    ]
+    assert dag.max_active_runs == 1 and dag.catchup is False and "strata" in dag.tags
+    assert dag.doc_md and dag.default_args["retries"] == 2
+
+
+def test_dag_files_are_airflow3_clean_and_cheap_to_import():
+    lint = subprocess.run(
+        [str(Path(sys.executable).parent / "ruff"), "check", "--select", "AIR3", str(DAGS)],
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout
+    probe = (
+        "import runpy, sys\n"
+        f"for f in {[str(p) for p in sorted(DAGS.glob('*.py'))]!r}: runpy.run_path(f)\n"
+        "heavy = ('pyspark', 'confluent_kafka', 'deltalake', 'pyarrow')\n"
+        "heavy = [m for m in heavy if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def states(run) -> dict[str, str]:
+    return {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
+
+
+@pytest.mark.integration
+def test_ingest_dag_runs_land_batches_and_pick_up_only_new_offsets(
+    make_pipeline, broker, spark, airflow_db, monkeypatch
+):
+    p = make_pipeline(partitions=2, overrides={"airflow": {"retry_delay": "1s"}})
+    first = produce_clicks(broker, p.topic, 2, 400, malformed=2)
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    dag = load_dags(p.conf_dir).dags.__getitem__(f"strata_ingest_{p.name}")
+
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+    assert p.landed() == expected_offsets(first)
+    plan_ti = next(ti for ti in run.get_task_instances() if ti.task_id == "plan")
+    shown = plan_ti.xcom_pull(task_ids="plan")
+    assert shown["batch"] == 1 and [
+        (r["partition"], r["start"], r["end"]) for r in shown["ranges"]
+    ] == [(q, 0, n) for q, n in sorted(first.items())]
+
+    second = produce_clicks(broker, p.topic, 2, 200, seed=3, start_ms=START_MS + 3 * 3_600_000)
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+    ledger = read_ledger(p.cfg()).to_pylist()
+    assert sorted(
+        (r["batch"], r["partition"], r["start_offset"]) for r in ledger if r["batch"] == 2
+    ) == [(2, q, first[q]) for q in range(2)]
+    assert p.landed() == expected_offsets({q: first[q] + second[q] for q in first})
+
+
+@pytest.mark.integration
+def test_an_ingest_task_that_fails_once_is_retried_to_exactly_once(
+    make_pipeline, broker, spark, airflow_db, monkeypatch, tmp_path
+):
+    p = make_pipeline(partitions=2, overrides={"airflow": {"retry_delay": "1s"}})
+    per = produce_clicks(broker, p.topic, 2, 500, late=3)
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    monkeypatch.setenv(FAIL_ONCE_ENV, "after_data_commit")
+    monkeypatch.setenv(FAIL_ONCE_MARKER_ENV, str(tmp_path / "failed-once"))
+    run = load_dags(p.conf_dir).dags.__getitem__(f"strata_ingest_{p.name}").test()
+    assert (tmp_path / "failed-once").exists(), "the first attempt failed after the data commit"
+    assert str(run.state) == "success", states(run)
+    ingest = next(ti for ti in run.get_task_instances() if ti.task_id == "ingest")
+    assert ingest.try_number == 2
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+
+
+@pytest.mark.integration
+def test_the_backfill_dag_replaces_a_range_and_reads_the_raw_copy_when_kafka_lost_it(
+    make_pipeline, broker, spark, airflow_db, monkeypatch
+):
+    p = make_pipeline(partitions=1)
+    per = produce_clicks(broker, p.topic, 1, 1000, malformed=2)
+    assert p.cli("run").returncode == 0
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    dag = load_dags(p.conf_dir).dags.__getitem__("strata_backfill")
+    conf = {
+        "pipeline": p.name,
+        "topic": p.topic,
+        "partition": 0,
+        "from_offset": 100,
+        "to_offset": 400,
+        "reason": "INC-1",
+    }
+
+    run = dag.test(run_conf=conf)
+    assert str(run.state) == "success", states(run)
+    assert p.landed() == expected_offsets(per)
+    assert [
+        (r["kind"], r["note"], r["start_offset"])
+        for r in read_ledger(p.cfg()).to_pylist()
+        if r["batch"] == 2
+    ] == [("backfill", "INC-1", 100)]
+
+    broker.delete_topic(p.topic)
+    broker.create_topic(p.topic, 1)
+    run = dag.test(run_conf={**conf, "from_offset": 500, "to_offset": 900, "reason": "INC-2"})
+    assert str(run.state) == "success", states(run)
+    result = next(ti for ti in run.get_task_instances() if ti.task_id == "backfill").xcom_pull(
+        task_ids="backfill"
+    )
+    assert "read from the raw copy" in result["warnings"][0]
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+
+
+@pytest.mark.integration
+def test_the_spark_submit_path_ships_the_job_to_spark(
+    make_pipeline, broker, airflow_db, monkeypatch, tmp_path
+):
+    p = make_pipeline(
+        partitions=2,
+        overrides={"airflow": {"spark_mode": "spark_submit", "spark_conn_id": "strata_spark"}},
+    )
+    per = produce_clicks(broker, p.topic, 2, 600)
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    # A Spark connection to a local[2] master, as a deployment would define one.
+    monkeypatch.setenv("AIRFLOW_CONN_STRATA_SPARK", '{"conn_type": "spark", "host": "local[2]"}')
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.chdir(tmp_path)  # nothing may rely on the driver's working directory
+    dag = load_dags(p.conf_dir).dags[f"strata_ingest_{p.name}"]
+    ingest = dag.get_task("ingest")
+    assert type(ingest).__name__ == "SparkSubmitOperator"
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+    assert p.landed() == expected_offsets(per)
