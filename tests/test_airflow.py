@@ -168,3 +168,25 @@ def test_the_spark_submit_path_ships_the_job_to_spark(
     run = dag.test()
     assert str(run.state) == "success", states(run)
     assert p.landed() == expected_offsets(per)
+
+
+@pytest.mark.integration
+def test_the_maintenance_dag_vacuums_files_a_backfill_replaced(
+    make_pipeline, broker, spark, airflow_db, monkeypatch
+):
+    from strata.backfill import backfill
+    from strata.plan import OffsetRange
+    from strata.run import run_batch
+
+    p = make_pipeline(partitions=1, overrides={"airflow": {"vacuum_retention": "0s"}})
+    per = produce_clicks(broker, p.topic, 1, 800)
+    run_batch(p.cfg(), session=lambda _: spark)
+    backfill(p.cfg(), OffsetRange(p.topic, 0, 0, 400), "vacuum test", session=lambda _: spark)
+    table_dir = Path(p.cfg().location("table"))
+    before = {f.name for f in table_dir.rglob("*.parquet")}
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    run = load_dags(p.conf_dir).dags["strata_maintenance"].test()
+    assert str(run.state) == "success", states(run)
+    after = {f.name for f in table_dir.rglob("*.parquet")}
+    assert after < before and all("b0000000001" in name for name in before - after)
+    assert p.landed() == expected_offsets(per)
