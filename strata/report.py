@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from strata.decode import human_duration
+from strata.kafka import client_version
 from strata.run import RunOutcome
 
 
@@ -58,6 +59,8 @@ def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
             for r in outcome.ranges
         ],
         "warnings": outcome.warnings,
+        # Old clients make brokers down-convert every fetch; say which one read the data.
+        "kafka_client": client_version(),
         "published": outcome.published,
         "publish_error": outcome.publish_error,
     }
@@ -118,7 +121,7 @@ def render_summary(outcome: RunOutcome) -> str:
     table = ["  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))]
     table += ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in rows]
     files = ", ".join(f"{n} {k}" for k, n in outcome.files.items())
-    out = [head, *table]
+    out = [head, *table, f"read with {s['kafka_client']}"]
     if files:
         out.append(f"files committed: {files}")
     if outcome.new_partitions:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -249,8 +249,3 @@ def _min(a: int | None, b: int | None) -> int | None:
 
 def _max(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
-
-
-def result_to_dict(result: RangeResult) -> dict[str, int | str | None]:
-    """A range result as plain JSON-ready values."""
-    return asdict(result)

@@ -82,6 +82,7 @@ def test_status_shows_ranges_history_and_lag_and_the_group_sees_the_offsets(make
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert summary["batch"] == 1 and summary["messages"] == sum(per.values())
     assert summary["lag_after"] == {f"{p.topic}:0": 0, f"{p.topic}:1": 0}
+    assert summary["kafka_client"].startswith("librdkafka 2.")
     produce_clicks(broker, p.topic, 2, 100, seed=3)
 
     status = p.cli("status", "--json")
