@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--max-offsets", type=int, default=None, help="cap on offsets per partition for this batch"
     )
+    run.add_argument(
+        "--accept-loss",
+        metavar="REASON",
+        default=None,
+        help="go on when retention deleted unread offsets, recording the loss, who accepted "
+        "it and REASON in the ledger (default: stop before reading)",
+    )
     status = sub.add_parser(
         "status",
         help="committed ranges, recent batches and lag",
@@ -182,7 +189,13 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
     from strata.report import render_summary, summary_dict
     from strata.run import run_batch
 
-    outcome = run_batch(cfg, max_offsets=args.max_offsets)
+    accepted = None
+    if args.accept_loss is not None:
+        import getpass
+        import socket
+
+        accepted = f"{getpass.getuser()}@{socket.gethostname()}: {args.accept_loss}"
+    outcome = run_batch(cfg, max_offsets=args.max_offsets, accept_loss=accepted)
     return render_summary(outcome), summary_dict(outcome)
 
 

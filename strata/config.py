@@ -284,6 +284,8 @@ class PipelineConfig(_Strict):
         state_dir: Where plans are kept; defaults to `<warehouse>/_strata/<name>`.
         lock_dir: Local directory for the run lock; defaults to `state_dir` when local.
         starting_offsets: Where a partition never seen before starts.
+        on_data_loss: `fail` (default) stops before reading when retention deleted
+            unread offsets; `accept` goes on and records the loss in the ledger.
         kafka: Broker connection.
         limits: Batch bounds.
         spark: Spark session settings.
@@ -310,6 +312,7 @@ class PipelineConfig(_Strict):
     state_dir: str | None = None
     lock_dir: str | None = None
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    on_data_loss: Literal["fail", "accept"] = "fail"
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)

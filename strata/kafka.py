@@ -6,6 +6,7 @@ a clear error within that time, never a hang.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition, libversion
@@ -121,3 +122,55 @@ def publish_group_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str
         return f"could not publish offsets to consumer group {cfg.group_id!r}: {exc.args[0]}"
     finally:
         consumer.close()
+
+
+def retention_ms(cfg: PipelineConfig) -> dict[str, int | None]:
+    """Each topic's `retention.ms`; None where unlimited or not reported."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in cfg.topics]
+    out: dict[str, int | None] = {}
+    for resource, future in admin.describe_configs(resources).items():
+        try:
+            entry = future.result(cfg.kafka.timeout_s).get("retention.ms")
+        except KafkaException:
+            entry = None
+        value = int(entry.value) if entry is not None and entry.value not in (None, "") else -1
+        out[resource.name] = value if value > 0 else None
+    return out
+
+
+def oldest_unread_ms(
+    cfg: PipelineConfig, positions: dict[tuple[str, int], int], wait_s: float = 5.0
+) -> dict[tuple[str, int], int]:
+    """Kafka timestamp (epoch ms) of the first unread message of each partition.
+
+    Args:
+        cfg: The pipeline configuration.
+        positions: The first unread offset per (topic, partition).
+        wait_s: How long to wait for the messages.
+
+    Returns:
+        Timestamps for the partitions whose first unread message arrived in time and
+        carries one.
+    """
+    if not positions:
+        return {}
+    consumer = Consumer(client_conf(cfg, **{"group.id": cfg.group_id, "enable.auto.commit": False}))
+    found: dict[tuple[str, int], int] = {}
+    try:
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+        deadline = time.monotonic() + wait_s
+        while len(found) < len(positions) and time.monotonic() < deadline:
+            messages: list[Any] = consumer.consume(100, timeout=0.5)
+            for m in messages:
+                key = (m.topic(), m.partition())
+                if m.error() is None and key not in found:
+                    kind, ts = m.timestamp()
+                    if kind != 0 and ts >= 0:
+                        found[key] = ts
+                    consumer.pause([TopicPartition(key[0], key[1])])
+    finally:
+        consumer.close()
+    return found

@@ -66,10 +66,13 @@ class LocalBroker(LocalService):
         super().stop()
         self.log_path.unlink(missing_ok=True)
 
-    def create_topic(self, topic: str, partitions: int) -> None:
-        """Create a topic and wait for it."""
+    def create_topic(
+        self, topic: str, partitions: int, config: dict[str, str] | None = None
+    ) -> None:
+        """Create a topic (with topic configs such as `retention.ms`) and wait for it."""
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        new = NewTopic(topic, partitions, 1, config=config or {})
+        for future in admin.create_topics([new]).values():
             future.result(30)
 
     def delete_topic(self, topic: str) -> None:

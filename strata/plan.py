@@ -85,6 +85,8 @@ class BatchPlan:
         kind: `ingest` (the next offsets) or `backfill` (a committed range again).
         note: Why, for a backfill.
         source: `kafka`, or `raw` when a backfill reads the raw copy.
+        losses: Ranges deleted by retention before they were read, accepted for this
+            batch and recorded in the ledger.
     """
 
     pipeline: str
@@ -98,6 +100,7 @@ class BatchPlan:
     kind: str = "ingest"
     note: str = ""
     source: str = "kafka"
+    losses: list[OffsetRange] = field(default_factory=list)
 
     @property
     def offsets(self) -> int:
@@ -125,6 +128,7 @@ class BatchPlan:
             kind=body.get("kind", "ingest"),
             note=body.get("note", ""),
             source=body.get("source", "kafka"),
+            losses=[OffsetRange(**r) for r in body.get("losses", [])],
         )
 
 
@@ -132,22 +136,28 @@ def plan_ranges(
     states: list[PartitionState],
     starting_offsets: str,
     max_offsets_per_partition: int,
-) -> tuple[list[OffsetRange], list[tuple[str, int]]]:
+    accept_loss: bool = False,
+) -> tuple[list[OffsetRange], list[tuple[str, int]], list[OffsetRange]]:
     """Decide each partition's range for the next batch.
 
     Args:
         states: Watermarks and committed offsets of every partition of the topics.
         starting_offsets: `earliest` or `latest`, for partitions never read before.
         max_offsets_per_partition: Cap on one partition's range.
+        accept_loss: Go on from the log start when retention deleted unread offsets,
+            returning the lost ranges so they are recorded; otherwise fail closed.
 
     Returns:
-        The ranges (empty ones included) and the partitions seen for the first time.
+        The ranges (empty ones included), the partitions seen for the first time, and
+        the ranges lost to retention (only with `accept_loss`).
 
     Raises:
-        PlanError: If the broker went backwards, or deleted offsets before they were read.
+        PlanError: If the broker went backwards, or deleted offsets before they were
+            read and the loss was not accepted.
     """
     ranges = []
     new = []
+    losses = []
     for s in sorted(states, key=lambda s: (s.topic, s.partition)):
         where = f"partition {s.partition} of `{s.topic}`"
         if s.committed is None:
@@ -164,15 +174,18 @@ def plan_ranges(
                     "tables or reset its ledger."
                 )
             if s.committed < s.low:
-                raise PlanError(
-                    f"{where}: committed offset {s.committed} is below the log start {s.low}; "
-                    f"{s.low - s.committed} messages were deleted by retention before they "
-                    "were read. Nothing was read. Replay them from another source, or accept "
-                    "the loss explicitly."
-                )
+                if not accept_loss:
+                    raise PlanError(
+                        f"{where}: committed offset {s.committed} is below the log start "
+                        f"{s.low}; {s.low - s.committed} messages were deleted by retention "
+                        "before they were read. Nothing was read. Re-run with --accept-loss "
+                        "to record the loss in the ledger and go on from the log start."
+                    )
+                losses.append(OffsetRange(s.topic, s.partition, s.committed, s.low))
+                start = s.low
         end = min(s.high, start + max_offsets_per_partition)
         ranges.append(OffsetRange(s.topic, s.partition, start, end))
-    return ranges, new
+    return ranges, new, losses
 
 
 def split_ranges(

@@ -110,6 +110,7 @@ def run_batch(
     max_offsets: int | None = None,
     session: Callable[[PipelineConfig], SparkSession] | None = None,
     register_tables: bool = True,
+    accept_loss: str | None = None,
 ) -> RunOutcome:
     """Plan and run the next batch of a pipeline, or finish an unfinished one.
 
@@ -119,6 +120,8 @@ def run_batch(
         session: Builds the Spark session; only called when there is data to read.
         register_tables: Register the tables in the metastore after the commit. An
             Airflow DAG leaves this to its own publish task.
+        accept_loss: Who accepts offsets lost to retention, and why (recorded in the
+            ledger); None fails closed unless the pipeline's `on_data_loss` is `accept`.
 
     Returns:
         The outcome.
@@ -137,7 +140,7 @@ def run_batch(
         fingerprint = decode_fingerprint(cfg)
         if plan is None:
             states = partition_states(cfg, state.committed)
-            plan = _new_plan(cfg, batch, states, max_offsets, fingerprint)
+            plan = _new_plan(cfg, batch, states, max_offsets, fingerprint, accept_loss)
             if plan is None:
                 outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
                 # Catch the consumer group up with the ledger, in case a run died before.
@@ -157,6 +160,12 @@ def run_batch(
         results, written = _execute_and_commit(cfg, plan, fingerprint, session, outcome, resumed)
         outcome.ranges = results
         ledger_rows = [ledger_row(r, plan.watermarks) for r in results]
+        ledger_rows += [loss_row(lost, plan.note) for lost in plan.losses]
+        for lost in plan.losses:
+            outcome.warnings.append(
+                f"{lost.describe()}: {lost.count} messages were deleted by retention before "
+                f"they were read; the loss is recorded in the ledger ({plan.note})"
+            )
         commit_ledger(cfg, batch, ledger_rows)
         crash_point("after_ledger")
         reconcile(cfg, batch, results, written)
@@ -187,7 +196,7 @@ def plan_next(cfg: PipelineConfig, max_offsets: int | None = None) -> BatchPlan 
         if plan is None:
             states = partition_states(cfg, state.committed)
             fingerprint = decode_fingerprint(cfg)
-            plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, fingerprint)
+            plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, fingerprint, None)
             if plan is not None:
                 store.save(plan)
         return plan
@@ -199,13 +208,19 @@ def _new_plan(
     states: list[PartitionState],
     max_offsets: int | None,
     fingerprint: str,
+    accept_loss: str | None,
 ) -> BatchPlan | None:
     from strata.spark import default_tasks
 
-    ranges, new = plan_ranges(
-        states, cfg.starting_offsets, max_offsets or cfg.limits.max_offsets_per_partition
+    if accept_loss is None and cfg.on_data_loss == "accept":
+        accept_loss = "pipeline policy on_data_loss: accept"
+    ranges, new, losses = plan_ranges(
+        states,
+        cfg.starting_offsets,
+        max_offsets or cfg.limits.max_offsets_per_partition,
+        accept_loss is not None,
     )
-    if not any(r.count for r in ranges) and not new:
+    if not any(r.count for r in ranges) and not new and not losses:
         return None
     # Empty ranges are kept only for new partitions: they record where reading starts.
     kept = [r for r in ranges if r.count > 0 or (r.topic, r.partition) in new]
@@ -218,6 +233,8 @@ def _new_plan(
         fingerprint=fingerprint,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         watermarks={f"{s.topic}:{s.partition}": s.high for s in states},
+        losses=losses,
+        note=f"loss accepted by {accept_loss}" if losses else "",
     )
 
 
@@ -436,6 +453,28 @@ def _count_by_partition(data: pa.Table) -> dict[tuple[str, int], int]:
             grouped.column("_partition_count").to_pylist(),
             strict=True,
         )
+    }
+
+
+def loss_row(lost: OffsetRange, note: str) -> dict[str, object]:
+    """The ledger's record of a range deleted by retention before it was read."""
+    return {
+        "kind": "loss",
+        "note": note,
+        "topic": lost.topic,
+        "partition": lost.partition,
+        "start_offset": lost.start,
+        "end_offset": lost.end,
+        "messages": 0,
+        "rows": 0,
+        "quarantined": 0,
+        "gaps": lost.count,
+        "bytes": 0,
+        "late_rows": 0,
+        "max_lateness_ms": 0,
+        "min_event_time": None,
+        "max_event_time": None,
+        "high_watermark": None,
     }
 
 

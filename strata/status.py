@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from strata.config import PipelineConfig
-from strata.kafka import KafkaUnavailable, partition_states
+from strata.decode import human_duration
+from strata.kafka import KafkaUnavailable, oldest_unread_ms, partition_states, retention_ms
 from strata.ledger import ledger_state, read_ledger
 
 
@@ -24,17 +27,22 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
     """
     rows = read_ledger(cfg)
     state = ledger_state(cfg, rows)
-    out: dict[str, Any] = {"pipeline": cfg.name, "last_batch": state.last_batch}
+    out: dict[str, Any] = {"pipeline": cfg.name, "last_batch": state.last_batch, "warnings": []}
     partitions = []
-    lag: dict[tuple[str, int], dict[str, int]] = {}
+    lag: dict[tuple[str, int], dict[str, Any]] = {}
     try:
+        unread: dict[tuple[str, int], int] = {}
         for s in partition_states(cfg, state.committed):
             committed = state.committed.get((s.topic, s.partition))
+            position = committed if committed is not None else s.low
             lag[(s.topic, s.partition)] = {
                 "low": s.low,
                 "high": s.high,
-                "lag": max(s.high - (committed if committed is not None else s.low), 0),
+                "lag": max(s.high - position, 0),
             }
+            if s.high > position:
+                unread[(s.topic, s.partition)] = max(position, s.low)
+        _retention(cfg, unread, lag, out["warnings"])
     except KafkaUnavailable as exc:
         out["broker_error"] = str(exc)
     keys = sorted(set(state.committed) | set(lag))
@@ -49,7 +57,55 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
     out["partitions"] = partitions
     out["total_lag"] = sum(v["lag"] for v in lag.values()) if lag else None
     out["batches"] = _history(rows, history)
+    losses = rows.filter(pc.equal(rows.column("kind"), "loss")) if rows.num_rows else rows
+    out["losses"] = [
+        {
+            "batch": r["batch"],
+            "topic": r["topic"],
+            "partition": r["partition"],
+            "start_offset": r["start_offset"],
+            "end_offset": r["end_offset"],
+            "messages_lost": r["end_offset"] - r["start_offset"],
+            "note": r["note"],
+        }
+        for r in losses.to_pylist()
+    ]
     return out
+
+
+def _retention(
+    cfg: PipelineConfig,
+    unread: dict[tuple[str, int], int],
+    lag: dict[tuple[str, int], dict[str, Any]],
+    warnings: list[str],
+) -> None:
+    """Age of the oldest unread message, and how long until retention deletes it.
+
+    A message is deleted about `retention.ms` after its timestamp (the broker drops
+    whole segments, so it may live a little longer, never shorter).
+    """
+    if not unread:
+        return
+    retention = retention_ms(cfg)
+    oldest = oldest_unread_ms(cfg, unread)
+    now_ms = int(time.time() * 1000)
+    for (topic, partition), info in lag.items():
+        ts = oldest.get((topic, partition))
+        info["retention_ms"] = retention.get(topic)
+        if ts is None:
+            continue
+        info["oldest_unread_age_s"] = max(now_ms - ts, 0) // 1000
+        keep = retention.get(topic)
+        if keep is None:
+            continue
+        left_s = (ts + keep - now_ms) // 1000
+        info["time_to_retention_s"] = left_s
+        if left_s < keep // 1000 // 4:
+            warnings.append(
+                f"partition {partition} of `{topic}`: unread messages are deleted by retention "
+                f"in {human_duration(max(left_s, 0) * 1000)} ({info['lag']:,} messages behind); "
+                "run the pipeline or raise retention.ms"
+            )
 
 
 def _history(rows: pa.Table, limit: int) -> list[dict[str, Any]]:
@@ -90,15 +146,31 @@ def render_status(status: dict[str, Any]) -> str:
     lines = [f"pipeline {status['pipeline']}: last committed batch {status['last_batch']}"]
     if "broker_error" in status:
         lines.append(f"warning: lag unknown: {status['broker_error']}")
-    lines.append(f"{'topic':>16} {'part':>4} {'committed':>12} {'high':>12} {'lag':>10}")
+    for warning in status.get("warnings", []):
+        lines.append(f"WARNING: {warning}")
+    lines.append(
+        f"{'topic':>16} {'part':>4} {'committed':>12} {'high':>12} {'lag':>10} "
+        f"{'oldest unread':>14} {'to retention':>13}"
+    )
     for p in status["partitions"]:
         committed = "-" if p["committed"] is None else str(p["committed"])
+        age = p.get("oldest_unread_age_s")
+        left = p.get("time_to_retention_s")
         lines.append(
             f"{p['topic']:>16} {p['partition']:>4} {committed:>12} "
-            f"{p.get('high', '?')!s:>12} {p.get('lag', '?')!s:>10}"
+            f"{p.get('high', '?')!s:>12} {p.get('lag', '?')!s:>10} "
+            f"{'-' if age is None else human_duration(age * 1000):>14} "
+            f"{'-' if left is None else human_duration(max(left, 0) * 1000):>13}"
         )
     if status["total_lag"] is not None:
         lines.append(f"total lag: {status['total_lag']:,} messages")
+    for lost in status.get("losses", []):
+        lines.append(
+            f"LOSS: batch {lost['batch']}: offsets [{lost['start_offset']}, {lost['end_offset']}) "
+            f"of partition {lost['partition']} of `{lost['topic']}` "
+            f"({lost['messages_lost']:,} messages) were deleted by retention before they were "
+            f"read; {lost['note']}"
+        )
     if status["batches"]:
         lines.append("recent batches:")
         for b in status["batches"]:

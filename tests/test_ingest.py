@@ -301,3 +301,43 @@ def test_confluent_avro_lands_and_the_raw_copy_keeps_keys_headers_and_timestamps
         assert r["_key"] == key and r["_value"] == value
         assert [(h["key"], h["value"]) for h in r["_headers"]] == headers
         assert int(r["_kafka_ts"].timestamp() * 1000) == ts
+
+
+def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
+    make_pipeline, broker, spark
+):
+    # The local broker never raises a log start (no retention in memory, no
+    # DeleteRecords), so the planner's decision is tested on literal watermarks in
+    # test_plan; here a plan carrying an accepted loss, as that decision makes it, runs.
+    from strata.plan import BatchPlan, OffsetRange, PlanStore, decode_fingerprint, split_ranges
+    from strata.status import pipeline_status, render_status
+
+    p = make_pipeline(partitions=1)
+    per = produce_clicks(broker, p.topic, 1, 300)
+    cfg = p.cfg()
+    kept = OffsetRange(p.topic, 0, 120, per[0])
+    PlanStore(cfg).save(
+        BatchPlan(
+            cfg.name,
+            1,
+            [kept],
+            split_ranges([kept], 2, 10_000),
+            fingerprint=decode_fingerprint(cfg),
+            losses=[OffsetRange(p.topic, 0, 0, 120)],
+            note="loss accepted by oncall@host: INC-7",
+        )
+    )
+    outcome = run_batch(cfg, session=lambda _: spark)
+    assert "120 messages were deleted by retention" in outcome.warnings[0]
+    rows = {r["kind"]: r for r in read_ledger(cfg).to_pylist()}
+    assert (rows["loss"]["start_offset"], rows["loss"]["end_offset"], rows["loss"]["gaps"]) == (
+        0,
+        120,
+        120,
+    )
+    assert rows["loss"]["note"] == "loss accepted by oncall@host: INC-7"
+    assert (rows["ingest"]["start_offset"], rows["ingest"]["end_offset"]) == (120, per[0])
+    status = pipeline_status(cfg)
+    assert status["losses"][0]["messages_lost"] == 120
+    assert "LOSS: batch 1: offsets [0, 120)" in render_status(status)
+    assert status["partitions"][0]["committed"] == per[0]

@@ -9,16 +9,16 @@ from strata.plan import BatchPlan, OffsetRange, PartitionState, PlanError, plan_
 
 def test_new_partitions_start_per_policy_and_are_capped():
     states = [PartitionState("t", 0, 10, 500, None), PartitionState("t", 1, 0, 40, None)]
-    ranges, new = plan_ranges(states, "earliest", 100)
+    ranges, new, _ = plan_ranges(states, "earliest", 100)
     assert ranges == [OffsetRange("t", 0, 10, 110), OffsetRange("t", 1, 0, 40)]
     assert new == [("t", 0), ("t", 1)]
-    ranges, _ = plan_ranges(states, "latest", 100)
+    ranges, _, _ = plan_ranges(states, "latest", 100)
     assert ranges == [OffsetRange("t", 0, 500, 500), OffsetRange("t", 1, 40, 40)]
 
 
 def test_committed_partitions_continue_where_they_ended():
     states = [PartitionState("t", 0, 0, 900, 700), PartitionState("t", 1, 0, 50, 50)]
-    ranges, new = plan_ranges(states, "earliest", 1000)
+    ranges, new, _ = plan_ranges(states, "earliest", 1000)
     assert ranges == [OffsetRange("t", 0, 700, 900), OffsetRange("t", 1, 50, 50)]
     assert new == []
 
@@ -33,9 +33,22 @@ def test_high_watermark_below_committed_stops_with_the_reason():
 
 def test_offsets_deleted_before_read_fail_closed_with_the_count():
     with pytest.raises(
-        PlanError, match=r"committed offset 1200 is below the log start 5000; 3800 messages"
+        PlanError,
+        match=r"partition 3 of `clicks`: committed offset 1200 is below the log start 5000; "
+        r"3800 messages were deleted by retention before they were read\. Nothing was read\. "
+        r"Re-run with --accept-loss",
     ):
         plan_ranges([PartitionState("clicks", 3, 5000, 9000, 1200)], "earliest", 100)
+
+
+def test_an_accepted_loss_goes_on_from_the_log_start_and_names_the_lost_range():
+    states = [PartitionState("clicks", 3, 5000, 9000, 1200), PartitionState("clicks", 4, 0, 70, 50)]
+    ranges, new, losses = plan_ranges(states, "earliest", 100, accept_loss=True)
+    assert ranges == [OffsetRange("clicks", 3, 5000, 5100), OffsetRange("clicks", 4, 50, 70)]
+    assert losses == [OffsetRange("clicks", 3, 1200, 5000)] and new == []
+    # Going backwards is never accepted: that is not retention.
+    with pytest.raises(PlanError, match="went backwards"):
+        plan_ranges([PartitionState("clicks", 3, 0, 10, 300)], "earliest", 100, accept_loss=True)
 
 
 def test_split_covers_every_offset_once_in_balanced_tasks():

@@ -1,0 +1,49 @@
+"""`strata status`: lag, the age of the oldest unread message, and time to retention."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from strata.demo import HOUR_MS
+from tests.conftest import produce_clicks
+
+pytestmark = pytest.mark.integration
+
+
+def test_status_warns_before_retention_deletes_unread_messages(make_pipeline, broker):
+    p = make_pipeline(partitions=1, create=False)
+    broker.create_topic(p.topic, 1, {"retention.ms": str(48 * HOUR_MS)})
+    written_at = int(time.time() * 1000) - 40 * HOUR_MS
+    per = produce_clicks(broker, p.topic, 1, 50, start_ms=written_at, hours=1)
+
+    done = p.cli("status", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    [part] = body["partitions"]
+    assert part["lag"] == per[0] and part["committed"] is None
+    assert part["retention_ms"] == 48 * HOUR_MS
+    # The oldest unread message was written 40 hours ago, up to 5 s after its event.
+    assert abs(part["oldest_unread_age_s"] - 40 * 3600) < 300
+    assert abs(part["time_to_retention_s"] - 8 * 3600) < 300
+    [warning] = body["warnings"]
+    assert (
+        f"partition 0 of `{p.topic}`: unread messages are deleted by retention in 8.0h" in warning
+    )
+    assert "WARNING: partition 0" in done.stdout
+
+    # Once read, nothing is at risk.
+    assert p.cli("run").returncode == 0
+    body = json.loads(p.cli("status", "--json").stdout.strip().splitlines()[-1])
+    assert body["warnings"] == [] and body["partitions"][0]["lag"] == 0
+
+
+def test_a_topic_without_retention_reports_none(make_pipeline, broker):
+    p = make_pipeline(partitions=1)
+    produce_clicks(broker, p.topic, 1, 10)
+    body = json.loads(p.cli("status", "--json").stdout.strip().splitlines()[-1])
+    [part] = body["partitions"]
+    assert part["retention_ms"] is None and "time_to_retention_s" not in part
+    assert part["oldest_unread_age_s"] > 0 and body["warnings"] == []
