@@ -16,10 +16,18 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_BOOTSTRAP = "STRATA_KAFKA_BOOTSTRAP"
 ENV_WAREHOUSE = "STRATA_WAREHOUSE"
@@ -57,6 +65,15 @@ def parse_duration_ms(value: str | int) -> int:
             f"{value!r} is not a duration; write a number and a unit, e.g. '1h' or '90s'"
         )
     return int(match.group(1)) * _DURATION_MS[match.group(2)]
+
+
+def _valid_duration(value: str) -> str:
+    parse_duration_ms(value)
+    return value
+
+
+# A duration written with its unit ("90s", "1h", "7d"), checked when the config loads.
+Duration = Annotated[str, AfterValidator(_valid_duration)]
 
 
 class _Strict(BaseModel):
@@ -103,15 +120,9 @@ class EventTimeConfig(_Strict):
     field: str
     unit: Literal["s", "ms", "us", "ns", "iso8601"] = "ms"
     timezone: str = "UTC"
-    max_future_skew: str = "1h"
-    late_after: str = "1h"
+    max_future_skew: Duration = "1h"
+    late_after: Duration = "1h"
     min_valid: str = "2000-01-01"
-
-    @field_validator("max_future_skew", "late_after")
-    @classmethod
-    def _duration(cls, value: str) -> str:
-        parse_duration_ms(value)
-        return value
 
     @field_validator("timezone")
     @classmethod
@@ -236,14 +247,8 @@ class AirflowConfig(_Strict):
     spark_mode: Literal["local", "spark_submit"] = "local"
     spark_conn_id: str = "spark_default"
     retries: int = Field(default=2, ge=0)
-    retry_delay: str = "1m"
-    vacuum_retention: str = "7d"
-
-    @field_validator("retry_delay", "vacuum_retention")
-    @classmethod
-    def _duration(cls, value: str) -> str:
-        parse_duration_ms(value)
-        return value
+    retry_delay: Duration = "1m"
+    vacuum_retention: Duration = "7d"
 
 
 class SparkConfig(_Strict):
