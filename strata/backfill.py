@@ -18,14 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow.dataset as ds
 
 from strata.config import PipelineConfig
-from strata.delta import (
-    batch_metadata,
-    commit_files,
-    committed_batch,
-    ensure_table,
-    open_table,
-    without_range,
-)
+from strata.delta import open_table
 from strata.kafka import KafkaUnavailable, partition_states
 from strata.ledger import LedgerState, commit_ledger, ledger_state, read_ledger
 from strata.lock import run_lock
@@ -34,14 +27,15 @@ from strata.run import (
     RANGES_KEY,
     ReconcileError,
     RunOutcome,
+    commit_table,
     crash_point,
     ledger_row,
     merge_results,
     register,
     run_tasks,
+    stored_results,
+    tables_done,
 )
-from strata.schema import table_layout
-from strata.storage import filesystem
 from strata.task import RangeResult
 
 if TYPE_CHECKING:
@@ -194,17 +188,10 @@ def _replace(
 ) -> list[RangeResult]:
     # From Kafka, the raw copy's rows of the range are replaced too; from the raw copy,
     # it stays as it is.
-    tables = ["quarantine", "table"] if plan.source == "raw" else ["raw", "quarantine", "table"]
-    uris = {name: cfg.location(name) for name in tables}  # type: ignore[arg-type]
-    done = {
-        name: (committed_batch(uri, cfg.name, cfg.storage_options) or 0) >= plan.batch
-        for name, uri in uris.items()
-    }
+    tables = ("quarantine", "table") if plan.source == "raw" else ("raw", "quarantine", "table")
+    done = tables_done(cfg, tables, plan.batch)
     if all(done.values()):
-        stored = batch_metadata(uris["table"], plan.batch, cfg.storage_options, RANGES_KEY)
-        if stored is None:
-            raise ReconcileError(f"batch {plan.batch}: the data table records it without ranges")
-        return [RangeResult(**r) for r in stored]
+        return stored_results(cfg, plan.batch)
     write = frozenset(name for name in tables if not done[name])
     split_results = run_tasks(cfg, plan, write, session, outcome)
     crash_point("after_files")
@@ -213,35 +200,8 @@ def _replace(
     for name in tables:
         files = [f for s in split_results for f in s.files.get(name, [])]
         outcome.files[name] = len(files)
-        if done[name]:
-            continue
-        schema, partition_by = table_layout(cfg, name)
-        suffix = {"raw": "_raw", "quarantine": "_quarantine", "table": ""}[name]
-        table = ensure_table(
-            uris[name], schema, partition_by, cfg.storage_options, cfg.name + suffix
-        )
-        fs, root = filesystem(uris[name], cfg.storage_options)
-        removes, rewritten, _ = without_range(
-            table,
-            fs,
-            root,
-            partition_by,
-            target.topic,
-            target.partition,
-            target.start,
-            target.end,
-            plan.batch,
-        )
-        commit_files(
-            table, schema, partition_by, files + rewritten, cfg.name, plan.batch, meta, removes
-        )
-        crash_point(
-            {
-                "raw": "after_raw_commit",
-                "quarantine": "after_quarantine_commit",
-                "table": "after_data_commit",
-            }[name]
-        )
+        if not done[name]:
+            commit_table(cfg, name, files, plan.batch, meta, replacing=target)
     return results
 
 

@@ -32,11 +32,9 @@ from pymetastore.hive_metastore.ttypes import (
 from strata.config import PipelineConfig
 from strata.ledger import LEDGER_SCHEMA
 from strata.metastore import MetastoreClient, MetastoreError
-from strata.schema import partition_columns, table_layout
+from strata.schema import TABLE_SUFFIXES, partition_columns, table_layout
 from strata.storage import filesystem
 
-# Which table each location holds, and its name suffix in the metastore.
-TABLE_SUFFIXES = {"table": "", "raw": "_raw", "quarantine": "_quarantine", "ledger": "_ledger"}
 DELTA_PROVIDER = "delta"
 
 

@@ -229,6 +229,11 @@ def _keep_in_range(
     """Keep the rows inside their partition's range; count them; say which ranges ended."""
     offsets = table.column("_offset")
     partitions = table.column("_partition")
+    # Key plus value bytes of every message, computed once; ranges sum their share.
+    sizes = pc.add(
+        pc.fill_null(pc.binary_length(table.column("_value")), 0),
+        pc.fill_null(pc.binary_length(table.column("_key")), 0),
+    )
     keep = None
     finished = []
     for key, state in active.items():
@@ -243,11 +248,11 @@ def _keep_in_range(
             pc.and_(pc.greater_equal(offsets, lower), pc.less(offsets, state.range.end)),
         )
         keep = inside if keep is None else pc.or_(keep, inside)
-        taken = table.filter(inside)
-        if taken.num_rows:
-            state.messages += taken.num_rows
-            state.bytes += _length(taken.column("_value")) + _length(taken.column("_key"))
-            state._last_offset = pc.max(taken.column("_offset")).as_py()
+        count = int(pc.sum(pc.cast(inside, pa.int64())).as_py() or 0)
+        if count:
+            state.messages += count
+            state.bytes += int(pc.sum(pc.filter(sizes, inside)).as_py() or 0)
+            state._last_offset = pc.max(pc.filter(offsets, inside)).as_py()
         # An offset at or past the last one of the range means the range is read.
         if pc.max(pc.filter(offsets, mine)).as_py() >= state.range.end - 1:
             finished.append(key)

@@ -14,16 +14,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+from deltalake.transaction import RemoveAction
 
 from strata.config import PipelineConfig
-from strata.delta import batch_metadata, commit_files, committed_batch, ensure_table, open_table
+from strata.delta import (
+    batch_metadata,
+    commit_files,
+    committed_batch,
+    ensure_table,
+    open_table,
+    without_range,
+)
 from strata.kafka import partition_states, publish_group_offsets
-from strata.ledger import commit_ledger, ledger_state
+from strata.ledger import LedgerState, commit_ledger, ledger_state
 from strata.lock import run_lock
 from strata.plan import (
     BatchPlan,
@@ -35,7 +43,7 @@ from strata.plan import (
     plan_ranges,
     split_ranges,
 )
-from strata.schema import table_layout
+from strata.schema import TABLE_SUFFIXES, table_layout
 from strata.storage import filesystem
 from strata.task import RangeResult, SplitJob, SplitResult
 from strata.write import WrittenFile
@@ -134,23 +142,17 @@ def run_batch(
     with run_lock(cfg.lock_path, cfg.name):
         state = ledger_state(cfg)
         batch = state.last_batch + 1
-        store = PlanStore(cfg)
-        plan = store.load(batch)
-        resumed = plan is not None
-        fingerprint = decode_fingerprint(cfg)
+        plan, resumed, states = _load_or_plan(cfg, state, max_offsets, accept_loss)
         if plan is None:
-            states = partition_states(cfg, state.committed)
-            plan = _new_plan(cfg, batch, states, max_offsets, fingerprint, accept_loss)
-            if plan is None:
-                outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
-                # Catch the consumer group up with the ledger, in case a run died before.
-                ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
-                _publish(cfg, ranges, outcome)
-                if register_tables:
-                    register(cfg, outcome)
-                outcome.seconds = time.monotonic() - began
-                return outcome
-            store.save(plan)
+            outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
+            # Catch the consumer group up with the ledger, in case a run died before.
+            ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
+            _publish(cfg, ranges, outcome)
+            if register_tables:
+                register(cfg, outcome)
+            outcome.seconds = time.monotonic() - began
+            return outcome
+        fingerprint = decode_fingerprint(cfg)
         outcome = RunOutcome(
             cfg.name,
             "resumed" if resumed else "committed",
@@ -190,16 +192,31 @@ def plan_next(cfg: PipelineConfig, max_offsets: int | None = None) -> BatchPlan 
     reads exactly what was planned.
     """
     with run_lock(cfg.lock_path, cfg.name):
-        state = ledger_state(cfg)
-        store = PlanStore(cfg)
-        plan = store.load(state.last_batch + 1)
-        if plan is None:
-            states = partition_states(cfg, state.committed)
-            fingerprint = decode_fingerprint(cfg)
-            plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, fingerprint, None)
-            if plan is not None:
-                store.save(plan)
+        plan, _, _ = _load_or_plan(cfg, ledger_state(cfg), max_offsets, None)
         return plan
+
+
+def _load_or_plan(
+    cfg: PipelineConfig,
+    state: LedgerState,
+    max_offsets: int | None,
+    accept_loss: str | None,
+) -> tuple[BatchPlan | None, bool, list[PartitionState]]:
+    """The unfinished batch's saved plan, or a new one saved before any read.
+
+    Returns:
+        The plan (None when there is nothing new), whether it was an unfinished
+        batch's, and the partitions' watermarks when a new plan was made.
+    """
+    store = PlanStore(cfg)
+    plan = store.load(state.last_batch + 1)
+    if plan is not None:
+        return plan, True, []
+    states = partition_states(cfg, state.committed)
+    plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, accept_loss)
+    if plan is not None:
+        store.save(plan)
+    return plan, False, states
 
 
 def _new_plan(
@@ -207,7 +224,6 @@ def _new_plan(
     batch: int,
     states: list[PartitionState],
     max_offsets: int | None,
-    fingerprint: str,
     accept_loss: str | None,
 ) -> BatchPlan | None:
     from strata.spark import default_tasks
@@ -230,7 +246,7 @@ def _new_plan(
         ranges=kept,
         splits=split_ranges(kept, default_tasks(cfg), cfg.limits.max_offsets_per_task),
         new_partitions=new,
-        fingerprint=fingerprint,
+        fingerprint=decode_fingerprint(cfg),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         watermarks={f"{s.topic}:{s.partition}": s.high for s in states},
         losses=losses,
@@ -252,21 +268,11 @@ def _execute_and_commit(
         Per-partition results, and for plain Parquet tables the files written (the
         ledger commit that follows is their commit point).
     """
-    uris = {name: cfg.location(name) for name in TABLES}  # type: ignore[arg-type]
     parquet = cfg.table_format == "parquet"
-    done = {
-        name: not parquet
-        and (committed_batch(uri, cfg.name, cfg.storage_options) or 0) >= plan.batch
-        for name, uri in uris.items()
-    }
+    # Plain Parquet tables have no commits of their own: the ledger decides.
+    done = {name: False for name in TABLES} if parquet else tables_done(cfg, TABLES, plan.batch)
     if all(done.values()):
-        stored = batch_metadata(uris["table"], plan.batch, cfg.storage_options, RANGES_KEY)
-        if stored is None:
-            raise ReconcileError(
-                f"batch {plan.batch}: the data table records it but its commit has no ranges; "
-                "the table was written by something other than this pipeline"
-            )
-        return [RangeResult(**r) for r in stored], None
+        return stored_results(cfg, plan.batch), None
     if plan.offsets == 0:
         return [RangeResult(r.topic, r.partition, r.start, r.end) for r in plan.ranges], None
     if plan.fingerprint and plan.fingerprint != fingerprint and any(done.values()):
@@ -289,22 +295,72 @@ def _execute_and_commit(
     for name in TABLES:
         files = written[name]
         outcome.files[name] = len(files)
-        if done[name] or parquet:
-            continue
-        schema, partition_by = table_layout(cfg, name)
-        suffix = {"raw": "_raw", "quarantine": "_quarantine", "table": ""}[name]
-        table = ensure_table(
-            uris[name], schema, partition_by, cfg.storage_options, cfg.name + suffix
-        )
-        commit_files(table, schema, partition_by, files, cfg.name, plan.batch, meta)
-        crash_point(
-            {
-                "raw": "after_raw_commit",
-                "quarantine": "after_quarantine_commit",
-                "table": "after_data_commit",
-            }[name]
-        )
+        if not (done[name] or parquet):
+            commit_table(cfg, name, files, plan.batch, meta)
     return results, written if parquet else None
+
+
+# The step after which each table's commit stands, for the crash tests.
+COMMIT_STEPS = {
+    "raw": "after_raw_commit",
+    "quarantine": "after_quarantine_commit",
+    "table": "after_data_commit",
+}
+
+
+def tables_done(cfg: PipelineConfig, names: tuple[str, ...], batch: int) -> dict[str, bool]:
+    """Whether each Delta table already holds the batch's commit (its app transaction)."""
+    return {
+        name: (committed_batch(cfg.location(name), cfg.name, cfg.storage_options) or 0) >= batch  # type: ignore[arg-type]
+        for name in names
+    }
+
+
+def stored_results(cfg: PipelineConfig, batch: int) -> list[RangeResult]:
+    """A committed batch's per-partition results, from the data table's commit info."""
+    stored = batch_metadata(cfg.location("table"), batch, cfg.storage_options, RANGES_KEY)
+    if stored is None:
+        raise ReconcileError(
+            f"batch {batch}: the data table records it but its commit has no ranges; "
+            "the table was written by something other than this pipeline"
+        )
+    return [RangeResult(**r) for r in stored]
+
+
+def commit_table(
+    cfg: PipelineConfig,
+    name: str,
+    files: list[WrittenFile],
+    batch: int,
+    meta: dict[str, Any],
+    replacing: OffsetRange | None = None,
+) -> None:
+    """Commit a batch's files to one Delta table, with its app transaction.
+
+    Args:
+        cfg: The pipeline configuration.
+        name: `raw`, `quarantine` or `table`.
+        files: The batch's files for this table.
+        batch: The batch number.
+        meta: Commit metadata.
+        replacing: A range whose existing rows this commit removes (a backfill): the
+            files holding them are rewritten without them, in the same transaction.
+    """
+    uri = cfg.location(name)  # type: ignore[arg-type]
+    schema, partition_by = table_layout(cfg, name)
+    table = ensure_table(
+        uri, schema, partition_by, cfg.storage_options, cfg.name + TABLE_SUFFIXES[name]
+    )
+    removes: list[RemoveAction] = []
+    if replacing is not None:
+        fs, root = filesystem(uri, cfg.storage_options)
+        r = replacing
+        removes, rewritten, _ = without_range(
+            table, fs, root, partition_by, r.topic, r.partition, r.start, r.end, batch
+        )
+        files = files + rewritten
+    commit_files(table, schema, partition_by, files, cfg.name, batch, meta, removes)
+    crash_point(COMMIT_STEPS[name])
 
 
 def run_tasks(

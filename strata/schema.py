@@ -165,6 +165,10 @@ def data_schema(topic: TopicSchema, partitioning: str) -> pa.Schema:
     return pa.schema(fields)
 
 
+# Each table's name is the pipeline's name plus its suffix (in storage and metastore).
+TABLE_SUFFIXES = {"table": "", "raw": "_raw", "quarantine": "_quarantine", "ledger": "_ledger"}
+
+
 def table_layout(cfg: PipelineConfig, which: str) -> tuple[pa.Schema, list[str]]:
     """Schema and partition columns of one of a pipeline's tables.
 

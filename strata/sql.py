@@ -11,8 +11,7 @@ import pyarrow as pa
 
 from strata.config import PipelineConfig
 from strata.ledger import LEDGER_SCHEMA
-from strata.publish import TABLE_SUFFIXES
-from strata.schema import table_layout
+from strata.schema import TABLE_SUFFIXES, table_layout
 
 
 def quote_identifier(name: str) -> str:

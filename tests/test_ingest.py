@@ -160,13 +160,11 @@ def test_a_run_with_nothing_new_starts_no_jvm(make_pipeline, broker, spark, tmp_
     (fake / "bin" / "java").write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
     (fake / "bin" / "java").chmod(0o755)
     path = ":".join(d for d in os.environ["PATH"].split(":") if not Path(d, "java").exists())
-    began = time.monotonic()
     done = p.cli("run", "--json", env=p.env(JAVA_HOME=str(fake), PATH=f"{fake / 'bin'}:{path}"))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["status"] == "idle"
     assert "nothing new to read" in done.stdout
     assert not marker.exists()
-    assert time.monotonic() - began < 60  # generous; the point is the marker
 
 
 def test_a_second_run_while_one_is_in_flight_fails_cleanly(make_pipeline, broker):

@@ -11,8 +11,9 @@ import pytest
 
 from strata.local_service import free_port
 from strata.metastore import MetastoreClient
-from strata.publish import TABLE_SUFFIXES, location_uri
+from strata.publish import location_uri
 from strata.run import run_batch
+from strata.schema import TABLE_SUFFIXES
 from tests.conftest import produce_clicks
 
 pytestmark = pytest.mark.integration
