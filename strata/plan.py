@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -137,31 +138,52 @@ def plan_ranges(
     starting_offsets: str,
     max_offsets_per_partition: int,
     accept_loss: bool = False,
+    committed: Collection[tuple[str, int]] = (),
 ) -> tuple[list[OffsetRange], list[tuple[str, int]], list[OffsetRange]]:
     """Decide each partition's range for the next batch.
 
+    A partition never read before starts at `starting_offsets` when its topic is new
+    to the pipeline. A partition added to a topic the pipeline already reads starts
+    at its log start whatever that setting says (as Spark's and Flink's Kafka sources
+    do): every message in it is newer than the pipeline's start, and `latest` would
+    silently skip those produced between the partition's creation and this plan.
+
     Args:
         states: Watermarks and committed offsets of every partition of the topics.
-        starting_offsets: `earliest` or `latest`, for partitions never read before.
+        starting_offsets: `earliest` or `latest`, for the partitions of a topic the
+            pipeline has never read.
         max_offsets_per_partition: Cap on one partition's range.
         accept_loss: Go on from the log start when retention deleted unread offsets,
             returning the lost ranges so they are recorded; otherwise fail closed.
+        committed: Every (topic, partition) the ledger has committed offsets for; one
+            the broker no longer lists stops the plan.
 
     Returns:
         The ranges (empty ones included), the partitions seen for the first time, and
         the ranges lost to retention (only with `accept_loss`).
 
     Raises:
-        PlanError: If the broker went backwards, or deleted offsets before they were
-            read and the loss was not accepted.
+        PlanError: If the broker went backwards, lost a partition, or deleted offsets
+            before they were read and the loss was not accepted.
     """
+    listed = {(s.topic, s.partition) for s in states}
+    vanished = sorted(set(committed) - listed)
+    if vanished:
+        names = ", ".join(f"partition {p} of `{t}`" for t, p in vanished)
+        raise PlanError(
+            f"{names}: the ledger has committed offsets for it but the broker no longer lists "
+            "it. The topic was re-created with fewer partitions, or this is the wrong "
+            "cluster. Nothing was read. Check kafka.bootstrap_servers and the topic."
+        )
+    read_topics = {t for t, _ in committed} | {s.topic for s in states if s.committed is not None}
     ranges = []
     new = []
     losses = []
     for s in sorted(states, key=lambda s: (s.topic, s.partition)):
         where = f"partition {s.partition} of `{s.topic}`"
         if s.committed is None:
-            start = s.low if starting_offsets == "earliest" else s.high
+            added = s.topic in read_topics
+            start = s.low if added or starting_offsets == "earliest" else s.high
             new.append((s.topic, s.partition))
         else:
             start = s.committed

@@ -125,7 +125,13 @@ def render_summary(outcome: RunOutcome) -> str:
     if files:
         out.append(f"files committed: {files}")
     if outcome.new_partitions:
-        out.append("new partitions: " + ", ".join(f"{t}:{p}" for t, p in outcome.new_partitions))
+        starts = {(r.topic, r.partition): r.start for r in outcome.ranges}
+        out.append(
+            "new partitions, read from: "
+            + ", ".join(
+                f"{t}:{p} offset {starts.get((t, p), '?')}" for t, p in outcome.new_partitions
+            )
+        )
     out.extend(f"warning: {w}" for w in outcome.warnings)
     if outcome.published:
         out.append(outcome.published)

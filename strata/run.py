@@ -213,7 +213,7 @@ def _load_or_plan(
     if plan is not None:
         return plan, True, []
     states = partition_states(cfg, state.committed)
-    plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, accept_loss)
+    plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, accept_loss, state.committed)
     if plan is not None:
         store.save(plan)
     return plan, False, states
@@ -225,6 +225,7 @@ def _new_plan(
     states: list[PartitionState],
     max_offsets: int | None,
     accept_loss: str | None,
+    committed: dict[tuple[str, int], int],
 ) -> BatchPlan | None:
     from strata.spark import default_tasks
 
@@ -235,6 +236,7 @@ def _new_plan(
         cfg.starting_offsets,
         max_offsets or cfg.limits.max_offsets_per_partition,
         accept_loss is not None,
+        committed,
     )
     if not any(r.count for r in ranges) and not new and not losses:
         return None

@@ -51,6 +51,38 @@ def test_an_accepted_loss_goes_on_from_the_log_start_and_names_the_lost_range():
         plan_ranges([PartitionState("clicks", 3, 0, 10, 300)], "earliest", 100, accept_loss=True)
 
 
+def test_a_partition_added_between_runs_is_read_from_its_log_start():
+    # Batch 1 read partitions 0 and 1 of `clicks`; then the topic grew to 3 partitions.
+    # Partition 2 holds messages produced since it was created: even under `latest`,
+    # skipping them would be silent loss, so it starts at its log start.
+    committed = {("clicks", 0): 700, ("clicks", 1): 650}
+    states = [
+        PartitionState("clicks", 0, 0, 900, 700),
+        PartitionState("clicks", 1, 0, 800, 650),
+        PartitionState("clicks", 2, 0, 40, None),
+        PartitionState("views", 0, 100, 300, None),
+    ]
+    for policy in ("earliest", "latest"):
+        ranges, new, losses = plan_ranges(states, policy, 1000, committed=committed)
+        assert new == [("clicks", 2), ("views", 0)]
+        assert OffsetRange("clicks", 2, 0, 40) in ranges
+        assert OffsetRange("clicks", 0, 700, 900) in ranges and losses == []
+    # A topic new to the pipeline (`views`) still follows the starting policy.
+    ranges, _, _ = plan_ranges(states, "latest", 1000, committed=committed)
+    assert OffsetRange("views", 0, 300, 300) in ranges
+    ranges, _, _ = plan_ranges(states, "earliest", 1000, committed=committed)
+    assert OffsetRange("views", 0, 100, 300) in ranges
+
+
+def test_a_committed_partition_the_broker_no_longer_lists_stops_the_plan():
+    committed = {("clicks", 0): 700, ("clicks", 1): 650, ("clicks", 2): 10}
+    states = [PartitionState("clicks", 0, 0, 900, 700), PartitionState("clicks", 1, 0, 800, 650)]
+    with pytest.raises(
+        PlanError, match=r"partition 2 of `clicks`: the ledger has committed offsets for it but"
+    ):
+        plan_ranges(states, "earliest", 1000, committed=committed)
+
+
 def test_split_covers_every_offset_once_in_balanced_tasks():
     ranges = [OffsetRange("t", p, 100 * p, 100 * p + 250) for p in range(4)] + [
         OffsetRange("t", 9, 5, 5)
