@@ -1,11 +1,16 @@
-"""Backfill: re-ingest one committed offset range, replacing its rows exactly.
+"""Backfill and replay: process committed offset ranges again, replacing their rows.
 
 After an incident (a decoder bug, a bad deploy upstream, a table damaged by hand) an
-on-call engineer re-ingests `[start, end)` of one partition. The rows of that range
-already in the tables are removed and the re-read ones added in the same Delta
-transaction, so readers never see the range twice or not at all; rows outside the
-range are untouched. The ledger records the backfill with its reason. When Kafka's
-retention has deleted the range, the raw copy is read instead, and the run says so.
+on-call engineer re-ingests `[start, end)` of one partition: a backfill. The rows of
+that range already in the tables are removed and the re-read ones added in the same
+Delta transaction, so readers never see the range twice or not at all; rows outside
+the range are untouched. When Kafka's retention has deleted the range, the raw copy
+is read instead, and the run says so.
+
+A replay re-decodes whole batches (or a range) from the raw copy alone, with the
+current schema and decoder, without touching Kafka: after a decoder or schema fix,
+quarantined messages that now decode move into the data table. The ledger records
+every backfill and replay with its reason.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from strata.run import (
     RANGES_KEY,
     ReconcileError,
     RunOutcome,
+    check_schema,
     commit_table,
     crash_point,
+    data_columns,
     ledger_row,
     merge_results,
     register,
@@ -68,45 +75,126 @@ def backfill(
         BackfillError: If the range is invalid, not committed yet, or held by
             neither Kafka nor the raw copy.
     """
+    return _reprocess(cfg, [target], reason, "backfill", session)
+
+
+def replay(
+    cfg: PipelineConfig,
+    targets: list[OffsetRange],
+    reason: str,
+    *,
+    session: Callable[[PipelineConfig], SparkSession] | None = None,
+) -> RunOutcome:
+    """Re-decode committed ranges from the raw copy with the current schema and decoder.
+
+    The ranges' rows in the data and quarantine tables are replaced, one transaction
+    per table; the raw copy is left as it is and Kafka is never contacted.
+
+    Args:
+        cfg: The pipeline configuration.
+        targets: At most one range per partition (see `batch_ranges`).
+        reason: Why; recorded in the ledger.
+        session: Builds the Spark session.
+
+    Returns:
+        The outcome, with status `replayed`.
+
+    Raises:
+        BackfillError: If a range is invalid, not committed, or not in the raw copy.
+    """
+    return _reprocess(cfg, targets, reason, "replay", session)
+
+
+def batch_ranges(cfg: PipelineConfig, first: int, last: int) -> list[OffsetRange]:
+    """The ranges ingested by batches `first` to `last`, one per partition.
+
+    A range spans from the first batch's start to the last batch's end on each
+    partition; offsets lost to retention in between are in no copy, and a replay
+    counts them as gaps again.
+
+    Raises:
+        BackfillError: If the batches ingested nothing.
+    """
+    if first < 1 or last < first:
+        raise BackfillError(
+            f"batches {first} to {last} are not a range; give --from-batch at least 1 and "
+            "--to-batch not below it"
+        )
+    spans: dict[tuple[str, int], tuple[int, int]] = {}
+    for r in read_ledger(cfg).to_pylist():
+        if r["kind"] != "ingest" or not first <= r["batch"] <= last:
+            continue
+        if r["end_offset"] == r["start_offset"]:
+            continue
+        key = (r["topic"], r["partition"])
+        start, end = spans.get(key, (r["start_offset"], r["end_offset"]))
+        spans[key] = (min(start, r["start_offset"]), max(end, r["end_offset"]))
+    if not spans:
+        raise BackfillError(
+            f"batches {first} to {last} of pipeline {cfg.name} ingested no messages; "
+            "`strata status` lists the committed batches"
+        )
+    return [OffsetRange(t, p, start, end) for (t, p), (start, end) in sorted(spans.items())]
+
+
+def _reprocess(
+    cfg: PipelineConfig,
+    targets: list[OffsetRange],
+    reason: str,
+    kind: str,
+    session: Callable[[PipelineConfig], SparkSession] | None,
+) -> RunOutcome:
+    """Plan (or resume) a backfill or replay batch, run it, commit and reconcile it."""
     began = time.monotonic()
-    _check_request(cfg, target, reason)
+    for target in targets:
+        _check_request(cfg, target, reason)
+    if len({(t.topic, t.partition) for t in targets}) != len(targets):
+        raise BackfillError("give at most one range per partition")
     with run_lock(cfg.lock_path, cfg.name):
         state = ledger_state(cfg)
-        _check_committed(state, target)
+        for target in targets:
+            _check_committed(state, target)
         batch = state.last_batch + 1
         store = PlanStore(cfg)
         plan = store.load(batch)
-        if plan is not None and (plan.kind != "backfill" or plan.ranges != [target]):
+        if plan is not None and (plan.kind != kind or plan.ranges != targets):
             what = f"a {plan.kind} of {', '.join(f'{r.topic}:{r.partition}' for r in plan.ranges)}"
             raise BackfillError(
                 f"batch {batch} is unfinished ({what}); finish it first with "
-                f"`strata {'run' if plan.kind == 'ingest' else 'backfill'}` as it began"
+                f"`strata {'run' if plan.kind == 'ingest' else plan.kind}` as it began"
             )
         if plan is None:
             from strata.spark import default_tasks
 
+            check_schema(cfg)
+            if kind == "replay":
+                source = _raw_source(cfg, targets)
+            else:
+                source = _source(cfg, targets[0], state)
             plan = BatchPlan(
                 pipeline=cfg.name,
                 batch=batch,
-                ranges=[target],
-                splits=split_ranges([target], default_tasks(cfg), cfg.limits.max_offsets_per_task),
+                ranges=targets,
+                splits=split_ranges(targets, default_tasks(cfg), cfg.limits.max_offsets_per_task),
                 fingerprint=decode_fingerprint(cfg),
                 created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-                kind="backfill",
+                kind=kind,
                 note=reason,
-                source=_source(cfg, target, state),
+                source=source,
             )
             store.save(plan)
-        outcome = RunOutcome(cfg.name, "backfilled", batch)
-        if plan.source == "raw":
+        outcome = RunOutcome(cfg.name, "replayed" if kind == "replay" else "backfilled", batch)
+        if plan.source == "raw" and kind == "backfill":
             outcome.warnings.append(
-                f"{target.describe()} are no longer in Kafka; they were read from the raw copy"
+                f"{targets[0].describe()} are no longer in Kafka; they were read from the raw copy"
             )
-        results = _replace(cfg, plan, target, session, outcome)
+        results = _replace(cfg, plan, targets, session, outcome)
         outcome.ranges = results
-        commit_ledger(cfg, batch, [ledger_row(r, {}, "backfill", plan.note) for r in results])
+        commit_ledger(
+            cfg, batch, [ledger_row(r, {}, kind, plan.note) for r in results], data_columns(cfg)
+        )
         crash_point("after_ledger")
-        _reconcile_range(cfg, target, results, plan.source)
+        _reconcile_ranges(cfg, kind, targets, results)
         register(cfg, outcome)
         outcome.seconds = time.monotonic() - began
         return outcome
@@ -162,13 +250,28 @@ def _source(cfg: PipelineConfig, target: OffsetRange, state: LedgerState) -> str
     )
 
 
+def _raw_source(cfg: PipelineConfig, targets: list[OffsetRange]) -> str:
+    """`raw`, once it is sure the raw copy holds every range."""
+    for target in targets:
+        if not _raw_covers(cfg, target):
+            raise BackfillError(
+                f"{target.describe()} are not all in the raw copy (no committed ingest covers "
+                "them); nothing was done"
+            )
+    return "raw"
+
+
 def _raw_covers(cfg: PipelineConfig, target: OffsetRange) -> bool:
-    """Whether committed ingests cover the range, so the raw copy holds its messages."""
+    """Whether committed ingests cover the range, so the raw copy holds its messages.
+
+    Ranges recorded as lost to retention count as covered: no copy holds them, and
+    reading the range counts them as gaps, as the ingest did.
+    """
     rows = read_ledger(cfg).to_pylist()
     spans = sorted(
         (r["start_offset"], r["end_offset"])
         for r in rows
-        if r["kind"] == "ingest"
+        if r["kind"] in ("ingest", "loss")
         and (r["topic"], r["partition"]) == (target.topic, target.partition)
     )
     reach = target.start
@@ -182,7 +285,7 @@ def _raw_covers(cfg: PipelineConfig, target: OffsetRange) -> bool:
 def _replace(
     cfg: PipelineConfig,
     plan: BatchPlan,
-    target: OffsetRange,
+    targets: list[OffsetRange],
     session: Callable[[PipelineConfig], SparkSession] | None,
     outcome: RunOutcome,
 ) -> list[RangeResult]:
@@ -196,39 +299,47 @@ def _replace(
     split_results = run_tasks(cfg, plan, write, session, outcome)
     crash_point("after_files")
     results = merge_results(split_results)
-    meta = {RANGES_KEY: [vars(r) for r in results], "strata.backfill": plan.note}
+    meta = {RANGES_KEY: [vars(r) for r in results], f"strata.{plan.kind}": plan.note}
     for name in tables:
         files = [f for s in split_results for f in s.files.get(name, [])]
         outcome.files[name] = len(files)
         if not done[name]:
-            commit_table(cfg, name, files, plan.batch, meta, replacing=target)
+            commit_table(cfg, name, files, plan.batch, meta, replacing=targets)
     return results
 
 
-def _reconcile_range(
-    cfg: PipelineConfig, target: OffsetRange, results: list[RangeResult], source: str
+def _reconcile_ranges(
+    cfg: PipelineConfig, kind: str, targets: list[OffsetRange], results: list[RangeResult]
 ) -> None:
-    """After a backfill, each table holds the range's rows exactly once."""
-    [r] = results
+    """Afterwards, each table holds each range's rows exactly once."""
     problems = []
-    if r.end - r.start != r.rows + r.quarantined + r.gaps:
-        problems.append(
-            f"offsets span {r.end - r.start}, but rows {r.rows} + quarantined {r.quarantined} "
-            f"+ gaps {r.gaps} = {r.rows + r.quarantined + r.gaps}"
+    found = {(r.topic, r.partition): r for r in results}
+    tables = {
+        name: open_table(cfg.location(name), cfg.storage_options)
+        for name in ("table", "quarantine", "raw")
+    }
+    for target in targets:
+        where = target.describe()
+        r = found.get((target.topic, target.partition))
+        if r is None:
+            problems.append(f"{where}: no result")
+            continue
+        if r.end - r.start != r.rows + r.quarantined + r.gaps:
+            problems.append(
+                f"{where}: offsets span {r.end - r.start}, but rows {r.rows} + quarantined "
+                f"{r.quarantined} + gaps {r.gaps} = {r.rows + r.quarantined + r.gaps}"
+            )
+        expect = {"table": r.rows, "quarantine": r.quarantined, "raw": r.messages}
+        wanted = (
+            (ds.field("_topic") == target.topic)
+            & (ds.field("_partition") == target.partition)
+            & (ds.field("_offset") >= target.start)
+            & (ds.field("_offset") < target.end)
         )
-    expect = {"table": r.rows, "quarantine": r.quarantined, "raw": r.messages}
-    wanted = (
-        (ds.field("_topic") == target.topic)
-        & (ds.field("_partition") == target.partition)
-        & (ds.field("_offset") >= target.start)
-        & (ds.field("_offset") < target.end)
-    )
-    for name, want in expect.items():
-        table = open_table(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
-        have = 0 if table is None else table.to_pyarrow_dataset().count_rows(filter=wanted)
-        if have != want:
-            problems.append(f"the {name} table holds {have} rows of the range, expected {want}")
+        for name, want in expect.items():
+            table = tables[name]
+            have = 0 if table is None else table.to_pyarrow_dataset().count_rows(filter=wanted)
+            if have != want:
+                problems.append(f"{where}: the {name} table holds {have} rows, expected {want}")
     if problems:
-        raise ReconcileError(
-            f"backfill of {target.describe()} does not reconcile:\n  " + "\n  ".join(problems)
-        )
+        raise ReconcileError(f"the {kind} does not reconcile:\n  " + "\n  ".join(problems))

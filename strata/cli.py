@@ -78,6 +78,23 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--from", dest="start", type=int, required=True, help="first offset")
     backfill.add_argument("--to", dest="end", type=int, required=True, help="first offset after")
     backfill.add_argument("--reason", required=True, help="why; recorded in the ledger")
+    replay = sub.add_parser(
+        "replay",
+        help="re-decode committed batches from the raw copy with the current schema",
+        description="Re-decode the messages of batches --from-batch to --to-batch (or of "
+        "[--from, --to) of one partition) from the raw copy, with the current schema and "
+        "decoder, and replace their rows in the data and quarantine tables, one transaction "
+        "per table. Kafka is not contacted. Typically run after a schema or decoder fix: "
+        "quarantined messages that now decode move into the data table.",
+    )
+    _common(replay)
+    replay.add_argument("--from-batch", type=int, help="first batch to replay")
+    replay.add_argument("--to-batch", type=int, help="last batch to replay (default: --from-batch)")
+    replay.add_argument("--topic", help="or replay one range: its topic")
+    replay.add_argument("--partition", type=int)
+    replay.add_argument("--from", dest="start", type=int, help="first offset")
+    replay.add_argument("--to", dest="end", type=int, help="first offset after")
+    replay.add_argument("--reason", required=True, help="why; recorded in the ledger")
     sql = sub.add_parser(
         "sql",
         help="print Trino SQL for the pipeline (ddl)",
@@ -124,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "publish": _publish,
         "sql": _sql,
         "backfill": _backfill,
+        "replay": _replay,
     }[args.command]
     return run_guarded(lambda: handler(cfg, args), args.json)
 
@@ -215,6 +233,25 @@ def _backfill(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[
 
     target = OffsetRange(args.topic, args.partition, args.start, args.end)
     outcome = backfill(cfg, target, args.reason)
+    return render_summary(outcome), summary_dict(outcome)
+
+
+def _replay(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.backfill import BackfillError, batch_ranges, replay
+    from strata.plan import OffsetRange
+    from strata.report import render_summary, summary_dict
+
+    by_range = (args.topic, args.partition, args.start, args.end)
+    if args.from_batch is not None and all(v is None for v in by_range):
+        to_batch = args.from_batch if args.to_batch is None else args.to_batch
+        targets = batch_ranges(cfg, args.from_batch, to_batch)
+    elif args.from_batch is None and args.to_batch is None and None not in by_range:
+        targets = [OffsetRange(args.topic, args.partition, args.start, args.end)]
+    else:
+        raise BackfillError(
+            "give either --from-batch (and --to-batch), or --topic, --partition, --from and --to"
+        )
+    outcome = replay(cfg, targets, args.reason)
     return render_summary(outcome), summary_dict(outcome)
 
 

@@ -17,9 +17,11 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
+from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, Transaction
 
+from strata.plan import OffsetRange
 from strata.storage import delta_options
 from strata.write import WrittenFile, write_file
 
@@ -60,6 +62,23 @@ def ensure_table(
         name=name,
         storage_options=delta_options(uri, options),
     )
+
+
+def add_missing_columns(table: DeltaTable, schema: pa.Schema) -> list[str]:
+    """Add the schema's columns the table lacks, as nullable columns, before a commit.
+
+    delta-rs commits files whose schema has more columns than the table's without a
+    word, and readers then never see the extra columns: the table must be evolved
+    first. Old files have no such column, so their rows read it as null.
+
+    Returns:
+        The names of the columns added.
+    """
+    have = set(pa.schema(table.schema()).names)
+    missing = [f.with_nullable(True) for f in schema if f.name not in have]
+    if missing:
+        table.alter.add_columns(DeltaSchema.from_arrow(pa.schema(missing)).fields)
+    return [f.name for f in missing]
 
 
 def committed_batch(uri: str, app_id: str, options: dict[str, str]) -> int | None:
@@ -116,22 +135,19 @@ def batch_metadata(uri: str, batch: int, options: dict[str, str], key: str) -> A
     return None
 
 
-def without_range(
+def without_ranges(
     table: DeltaTable,
     fs: pafs.FileSystem,
     root: str,
     partition_by: list[str],
-    topic: str,
-    partition: int,
-    start: int,
-    end: int,
+    ranges: list[OffsetRange],
     batch: int,
 ) -> tuple[list[RemoveAction], list[WrittenFile], int]:
-    """Rewrite the table's files that hold rows of a range, without those rows.
+    """Rewrite the table's files that hold rows of the ranges, without those rows.
 
     Files are picked by their offset and partition statistics, then read to be sure.
     Nothing is committed: the caller commits the removes, the rewritten files and
-    the range's new rows in one transaction, so readers see the old rows or the new,
+    the ranges' new rows in one transaction, so readers see the old rows or the new,
     never both and never neither.
 
     Returns:
@@ -146,22 +162,26 @@ def without_range(
         bounds = [
             add.get(k) for k in ("min._partition", "max._partition", "min._offset", "max._offset")
         ]
-        if None not in bounds and (
-            bounds[1] < partition or bounds[0] > partition or bounds[3] < start or bounds[2] >= end
+        if None not in bounds and not any(
+            bounds[0] <= r.partition <= bounds[1] and bounds[2] < r.end and bounds[3] >= r.start
+            for r in ranges
         ):
             continue
         path = add["path"]
         data = pq.read_table(f"{root}/{path}", filesystem=fs)
-        hit = pc.and_(
-            pc.and_(
-                pc.equal(data.column("_topic"), topic),
-                pc.equal(data.column("_partition"), partition),
-            ),
-            pc.and_(
-                pc.greater_equal(data.column("_offset"), start),
-                pc.less(data.column("_offset"), end),
-            ),
-        )
+        hit = pa.repeat(pa.scalar(False), data.num_rows)
+        for r in ranges:
+            in_range = pc.and_(
+                pc.and_(
+                    pc.equal(data.column("_topic"), r.topic),
+                    pc.equal(data.column("_partition"), r.partition),
+                ),
+                pc.and_(
+                    pc.greater_equal(data.column("_offset"), r.start),
+                    pc.less(data.column("_offset"), r.end),
+                ),
+            )
+            hit = pc.or_(hit, in_range)
         count = int(pc.sum(pc.cast(hit, pa.int64())).as_py() or 0)
         if count == 0:
             continue

@@ -7,6 +7,7 @@ are only a copy of it for lag tools.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -14,9 +15,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.config import PipelineConfig
-from strata.delta import commit_files, ensure_table, open_table
+from strata.delta import BATCH_KEY, commit_files, ensure_table, open_table
 from strata.storage import filesystem
 from strata.write import write_file
+
+# Commit metadata of the ledger: the data table's columns as each batch wrote them.
+COLUMNS_KEY = "strata.columns"
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -89,13 +93,20 @@ def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerSta
     return LedgerState(last, committed)
 
 
-def commit_ledger(cfg: PipelineConfig, batch: int, rows: list[dict[str, object]]) -> None:
+def commit_ledger(
+    cfg: PipelineConfig,
+    batch: int,
+    rows: list[dict[str, object]],
+    columns: list[list[str]] | None = None,
+) -> None:
     """Append a batch's rows to the ledger in one transaction, unless already there.
 
     Args:
         cfg: The pipeline configuration.
         batch: The batch number.
         rows: Ledger rows without `pipeline`, `batch` and `committed_at`.
+        columns: The data table's column signature the batch was written with; the
+            next plan checks the schema against it.
     """
     uri = cfg.location("ledger")
     table = ensure_table(uri, LEDGER_SCHEMA, [], cfg.storage_options, f"{cfg.name}_ledger")
@@ -110,4 +121,23 @@ def commit_ledger(cfg: PipelineConfig, batch: int, rows: list[dict[str, object]]
     # A fixed name per batch: a re-run overwrites, so even a plain Parquet reader of
     # the ledger directory never sees a batch twice.
     written = write_file(fs, root, f"ledger-b{batch:010d}.parquet", data, {})
-    commit_files(table, LEDGER_SCHEMA, [], [written], cfg.name, batch, {})
+    meta = {} if columns is None else {COLUMNS_KEY: columns}
+    commit_files(table, LEDGER_SCHEMA, [], [written], cfg.name, batch, meta)
+
+
+def committed_columns(cfg: PipelineConfig) -> tuple[int, list[list[str]]] | None:
+    """The data table's columns as of the newest batch that recorded them, with its number.
+
+    Returns:
+        (batch, column signature), or None before the first batch.
+    """
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    if table is None:
+        return None
+    # The newest commits come first; maintenance commits (vacuum, optimize) carry no
+    # columns, so look further back only when the recent ones have none.
+    for limit in (20, None):
+        for commit in table.history(limit):
+            if COLUMNS_KEY in commit:
+                return int(commit[BATCH_KEY]), json.loads(commit[COLUMNS_KEY])
+    return None

@@ -23,15 +23,16 @@ from deltalake.transaction import RemoveAction
 
 from strata.config import PipelineConfig
 from strata.delta import (
+    add_missing_columns,
     batch_metadata,
     commit_files,
     committed_batch,
     ensure_table,
     open_table,
-    without_range,
+    without_ranges,
 )
 from strata.kafka import partition_states, publish_group_offsets
-from strata.ledger import LedgerState, commit_ledger, ledger_state
+from strata.ledger import LedgerState, commit_ledger, committed_columns, ledger_state
 from strata.lock import run_lock
 from strata.plan import (
     BatchPlan,
@@ -43,7 +44,15 @@ from strata.plan import (
     plan_ranges,
     split_ranges,
 )
-from strata.schema import TABLE_SUFFIXES, table_layout
+from strata.schema import (
+    TABLE_SUFFIXES,
+    SchemaError,
+    column_signature,
+    data_schema,
+    load_topic_schema,
+    schema_changes,
+    table_layout,
+)
 from strata.storage import filesystem
 from strata.task import RangeResult, SplitJob, SplitResult
 from strata.write import WrittenFile
@@ -168,7 +177,7 @@ def run_batch(
                 f"{lost.describe()}: {lost.count} messages were deleted by retention before "
                 f"they were read; the loss is recorded in the ledger ({plan.note})"
             )
-        commit_ledger(cfg, batch, ledger_rows)
+        commit_ledger(cfg, batch, ledger_rows, data_columns(cfg))
         crash_point("after_ledger")
         reconcile(cfg, batch, results, written)
         _publish(cfg, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome)
@@ -212,11 +221,40 @@ def _load_or_plan(
     plan = store.load(state.last_batch + 1)
     if plan is not None:
         return plan, True, []
+    check_schema(cfg)
     states = partition_states(cfg, state.committed)
     plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, accept_loss, state.committed)
     if plan is not None:
         store.save(plan)
     return plan, False, states
+
+
+def data_columns(cfg: PipelineConfig) -> list[list[str]]:
+    """The data table's column signature under the current schema."""
+    return column_signature(table_layout(cfg, "table")[0])
+
+
+def check_schema(cfg: PipelineConfig) -> list[str]:
+    """Stop before reading when the schema changed in a way the tables cannot take.
+
+    Returns:
+        The columns the current schema adds to the table (old rows read them as null).
+
+    Raises:
+        SchemaError: Naming each incompatible change and its fix.
+    """
+    recorded = committed_columns(cfg)
+    if recorded is None:
+        return []
+    batch, before = recorded
+    topic = load_topic_schema(cfg.schema_path)
+    added, problems = schema_changes(before, data_schema(topic, cfg.partitioning), topic.required)
+    if problems:
+        raise SchemaError(
+            f"{cfg.schema_path}: pipeline {cfg.name}'s schema changed since batch {batch} in a "
+            "way its tables cannot take; nothing was read.\n  " + "\n  ".join(problems)
+        )
+    return added
 
 
 def _new_plan(
@@ -298,7 +336,12 @@ def _execute_and_commit(
         files = written[name]
         outcome.files[name] = len(files)
         if not (done[name] or parquet):
-            commit_table(cfg, name, files, plan.batch, meta)
+            added = commit_table(cfg, name, files, plan.batch, meta)
+            if added:
+                outcome.warnings.append(
+                    f"the schema gained {', '.join(f'`{c}`' for c in added)}: the data table "
+                    "has the new column(s) from this batch on; earlier rows read them as null"
+                )
     return results, written if parquet else None
 
 
@@ -335,8 +378,8 @@ def commit_table(
     files: list[WrittenFile],
     batch: int,
     meta: dict[str, Any],
-    replacing: OffsetRange | None = None,
-) -> None:
+    replacing: list[OffsetRange] | None = None,
+) -> list[str]:
     """Commit a batch's files to one Delta table, with its app transaction.
 
     Args:
@@ -345,24 +388,31 @@ def commit_table(
         files: The batch's files for this table.
         batch: The batch number.
         meta: Commit metadata.
-        replacing: A range whose existing rows this commit removes (a backfill): the
-            files holding them are rewritten without them, in the same transaction.
+        replacing: Ranges whose existing rows this commit removes (a backfill or
+            replay): the files holding them are rewritten without them, in the same
+            transaction.
+
+    Returns:
+        The columns added to the table first, because the schema gained fields.
     """
     uri = cfg.location(name)  # type: ignore[arg-type]
     schema, partition_by = table_layout(cfg, name)
     table = ensure_table(
         uri, schema, partition_by, cfg.storage_options, cfg.name + TABLE_SUFFIXES[name]
     )
-    removes: list[RemoveAction] = []
-    if replacing is not None:
-        fs, root = filesystem(uri, cfg.storage_options)
-        r = replacing
-        removes, rewritten, _ = without_range(
-            table, fs, root, partition_by, r.topic, r.partition, r.start, r.end, batch
+    added = add_missing_columns(table, schema)
+    if added:
+        table = ensure_table(
+            uri, schema, partition_by, cfg.storage_options, cfg.name + TABLE_SUFFIXES[name]
         )
+    removes: list[RemoveAction] = []
+    if replacing:
+        fs, root = filesystem(uri, cfg.storage_options)
+        removes, rewritten, _ = without_ranges(table, fs, root, partition_by, replacing, batch)
         files = files + rewritten
     commit_files(table, schema, partition_by, files, cfg.name, batch, meta, removes)
     crash_point(COMMIT_STEPS[name])
+    return added
 
 
 def run_tasks(

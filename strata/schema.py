@@ -7,6 +7,7 @@ and coerced against the same schema, so both formats land in the same typed colu
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,11 @@ def load_topic_schema(path: Path) -> TopicSchema:
         arrow_type, nullable = _arrow_type(f["type"], path)
         fields.append(pa.field(name, arrow_type, nullable=True))
         if not nullable:
+            if "default" in f and f["default"] is None:
+                raise SchemaError(
+                    f"{path}: field {name!r} has default null but its type does not allow "
+                    'null; declare it as ["null", ...] or give a default of its type'
+                )
             if "default" in f:
                 defaults[name] = f["default"]
             else:
@@ -188,3 +194,59 @@ def table_layout(cfg: PipelineConfig, which: str) -> tuple[pa.Schema, list[str]]
 def partition_columns(partitioning: str) -> list[str]:
     """Event-time partition columns for a partitioning setting."""
     return ["dt", "hr"] if partitioning == "dt_hr" else ["dt"]
+
+
+def column_signature(schema: pa.Schema) -> list[list[str]]:
+    """A table's columns as `[name, type]` pairs, as the ledger records them per batch."""
+    return [[f.name, str(f.type)] for f in schema]
+
+
+def schema_changes(
+    before: list[list[str]], after: pa.Schema, required: Collection[str]
+) -> tuple[list[str], list[str]]:
+    """Compare the columns the table was last written with to the current schema's.
+
+    A field added as optional is the one change a table takes without rewriting its
+    files: old rows read it as null. Anything else would leave old files unreadable
+    or wrong under the new schema.
+
+    Args:
+        before: Column signature recorded with the last committed batch.
+        after: The data table's schema under the current Avro schema.
+        required: Fields the current schema requires (not nullable, no default).
+
+    Returns:
+        The names of the added columns, and a sentence per incompatible change.
+    """
+    old = {name: kind for name, kind in before}
+    new = {f.name: str(f.type) for f in after}
+    problems = []
+    moved = sorted((set(old) ^ set(new)) & {"dt", "hr"})
+    if moved:
+        problems.append(
+            f"the partitioning changed (column {', '.join(moved)}), but a table keeps the "
+            "partitioning it was created with; restore `partitioning`, or point the pipeline "
+            "at new tables"
+        )
+        for name in moved:
+            old.pop(name, None)
+            new.pop(name, None)
+    for name, kind in old.items():
+        if name not in new:
+            problems.append(
+                f"field `{name}` ({kind}) was removed, but the table's rows hold it and a table "
+                f'never drops a column; keep the field, as ["null", ...] with "default": null'
+            )
+        elif new[name] != kind:
+            problems.append(
+                f"field `{name}` changed type from {kind} to {new[name]}, but the table's files "
+                "hold the old type; keep the type, or put the new values in a new field"
+            )
+    added = [name for name in new if name not in old]
+    for name in added:
+        if name in required:
+            problems.append(
+                f"new field `{name}` is required, but the rows already in the table have no "
+                f'value for it; declare it optional: ["null", ...] with "default": null'
+            )
+    return added, problems
