@@ -288,7 +288,8 @@ class PipelineConfig(_Strict):
         ledger_table: Location of the per-batch, per-partition ledger.
         state_dir: Where plans are kept; defaults to `<warehouse>/_strata/<name>`.
         lock_dir: Local directory for the run lock; defaults to `state_dir` when local.
-        starting_offsets: Where a partition never seen before starts.
+        starting_offsets: Where the partitions of a topic never read before start;
+            partitions added later to a topic already read start at their log start.
         on_data_loss: `fail` (default) stops before reading when retention deleted
             unread offsets; `accept` goes on and records the loss in the ledger.
         kafka: Broker connection.

@@ -124,20 +124,28 @@ def publish_group_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str
         consumer.close()
 
 
-def retention_ms(cfg: PipelineConfig) -> dict[str, int | None]:
-    """Each topic's `retention.ms`; None where unlimited or not reported."""
+def retention_limits(cfg: PipelineConfig) -> dict[str, dict[str, int | None]]:
+    """Each topic's `retention.ms` and `retention.bytes`; None where unlimited or unknown.
+
+    Returns:
+        `{topic: {"ms": ..., "bytes": ...}}`.
+    """
     from confluent_kafka.admin import AdminClient, ConfigResource
 
     admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in cfg.topics]
-    out: dict[str, int | None] = {}
+    out: dict[str, dict[str, int | None]] = {}
     for resource, future in admin.describe_configs(resources).items():
         try:
-            entry = future.result(cfg.kafka.timeout_s).get("retention.ms")
+            entries = future.result(cfg.kafka.timeout_s)
         except KafkaException:
-            entry = None
-        value = int(entry.value) if entry is not None and entry.value not in (None, "") else -1
-        out[resource.name] = value if value > 0 else None
+            entries = {}
+        limits: dict[str, int | None] = {}
+        for key in ("ms", "bytes"):
+            entry = entries.get(f"retention.{key}")
+            value = int(entry.value) if entry is not None and entry.value not in (None, "") else -1
+            limits[key] = value if value > 0 else None
+        out[resource.name] = limits
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -10,7 +11,7 @@ import pyarrow.compute as pc
 
 from strata.config import PipelineConfig
 from strata.decode import human_duration
-from strata.kafka import KafkaUnavailable, oldest_unread_ms, partition_states, retention_ms
+from strata.kafka import KafkaUnavailable, oldest_unread_ms, partition_states, retention_limits
 from strata.ledger import ledger_state, read_ledger
 
 
@@ -42,7 +43,7 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
             }
             if s.high > position:
                 unread[(s.topic, s.partition)] = max(position, s.low)
-        _retention(cfg, unread, lag, out["warnings"])
+        _retention(cfg, unread, lag, out["warnings"], _observed(rows))
     except KafkaUnavailable as exc:
         out["broker_error"] = str(exc)
     keys = sorted(set(state.committed) | set(lag))
@@ -73,39 +74,143 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class Observed:
+    """What the ledger shows of a partition's traffic.
+
+    Attributes:
+        bytes_per_message: Mean key + value bytes of the messages read.
+        since_offset: The high watermark at an earlier batch, to measure the rate from.
+        since_s: When that batch committed (epoch seconds).
+    """
+
+    bytes_per_message: float
+    since_offset: int | None
+    since_s: float | None
+
+
+# How many recent batches the produce rate is measured over.
+RATE_WINDOW = 10
+
+
+def _observed(rows: pa.Table) -> dict[tuple[str, int], Observed]:
+    """Per partition: mean message size, and a past high watermark with its time."""
+    if rows.num_rows == 0:
+        return {}
+    ingested = rows.filter(pc.equal(rows.column("kind"), "ingest")).sort_by(
+        [("batch", "descending")]
+    )
+    grouped: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in ingested.to_pylist():
+        grouped.setdefault((r["topic"], r["partition"]), []).append(r)
+    out = {}
+    for key, recs in grouped.items():
+        messages = sum(r["messages"] for r in recs)
+        if not messages:
+            continue
+        marked = [r for r in recs[:RATE_WINDOW] if r["high_watermark"] is not None]
+        since = marked[-1] if marked else None
+        out[key] = Observed(
+            sum(r["bytes"] for r in recs) / messages,
+            since["high_watermark"] if since else None,
+            since["committed_at"].timestamp() if since else None,
+        )
+    return out
+
+
+def size_time_left(
+    retention_bytes: int, lag: int, bytes_per_message: float, rate: float | None
+) -> float | None:
+    """Seconds until `retention.bytes` deletes the first unread message of a partition.
+
+    The broker keeps about the newest `retention.bytes` of each partition: the first
+    unread message goes once the unread bytes plus what arrives after them pass it.
+
+    Args:
+        retention_bytes: The topic's `retention.bytes` (per partition).
+        lag: Unread messages.
+        bytes_per_message: Mean message size.
+        rate: Messages produced per second, if known.
+
+    Returns:
+        0 when the unread bytes already reach the limit, None when the partition is
+        not growing (or its rate is unknown) and they do not, else the seconds left.
+    """
+    unread = lag * bytes_per_message
+    if unread >= retention_bytes:
+        return 0.0
+    if not rate or rate <= 0 or bytes_per_message <= 0:
+        return None
+    return (retention_bytes - unread) / (rate * bytes_per_message)
+
+
 def _retention(
     cfg: PipelineConfig,
     unread: dict[tuple[str, int], int],
     lag: dict[tuple[str, int], dict[str, Any]],
     warnings: list[str],
+    observed: dict[tuple[str, int], Observed],
 ) -> None:
     """Age of the oldest unread message, and how long until retention deletes it.
 
-    A message is deleted about `retention.ms` after its timestamp (the broker drops
-    whole segments, so it may live a little longer, never shorter).
+    By time, a message is deleted about `retention.ms` after its timestamp (the broker
+    drops whole segments, so it may live a little longer, never shorter). By size, the
+    estimate uses the mean message size and the produce rate the ledger shows; the
+    broker's stored size adds per-record overhead and compression takes some away, so
+    it is an estimate, and the warning comes early (at three quarters of the limit).
     """
-    if not unread:
-        return
-    retention = retention_ms(cfg)
-    oldest = oldest_unread_ms(cfg, unread)
+    limits = retention_limits(cfg)
+    oldest = oldest_unread_ms(cfg, unread) if unread else {}
     now_ms = int(time.time() * 1000)
     for (topic, partition), info in lag.items():
+        keep_ms = limits.get(topic, {}).get("ms")
+        keep_bytes = limits.get(topic, {}).get("bytes")
+        info["retention_ms"] = keep_ms
+        info["retention_bytes"] = keep_bytes
+        where = f"partition {partition} of `{topic}`"
+        left: list[tuple[float, str]] = []
         ts = oldest.get((topic, partition))
-        info["retention_ms"] = retention.get(topic)
-        if ts is None:
-            continue
-        info["oldest_unread_age_s"] = max(now_ms - ts, 0) // 1000
-        keep = retention.get(topic)
-        if keep is None:
-            continue
-        left_s = (ts + keep - now_ms) // 1000
-        info["time_to_retention_s"] = left_s
-        if left_s < keep // 1000 // 4:
-            warnings.append(
-                f"partition {partition} of `{topic}`: unread messages are deleted by retention "
-                f"in {human_duration(max(left_s, 0) * 1000)} ({info['lag']:,} messages behind); "
-                "run the pipeline or raise retention.ms"
-            )
+        if ts is not None:
+            info["oldest_unread_age_s"] = max(now_ms - ts, 0) // 1000
+            if keep_ms is not None:
+                left_s = (ts + keep_ms - now_ms) // 1000
+                left.append((left_s, "retention.ms"))
+                if left_s < keep_ms // 1000 // 4:
+                    warnings.append(
+                        f"{where}: unread messages are deleted by retention in "
+                        f"{human_duration(max(left_s, 0) * 1000)} ({info['lag']:,} messages "
+                        "behind); run the pipeline or raise retention.ms"
+                    )
+        seen = observed.get((topic, partition))
+        if keep_bytes is not None and seen is not None and info["lag"] > 0:
+            rate = None
+            if seen.since_offset is not None and seen.since_s is not None:
+                elapsed = now_ms / 1000 - seen.since_s
+                if elapsed >= 1:
+                    rate = max(info["high"] - seen.since_offset, 0) / elapsed
+            unread_bytes = int(info["lag"] * seen.bytes_per_message)
+            info["unread_bytes"] = unread_bytes
+            info["produce_rate_msgs_s"] = None if rate is None else round(rate, 3)
+            by_size = size_time_left(keep_bytes, info["lag"], seen.bytes_per_message, rate)
+            if by_size is not None:
+                left.append((int(by_size), "retention.bytes"))
+            if unread_bytes >= keep_bytes * 3 // 4:
+                if by_size == 0:
+                    when = "may be deleting them now"
+                elif by_size is None:
+                    when = "deletes them once the partition grows"
+                else:
+                    when = f"deletes them in about {human_duration(int(by_size * 1000))}"
+                warnings.append(
+                    f"{where}: about {unread_bytes / 1e6:,.1f} MB are unread "
+                    f"({info['lag']:,} messages) against retention.bytes of "
+                    f"{keep_bytes / 1e6:,.1f} MB per partition; size-based retention {when}. "
+                    "Run the pipeline or raise retention.bytes"
+                )
+        if left:
+            seconds, basis = min(left)
+            info["time_to_retention_s"] = int(seconds)
+            info["retention_basis"] = basis
 
 
 def _history(rows: pa.Table, limit: int) -> list[dict[str, Any]]:
@@ -150,7 +255,7 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append(f"WARNING: {warning}")
     lines.append(
         f"{'topic':>16} {'part':>4} {'committed':>12} {'high':>12} {'lag':>10} "
-        f"{'oldest unread':>14} {'to retention':>13}"
+        f"{'oldest unread':>14} {'to retention':>13} {'by':<15}"
     )
     for p in status["partitions"]:
         committed = "-" if p["committed"] is None else str(p["committed"])
@@ -160,7 +265,8 @@ def render_status(status: dict[str, Any]) -> str:
             f"{p['topic']:>16} {p['partition']:>4} {committed:>12} "
             f"{p.get('high', '?')!s:>12} {p.get('lag', '?')!s:>10} "
             f"{'-' if age is None else human_duration(age * 1000):>14} "
-            f"{'-' if left is None else human_duration(max(left, 0) * 1000):>13}"
+            f"{'-' if left is None else human_duration(max(left, 0) * 1000):>13} "
+            f"{p.get('retention_basis', '-'):<15}"
         )
     if status["total_lag"] is not None:
         lines.append(f"total lag: {status['total_lag']:,} messages")

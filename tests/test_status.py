@@ -47,3 +47,55 @@ def test_a_topic_without_retention_reports_none(make_pipeline, broker):
     [part] = body["partitions"]
     assert part["retention_ms"] is None and "time_to_retention_s" not in part
     assert part["oldest_unread_age_s"] > 0 and body["warnings"] == []
+
+
+def test_size_based_retention_is_estimated_from_message_size_and_produce_rate():
+    from strata.status import size_time_left
+
+    # 1,000 unread messages of 200 bytes against 1 MB: 800 kB of room, filled at
+    # 50 msgs/s x 200 bytes = 10 kB/s, so 80 s.
+    assert size_time_left(1_000_000, 1_000, 200.0, 50.0) == pytest.approx(80.0)
+    # Already over the limit: the broker may be deleting unread messages now.
+    assert size_time_left(100_000, 1_000, 200.0, 50.0) == 0.0
+    # Not growing, or the rate is unknown: no deadline to give.
+    assert size_time_left(1_000_000, 1_000, 200.0, 0.0) is None
+    assert size_time_left(1_000_000, 1_000, 200.0, None) is None
+
+
+def test_status_warns_when_unread_bytes_near_retention_bytes(make_pipeline, broker):
+    from strata.ledger import read_ledger
+
+    p = make_pipeline(partitions=1, create=False)
+    broker.create_topic(p.topic, 1, {"retention.bytes": "40000"})
+    produce_clicks(broker, p.topic, 1, 100)
+    assert p.cli("run").returncode == 0
+    [row] = read_ledger(p.cfg()).to_pylist()
+    per_message = row["bytes"] / row["messages"]
+    time.sleep(1.1)  # the produce rate is measured from the batch's commit time
+    more = produce_clicks(broker, p.topic, 1, 300, seed=9)
+
+    done = p.cli("status", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    [part] = body["partitions"]
+    assert part["retention_bytes"] == 40000 and part["lag"] == more[0]
+    assert part["unread_bytes"] == int(more[0] * per_message) > 40000
+    assert part["produce_rate_msgs_s"] > 0
+    assert (part["time_to_retention_s"], part["retention_basis"]) == (0, "retention.bytes")
+    [warning] = body["warnings"]
+    assert warning.startswith(f"partition 0 of `{p.topic}`: about 0.1 MB are unread (301 messages)")
+    assert "size-based retention may be deleting them now" in warning
+    assert "retention.bytes" in done.stdout
+
+
+def test_a_roomy_retention_bytes_gives_a_deadline_without_warning(make_pipeline, broker):
+    p = make_pipeline(partitions=1, create=False)
+    broker.create_topic(p.topic, 1, {"retention.bytes": str(50_000_000)})
+    produce_clicks(broker, p.topic, 1, 100)
+    assert p.cli("run").returncode == 0
+    time.sleep(1.1)
+    produce_clicks(broker, p.topic, 1, 100, seed=9)
+    body = json.loads(p.cli("status", "--json").stdout.strip().splitlines()[-1])
+    [part] = body["partitions"]
+    assert part["retention_basis"] == "retention.bytes" and part["time_to_retention_s"] > 0
+    assert body["warnings"] == []
