@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup check-java demo test test-unit lint format bench lock clean
+.PHONY: help setup check-java chromium demo test test-unit lint format bench lock clean report-screenshot
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -26,10 +26,17 @@ check-java: ## Fail clearly unless Java 17 or newer is on PATH (Spark needs it)
 	@v=$$(java -version 2>&1 | awk -F'"' '/version/ {print $$2}' | cut -d. -f1); \
 	  if [ "$${v:-0}" -lt 17 ]; then echo "error: java $$v found; Spark needs Java 17+: install openjdk-17-jre-headless or point JAVA_HOME at a JDK 17." >&2; exit 1; fi
 
+chromium: ## Install Debian's chromium (headless) for the report tests, unless present
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null 2>&1; then SUDO=sudo; \
+	  else echo "error: chromium not found and not root: install Debian's chromium package (apt-get install chromium)." >&2; exit 1; fi; \
+	  echo "installing Debian's chromium (report tests render the HTML in it)"; \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
 demo: setup ## Start a local broker, seed ~100k click events, run one batch, show what landed
 	$(BIN)/python -m strata.demo
 
-test: setup ## Run the whole suite (real broker, real Spark)
+test: setup chromium ## Run the whole suite (real broker, real Spark, headless Chromium)
 	$(BIN)/pytest -q
 
 test-unit: setup ## Run the fast unit tier only
@@ -46,6 +53,13 @@ format: setup ## Apply ruff's formatting and import order
 
 bench: setup ## 1M and 3M JSON events: the job beside the bare consume loop and the naive peer
 	$(BIN)/python -m bench.run_bench
+
+report-screenshot: demo chromium ## Run the demo, then screenshot its quality summary page (quality-report.png)
+	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
+	  --disable-background-networking --disable-component-update --disable-sync \
+	  --user-data-dir=$$(mktemp -d) --window-size=1200,2200 --hide-scrollbars \
+	  --screenshot=$(CURDIR)/quality-report.png file://$(CURDIR)/demo-warehouse/clicks_quality/index.html 2>/dev/null
+	@echo "wrote quality-report.png (the page: demo-warehouse/clicks_quality/index.html)"
 
 lock: ## Regenerate requirements.lock from setup.cfg (needs the registry)
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install --quiet -e '.[dev]'

@@ -1,7 +1,9 @@
 """Strata ingest: one DAG per pipeline in `conf/pipelines/`.
 
 Each run plans the next batch (ranges shown in the `plan` task's XCom), ingests it
-with Spark, registers the tables in the metastore, and passes the quality gate.
+with Spark, registers the tables in the metastore, and runs the batch's data-quality
+suite: under the pipeline's `quality.gate: fail` a failed suite fails the run (the
+batch stays committed; its event-time partitions are marked incomplete).
 Batches are idempotent, so retries are safe: a retried task finishes the batch its
 first attempt planned, exactly once. Runs never overlap (`max_active_runs=1`) and
 nothing is caught up: each run reads what Kafka holds beyond the last commit.
@@ -85,12 +87,19 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
             return publish_task(name, CONF_DIR)
 
         @task
-        def quality_gate() -> dict[str, object]:
-            from strata.orchestrate import quality_gate_task
+        def quality_gate(planned: dict[str, object]) -> dict[str, object]:
+            from airflow.sdk.exceptions import AirflowFailException
 
-            return quality_gate_task(name, CONF_DIR)
+            from strata.orchestrate import QualityGateFailed, quality_gate_task
 
-        plan() >> ingest >> publish() >> quality_gate()
+            try:
+                return quality_gate_task(name, CONF_DIR, planned.get("batch"))  # type: ignore[arg-type]
+            except QualityGateFailed as exc:
+                # A retry would check the same committed rows again: fail at once.
+                raise AirflowFailException(str(exc)) from None
+
+        planned = plan()
+        planned >> ingest >> publish() >> quality_gate(planned)
     return dag
 
 

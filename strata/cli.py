@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="go on when retention deleted unread offsets, recording the loss, who accepted "
         "it and REASON in the ledger (default: stop before reading)",
     )
+    run.add_argument(
+        "--no-quality",
+        action="store_true",
+        help="skip the batch's data-quality suite (an Airflow DAG runs it as its own task)",
+    )
     status = sub.add_parser(
         "status",
         help="committed ranges, recent batches and lag",
@@ -95,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--from", dest="start", type=int, help="first offset")
     replay.add_argument("--to", dest="end", type=int, help="first offset after")
     replay.add_argument("--reason", required=True, help="why; recorded in the ledger")
+    quality = sub.add_parser(
+        "quality",
+        help="run the data-quality suite on a batch and write its reports",
+        description="Validate a committed batch (the latest by default) with the pipeline's "
+        "Great Expectations suite and reconcile it against the ledger and the tables; write "
+        "its JSON result and Data Docs page and refresh the summary page. Exits 1 when a "
+        "check fails under quality.gate: fail.",
+    )
+    _common(quality)
+    quality.add_argument("--batch", type=int, default=None, help="batch to check")
     sql = sub.add_parser(
         "sql",
         help="print Trino SQL for the pipeline (ddl)",
@@ -142,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sql": _sql,
         "backfill": _backfill,
         "replay": _replay,
+        "quality": _quality,
     }[args.command]
     return run_guarded(lambda: handler(cfg, args), args.json)
 
@@ -152,6 +168,7 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
     from strata.lock import LockBusy
     from strata.metastore import MetastoreError
     from strata.plan import PlanError
+    from strata.quality import QualityError
     from strata.read import ReadError
     from strata.run import ReconcileError
     from strata.schema import SchemaError
@@ -171,6 +188,7 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
         ReadError,
         MetastoreError,
         BackfillError,
+        QualityError,
     ) as exc:
         return _fail(str(exc), 1, as_json)
     except Exception as exc:  # noqa: BLE001 - Spark wraps task errors; surface their cause
@@ -178,7 +196,7 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
     print(text, flush=True)
     # A run whose batch committed but whose tables could not be registered still fails:
     # the data is safe, and the exit code makes the scheduler retry the registration.
-    error = body.get("publish_error")
+    error = body.get("publish_error") or body.get("gate_error")
     if error:
         print(f"strata: error: {error}", file=sys.stderr, flush=True)
     if as_json:
@@ -214,7 +232,22 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
 
         accepted = f"{getpass.getuser()}@{socket.gethostname()}: {args.accept_loss}"
     outcome = run_batch(cfg, max_offsets=args.max_offsets, accept_loss=accepted)
-    return render_summary(outcome), summary_dict(outcome)
+    text, body = render_summary(outcome), summary_dict(outcome)
+    if outcome.batch is not None and cfg.quality.gate != "off" and not args.no_quality:
+        from strata.quality import render_quality, run_quality
+
+        result = run_quality(cfg, outcome.batch)
+        text += "\n" + render_quality(result)
+        body["quality"] = {
+            "success": result.success,
+            "failed": [f"{c.name} {c.column or ''}".strip() for c in result.failed],
+            "docs": result.docs,
+        }
+        if not result.success and cfg.quality.gate == "fail":
+            body["gate_error"] = (
+                f"batch {outcome.batch} is committed but failed its quality checks (gate: fail)"
+            )
+    return text, body
 
 
 def _publish(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -253,6 +286,18 @@ def _replay(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
         )
     outcome = replay(cfg, targets, args.reason)
     return render_summary(outcome), summary_dict(outcome)
+
+
+def _quality(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from dataclasses import asdict
+
+    from strata.quality import render_quality, run_quality
+
+    result = run_quality(cfg, args.batch)
+    body = asdict(result)
+    if not result.success and cfg.quality.gate == "fail":
+        body["gate_error"] = f"batch {result.batch} failed its quality checks (gate: fail)"
+    return render_quality(result), body
 
 
 def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

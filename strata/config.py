@@ -251,6 +251,69 @@ class AirflowConfig(_Strict):
     vacuum_retention: Duration = "7d"
 
 
+class RangeRule(_Strict):
+    """Bounds a numeric column's values must lie within (either may be open).
+
+    Attributes:
+        min: Smallest allowed value.
+        max: Largest allowed value.
+    """
+
+    min: float | None = None
+    max: float | None = None
+
+
+class ExpectationConfig(_Strict):
+    """Any Great Expectations expectation, by its snake_case name and arguments.
+
+    Attributes:
+        type: E.g. `expect_column_values_to_match_regex`.
+        kwargs: Its arguments, e.g. `{column: page, regex: "^/"}`.
+    """
+
+    type: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("type")
+    @classmethod
+    def _type(cls, value: str) -> str:
+        if not re.match(r"^expect_[a-z0-9_]+$", value):
+            raise ValueError(
+                f"{value!r} is not a Great Expectations expectation name; write its snake_case "
+                "name, e.g. expect_column_values_to_match_regex"
+            )
+        return value
+
+
+class QualityConfig(_Strict):
+    """The data-quality suite run on every batch, and what a failure does.
+
+    Attributes:
+        gate: `fail` (the Airflow quality task fails and the batch's event-time
+            partitions are marked incomplete), `warn` (reported only) or `off`.
+        max_lateness: Oldest event time accepted, before the check runs.
+        max_skew: Newest event time accepted, after the check runs.
+        ranges: Numeric bounds per column.
+        value_sets: Allowed values per column.
+        expectations: Further Great Expectations expectations.
+        max_rows: Most rows of a batch validated; a larger batch is validated on an
+            evenly spread sample of this many rows (the report says so).
+        history: Batches shown on the summary page.
+        location: Where results, Data Docs and the summary page go; defaults to
+            `<warehouse>/<name>_quality`.
+    """
+
+    gate: Literal["fail", "warn", "off"] = "warn"
+    max_lateness: Duration = "7d"
+    max_skew: Duration = "1h"
+    ranges: dict[str, RangeRule] = Field(default_factory=dict)
+    value_sets: dict[str, list[Any]] = Field(default_factory=dict)
+    expectations: list[ExpectationConfig] = Field(default_factory=list)
+    max_rows: int = Field(default=2_000_000, gt=0)
+    history: int = Field(default=48, gt=0)
+    location: str | None = None
+
+
 class SparkConfig(_Strict):
     """The Spark session the job builds when it runs outside spark-submit.
 
@@ -298,6 +361,7 @@ class PipelineConfig(_Strict):
         metastore: Hive Metastore registration.
         trino: A Trino to notify after publishing.
         airflow: Scheduling of the pipeline's DAGs.
+        quality: The data-quality suite and gate.
         storage_options: Object-store options (endpoint, region...) for s3:// locations.
         schemas_dir: Directory holding `schema_file`; set by the loader.
     """
@@ -325,6 +389,7 @@ class PipelineConfig(_Strict):
     metastore: MetastoreConfig = Field(default_factory=MetastoreConfig)
     trino: TrinoConfig = Field(default_factory=TrinoConfig)
     airflow: AirflowConfig = Field(default_factory=AirflowConfig)
+    quality: QualityConfig = Field(default_factory=QualityConfig)
     storage_options: dict[str, str] = Field(default_factory=dict)
     schemas_dir: str = "schemas"
 
@@ -358,6 +423,23 @@ class PipelineConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _quality_columns(self) -> PipelineConfig:
+        import json
+
+        fields = {f["name"] for f in json.loads(self.schema_path.read_text()).get("fields", [])}
+        for key, columns in (
+            ("ranges", self.quality.ranges),
+            ("value_sets", self.quality.value_sets),
+        ):
+            unknown = sorted(set(columns) - fields - {"_partition", "_offset"})
+            if unknown:
+                raise ValueError(
+                    f"quality.{key} names {', '.join(unknown)}, not a field of {self.schema_file}; "
+                    f"use one of {', '.join(sorted(fields))}"
+                )
+        return self
+
     @property
     def schema_path(self) -> Path:
         """The Avro schema file."""
@@ -368,7 +450,9 @@ class PipelineConfig(_Strict):
         """Consumer group that receives the committed end offsets."""
         return self.kafka.group_id or f"strata-{self.name}"
 
-    def location(self, which: Literal["table", "raw", "quarantine", "ledger", "state"]) -> str:
+    def location(
+        self, which: Literal["table", "raw", "quarantine", "ledger", "state", "quality"]
+    ) -> str:
         """Resolve a table or state location against the warehouse root.
 
         Args:
@@ -383,6 +467,7 @@ class PipelineConfig(_Strict):
             "quarantine": self.quarantine_table,
             "ledger": self.ledger_table,
             "state": self.state_dir,
+            "quality": self.quality.location,
         }[which]
         default = {
             "table": self.name,
@@ -390,6 +475,7 @@ class PipelineConfig(_Strict):
             "quarantine": f"{self.name}_quarantine",
             "ledger": f"{self.name}_ledger",
             "state": f"_strata/{self.name}",
+            "quality": f"{self.name}_quality",
         }[which]
         return _resolve(self.warehouse, explicit or default)
 

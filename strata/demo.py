@@ -160,6 +160,7 @@ def main() -> int:
     from strata.config import ENV_BOOTSTRAP, ENV_METASTORE, ENV_WAREHOUSE, load_pipeline
     from strata.local_broker import LocalBroker
     from strata.local_metastore import LocalMetastore
+    from strata.quality import render_quality, run_quality
     from strata.report import render_summary
     from strata.run import run_batch
     from strata.status import pipeline_status, render_status
@@ -189,6 +190,9 @@ def main() -> int:
         outcome = run_batch(cfg)
         print()
         print(render_summary(outcome))
+        print()
+        print(render_quality(run_quality(cfg, outcome.batch)))
+        print(f"quality summary page: {cfg.location('quality')}/index.html")
         print()
         print(render_status(pipeline_status(cfg)))
         print()

@@ -56,10 +56,38 @@ def publish_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     return {"pipeline": pipeline, "published": outcome.published}
 
 
-def quality_gate_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
-    """The quality gate: it passes until data-quality checks are configured."""
-    load_pipeline(pipeline, conf_dir)
-    return {"pipeline": pipeline, "gate": "pass", "checks": 0}
+def quality_gate_task(pipeline: str, conf_dir: str, batch: int | None) -> dict[str, Any]:
+    """Run the quality suite on the batch this DAG run planned, and apply the gate.
+
+    Raises:
+        QualityGateFailed: Under `quality.gate: fail`, when a check failed. The batch
+            stays committed either way: quality never loses data.
+    """
+    from strata.quality import render_quality, run_quality
+
+    cfg = load_pipeline(pipeline, conf_dir)
+    if cfg.quality.gate == "off":
+        return {"pipeline": pipeline, "gate": "off", "batch": batch}
+    if batch is None:
+        return {"pipeline": pipeline, "gate": cfg.quality.gate, "batch": None, "checked": False}
+    result = run_quality(cfg, batch)
+    text = render_quality(result)
+    print(text, flush=True)  # noqa: T201 - the task log is where an operator reads it
+    body = {
+        "pipeline": pipeline,
+        "gate": cfg.quality.gate,
+        "batch": batch,
+        "success": result.success,
+        "failed": [f"{c.name} {c.column or ''}".strip() for c in result.failed],
+        "docs": result.docs,
+    }
+    if not result.success and cfg.quality.gate == "fail":
+        raise QualityGateFailed(text)
+    return body
+
+
+class QualityGateFailed(Exception):
+    """A batch failed its quality suite under `quality.gate: fail`."""
 
 
 def backfill_task(

@@ -190,3 +190,34 @@ def test_the_maintenance_dag_vacuums_files_a_backfill_replaced(
     after = {f.name for f in table_dir.rglob("*.parquet")}
     assert after < before and all("b0000000001" in name for name in before - after)
     assert p.landed() == expected_offsets(per)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("gate", ["fail", "warn"])
+def test_the_quality_task_fails_under_fail_and_passes_under_warn(
+    make_pipeline, broker, spark, airflow_db, monkeypatch, gate
+):
+    # Latencies run up to 900 ms: the declared range fails on every batch.
+    p = make_pipeline(
+        partitions=2,
+        overrides={
+            "airflow": {"retry_delay": "1s"},
+            "quality": {"gate": gate, "ranges": {"latency_ms": {"max": 500}}},
+        },
+    )
+    per = produce_clicks(broker, p.topic, 2, 300)
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    run = load_dags(p.conf_dir).dags.__getitem__(f"strata_ingest_{p.name}").test()
+    tasks = states(run)
+    gate_ti = next(ti for ti in run.get_task_instances() if ti.task_id == "quality_gate")
+    # The batch is committed either way: quality never loses or blocks data.
+    assert p.landed() == expected_offsets(per)
+    assert tasks["ingest"] == "success" and tasks["publish"] == "success"
+    if gate == "fail":
+        assert str(run.state) == "failed" and tasks["quality_gate"] == "failed"
+        assert gate_ti.try_number == 1, "a failed gate is not retried"
+    else:
+        assert str(run.state) == "success", tasks
+        shown = gate_ti.xcom_pull(task_ids="quality_gate")
+        assert shown["success"] is False and shown["batch"] == 1
+        assert "expect_column_values_to_be_between latency_ms" in shown["failed"]

@@ -1,0 +1,235 @@
+"""The pipeline's one-page quality summary: plots over recent batches, as static HTML.
+
+The page is self-contained (inline SVG and CSS, no scripts, nothing fetched), so it
+opens from object storage, a file share or an Airflow link alike.
+"""
+
+from __future__ import annotations
+
+import html
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from strata.config import PipelineConfig
+from strata.delta import open_table
+from strata.ledger import read_ledger
+from strata.storage import filesystem, write_bytes_atomically
+
+if TYPE_CHECKING:
+    from strata.quality import ResultStore
+
+WIDTH, HEIGHT, PAD = 640, 180, 34
+
+
+def write_summary_page(cfg: PipelineConfig, store: ResultStore) -> str:
+    """Write `<quality>/index.html` from the recent results and the ledger; returns it."""
+    from strata.quality import LATENESS_LABELS
+
+    results = store.recent(cfg.quality.history)
+    ledger = read_ledger(cfg).to_pylist()
+    batches = sorted({r["batch"] for r in ledger})[-cfg.quality.history :]
+    per_batch = {b: [r for r in ledger if r["batch"] == b] for b in batches}
+    by_batch = {r["batch"]: r for r in results}
+    rows = [sum(r["rows"] for r in per_batch[b]) for b in batches]
+    mbytes = [sum(r["bytes"] for r in per_batch[b]) / 1e6 for b in batches]
+    lag = [
+        sum(
+            max(r["high_watermark"] - r["end_offset"], 0)
+            for r in per_batch[b]
+            if r["high_watermark"] is not None and r["kind"] == "ingest"
+        )
+        for b in batches
+    ]
+    lateness = Counter[str]()
+    for result in results:
+        lateness.update(result.get("lateness", {}))
+    hours = Counter[str]()
+    for result in results:
+        hours.update(result.get("partitions", {}))
+    incomplete = store.incomplete()
+    reasons = _quarantine_reasons(cfg, batches[0] if batches else 0)
+    labels = [str(b) for b in batches]
+    body = [
+        f"<h1>{html.escape(cfg.name)}: data quality</h1>",
+        f"<p class=sub>{len(batches)} recent batches; gate <b>{cfg.quality.gate}</b>. "
+        "Numbers from the ledger; checks from each batch's result.</p>",
+        _section("Rows per batch", _bars(labels, rows, "rows")),
+        _section("MB per batch", _bars(labels, mbytes, "MB")),
+        _section("Lag after each batch (messages)", _bars(labels, lag, "lag")),
+        _section(
+            "Late arrivals (Kafka time minus event time)",
+            _bars(LATENESS_LABELS, [lateness.get(k, 0) for k in LATENESS_LABELS], "rows"),
+        ),
+        _section(
+            "Quarantine reasons",
+            _bars(list(reasons), list(reasons.values()), "rows", horizontal=True)
+            if reasons
+            else "<p>No quarantined rows in these batches.</p>",
+        ),
+        _section("Event-time partitions", _hours(hours, incomplete)),
+        _section("Batches", _batch_table(batches, per_batch, by_batch)),
+    ]
+    page = _PAGE.format(title=html.escape(f"{cfg.name} quality"), body="\n".join(body))
+    fs, root = filesystem(cfg.location("quality"), cfg.storage_options)
+    write_bytes_atomically(fs, f"{root}/index.html", page.encode())
+    return f"{root}/index.html"
+
+
+def _quarantine_reasons(cfg: PipelineConfig, first_batch: int) -> dict[str, int]:
+    """Quarantined rows per reason (its first words) since `first_batch`."""
+    wanted = ds.field("_batch") >= first_batch
+    if cfg.table_format == "parquet":
+        fs, root = filesystem(cfg.location("quarantine"), cfg.storage_options)
+        try:
+            data = ds.dataset(root, filesystem=fs, format="parquet").to_table(
+                columns=["reason"], filter=wanted
+            )
+        except (FileNotFoundError, OSError):
+            return {}
+    else:
+        table = open_table(cfg.location("quarantine"), cfg.storage_options)
+        if table is None:
+            return {}
+        data = table.to_pyarrow_dataset().to_table(columns=["reason"], filter=wanted)
+    if data.num_rows == 0:
+        return {}
+    # Reasons carry the offending value; group on the part before it.
+    short = pc.utf8_slice_codeunits(
+        pc.replace_substring_regex(data.column("reason"), r"[:(].*$", ""), 0, 60
+    )
+    counts = Counter(short.to_pylist())
+    return dict(counts.most_common(8))
+
+
+def _section(title: str, content: str) -> str:
+    return f"<section><h2>{html.escape(title)}</h2>{content}</section>"
+
+
+def _bars(labels: list[str], values: list[float], unit: str, horizontal: bool = False) -> str:
+    """A bar chart as inline SVG, each bar titled with its exact value."""
+    if not values:
+        return "<p>No batches yet.</p>"
+    top = max(max(values), 1e-9)
+    parts = []
+    if horizontal:
+        bar_h = 22
+        height = bar_h * len(values) + 10
+        for i, (label, value) in enumerate(zip(labels, values, strict=True)):
+            w = (WIDTH - 330) * value / top
+            y = 5 + i * bar_h
+            parts.append(
+                f'<text x="0" y="{y + 15}" class=lab>{html.escape(label)}</text>'
+                f'<rect x="300" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}">'
+                f"<title>{html.escape(label)}: {_fmt(value)} {unit}</title></rect>"
+                f'<text x="{305 + w:.1f}" y="{y + 15}" class=val>{_fmt(value)}</text>'
+            )
+        return f'<svg viewBox="0 0 {WIDTH} {height}" width="{WIDTH}">{"".join(parts)}</svg>'
+    slot = (WIDTH - PAD) / len(values)
+    for i, (label, value) in enumerate(zip(labels, values, strict=True)):
+        h = (HEIGHT - 2 * PAD) * value / top
+        x = PAD + i * slot
+        bar = min(slot * 0.8, 56)
+        parts.append(
+            f'<rect x="{x + (slot - bar) / 2:.1f}" y="{HEIGHT - PAD - h:.1f}" width="{bar:.1f}" '
+            f'height="{h:.1f}"><title>{html.escape(label)}: {_fmt(value)} {unit}</title></rect>'
+        )
+        if len(values) <= 24:
+            parts.append(
+                f'<text x="{x + slot / 2:.1f}" y="{HEIGHT - PAD - h - 4:.1f}" class=val '
+                f'text-anchor="middle">{_fmt(value)}</text>'
+                f'<text x="{x + slot / 2:.1f}" y="{HEIGHT - PAD + 14}" class=lab '
+                f'text-anchor="middle">{html.escape(label)}</text>'
+            )
+    axis = f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH}" y2="{HEIGHT - PAD}" class=axis />'
+    return f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}">{axis}{"".join(parts)}</svg>'
+
+
+def _hours(hours: Counter[str], incomplete: dict[str, list[int]]) -> str:
+    """Rows per event-time partition; partitions a failed gate marked are flagged."""
+    if not hours:
+        return "<p>No rows yet.</p>"
+    cells = []
+    for name in sorted(hours)[-96:]:
+        marked = incomplete.get(name)
+        title = f"{name}: {hours[name]:,} rows" + (
+            f"; incomplete (failed quality in batch {', '.join(map(str, marked))})"
+            if marked
+            else ""
+        )
+        cells.append(
+            f'<div class="hour{" bad" if marked else ""}" title="{html.escape(title)}">'
+            f"<span>{html.escape(name)}</span><b>{hours[name]:,}</b></div>"
+        )
+    return f"<div class=hours>{''.join(cells)}</div>"
+
+
+def _batch_table(
+    batches: list[int], per_batch: dict[int, list[dict[str, Any]]], results: dict[int, Any]
+) -> str:
+    head = (
+        "<tr><th>batch</th><th>kind</th><th>messages</th><th>rows</th><th>quarantined</th>"
+        "<th>gaps</th><th>MB</th><th>quality</th><th>failed checks</th></tr>"
+    )
+    lines = []
+    for b in reversed(batches):
+        recs = per_batch[b]
+        kinds = sorted({r["kind"] for r in recs})
+        result = results.get(b)
+        if result is None:
+            verdict = "not checked"
+        else:
+            verdict = "passed" if result["success"] else "failed"
+            if result.get("docs"):
+                verdict = f'<a href="{html.escape(result["docs"])}">{verdict}</a>'
+        failed = (
+            ", ".join(
+                html.escape(c["name"] + (f" ({c['column']})" if c.get("column") else ""))
+                for c in result["checks"]
+                if not c["success"]
+            )
+            if result
+            else ""
+        )
+        cls = "" if result is None or result["success"] else ' class="bad"'
+        lines.append(
+            f"<tr{cls} id=batch-{b}><td>{b}</td><td>{'/'.join(kinds)}</td>"
+            + "".join(
+                f"<td class=num>{sum(r[k] for r in recs):,}</td>"
+                for k in ("messages", "rows", "quarantined", "gaps")
+            )
+            + f"<td class=num>{sum(r['bytes'] for r in recs) / 1e6:,.1f}</td>"
+            f"<td>{verdict}</td><td>{failed}</td></tr>"
+        )
+    return f"<table>{head}{''.join(lines)}</table>"
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.1f}"
+    return f"{int(value):,}"
+
+
+_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #1d2330; max-width: 1100px; }}
+h1 {{ font-size: 22px; margin: 0; }} .sub {{ color: #5b6475; margin-top: 4px; }}
+section {{ margin: 22px 0; }} h2 {{ font-size: 15px; margin: 0 0 6px; }}
+svg rect {{ fill: #3b6fd8; }} svg .val {{ font-size: 10px; fill: #1d2330; }}
+svg .lab {{ font-size: 10px; fill: #5b6475; }} svg .axis {{ stroke: #aab; }}
+table {{ border-collapse: collapse; }}
+td, th {{ padding: 3px 9px; border-bottom: 1px solid #e3e6ee; }}
+td.num {{ text-align: right; font-variant-numeric: tabular-nums; }}
+tr.bad td {{ background: #fdecec; }}
+.hours {{ display: flex; flex-wrap: wrap; gap: 4px; }}
+.hour {{ border: 1px solid #cdd6ea; border-radius: 4px; padding: 3px 6px; background: #eef3fd; }}
+.hour span {{ display: block; font-size: 10px; color: #5b6475; }}
+.hour.bad {{ background: #fdecec; border-color: #e5a3a3; }}
+</style></head>
+<body>
+{body}
+</body></html>
+"""
