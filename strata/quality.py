@@ -92,6 +92,7 @@ class QualityResult:
         lateness: Rows per late-arrival bucket.
         docs: The batch's Data Docs page, relative to the quality location.
         incomplete: Partitions marked incomplete because the gate failed.
+        losses: Ranges this batch recorded as deleted by retention before read.
     """
 
     pipeline: str
@@ -111,6 +112,7 @@ class QualityResult:
     lateness: dict[str, int] = field(default_factory=dict)
     docs: str | None = None
     incomplete: list[str] = field(default_factory=list)
+    losses: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def failed(self) -> list[Check]:
@@ -183,6 +185,11 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
         partitions=_partitions(cfg, data),
         lateness=_lateness(data),
         docs=docs,
+        losses=[
+            {k: r[k] for k in ("topic", "partition", "start_offset", "end_offset", "note")}
+            for r in records
+            if r["kind"] == "loss"
+        ],
     )
     if cfg.quality.gate == "fail" and not result.success:
         result.incomplete = sorted(result.partitions)
@@ -667,6 +674,12 @@ def render_quality(result: QualityResult) -> str:
         lines.append(f"  FAILED {check.name}{column}: {check.detail}")
     if result.incomplete:
         lines.append("partitions marked incomplete: " + ", ".join(result.incomplete))
+    for lost in result.losses:
+        lines.append(
+            f"  LOSS: offsets [{lost['start_offset']}, {lost['end_offset']}) of partition "
+            f"{lost['partition']} of `{lost['topic']}` were deleted by retention before they "
+            f"were read; {lost['note']}"
+        )
     if result.docs:
         lines.append(f"data docs: {result.docs}")
     return "\n".join(lines)

@@ -70,6 +70,7 @@ def write_summary_page(cfg: PipelineConfig, store: ResultStore) -> str:
             else "<p>No quarantined rows in these batches.</p>",
         ),
         _section("Event-time partitions", _hours(hours, incomplete)),
+        _section("Offsets lost to retention", _losses(ledger)),
         _section("Batches", _batch_table(batches, per_batch, by_batch)),
     ]
     page = _PAGE.format(title=html.escape(f"{cfg.name} quality"), body="\n".join(body))
@@ -164,6 +165,20 @@ def _hours(hours: Counter[str], incomplete: dict[str, list[int]]) -> str:
             f"<span>{html.escape(name)}</span><b>{hours[name]:,}</b></div>"
         )
     return f"<div class=hours>{''.join(cells)}</div>"
+
+
+def _losses(ledger: list[dict[str, Any]]) -> str:
+    """Every recorded loss: ranges retention deleted before they were read."""
+    lost = [r for r in ledger if r["kind"] == "loss"]
+    if not lost:
+        return "<p>None recorded.</p>"
+    items = "".join(
+        f"<li>batch {r['batch']}: offsets [{r['start_offset']:,}, {r['end_offset']:,}) of "
+        f"partition {r['partition']} of <code>{html.escape(r['topic'])}</code> "
+        f"({r['end_offset'] - r['start_offset']:,} messages); {html.escape(r['note'] or '')}</li>"
+        for r in lost
+    )
+    return f"<ul class=losses>{items}</ul>"
 
 
 def _batch_table(

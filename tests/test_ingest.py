@@ -339,3 +339,13 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     assert status["losses"][0]["messages_lost"] == 120
     assert "LOSS: batch 1: offsets [0, 120)" in render_status(status)
     assert status["partitions"][0]["committed"] == per[0]
+    # The quality report shows the loss, and the loss explains the ledger's gap.
+    from strata.quality import render_quality, run_quality
+
+    result = run_quality(cfg)
+    assert [(x["start_offset"], x["end_offset"]) for x in result.losses] == [(0, 120)]
+    assert "LOSS: offsets [0, 120) of partition 0" in render_quality(result)
+    holes = next(c for c in result.checks if c.name == "reconcile: no unexplained holes")
+    assert holes.success
+    page = (Path(cfg.location("quality")) / "index.html").read_text()
+    assert "offsets [0, 120) of partition 0" in page
