@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -343,5 +344,19 @@ def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
     return render_status(status), status
 
 
+def entry() -> None:
+    """The `strata` console script: run, flush, and leave without interpreter teardown.
+
+    Native thread pools (Arrow's, delta-rs's) can abort the process while Python
+    finalises modules after the work is done and reported, turning a successful run
+    into exit code -6. Everything the command does is committed and flushed by then,
+    and the run lock is the kernel's, so the process ends with its own exit code.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
