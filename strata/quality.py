@@ -34,6 +34,7 @@ from strata.config import PipelineConfig, parse_duration_ms
 from strata.delta import open_table
 from strata.ledger import read_ledger
 from strata.plan import PlanStore
+from strata.run import count_by_partition
 from strata.schema import load_topic_schema, partition_columns, table_layout
 from strata.storage import filesystem, read_bytes, write_bytes_atomically
 
@@ -180,7 +181,7 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
             name: sum(r[name] for r in records)
             for name in ("messages", "rows", "quarantined", "gaps", "bytes", "late_rows")
         },
-        lag_after=_lag_after(ingest),
+        lag_after=lag_after(ingest),
         checks=checks,
         partitions=_partitions(cfg, data),
         lateness=_lateness(data),
@@ -327,7 +328,7 @@ def reconcile_checks(
         expect["raw"] = "messages"
     for name, column in expect.items():
         counted = data if name == "table" else _rows_of(cfg, name, batch)
-        have = _count(counted)
+        have = count_by_partition(counted)
         wrong = [
             f"partition {r['partition']} of `{r['topic']}`: "
             f"{have.get((r['topic'], r['partition']), 0)} rows, the ledger says {r[column]}"
@@ -407,22 +408,8 @@ def _rows_of(cfg: PipelineConfig, name: str, batch: int) -> pa.Table:
     return table.to_pyarrow_dataset().to_table(columns=["_topic", "_partition"], filter=wanted)
 
 
-def _count(data: pa.Table) -> dict[tuple[str, int], int]:
-    if data.num_rows == 0:
-        return {}
-    grouped = data.group_by(["_topic", "_partition"]).aggregate([("_partition", "count")])
-    return {
-        (t, p): c
-        for t, p, c in zip(
-            grouped.column("_topic").to_pylist(),
-            grouped.column("_partition").to_pylist(),
-            grouped.column("_partition_count").to_pylist(),
-            strict=True,
-        )
-    }
-
-
-def _lag_after(rows: list[dict[str, Any]]) -> int | None:
+def lag_after(rows: list[dict[str, Any]]) -> int | None:
+    """Messages left behind the planned high watermarks by a batch's ingest rows."""
     known = [r for r in rows if r["high_watermark"] is not None]
     if not known:
         return None

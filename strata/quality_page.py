@@ -26,7 +26,7 @@ WIDTH, HEIGHT, PAD = 640, 180, 34
 
 def write_summary_page(cfg: PipelineConfig, store: ResultStore) -> str:
     """Write `<quality>/index.html` from the recent results and the ledger; returns it."""
-    from strata.quality import LATENESS_LABELS
+    from strata.quality import LATENESS_LABELS, lag_after
 
     results = store.recent(cfg.quality.history)
     ledger = read_ledger(cfg).to_pylist()
@@ -35,13 +35,8 @@ def write_summary_page(cfg: PipelineConfig, store: ResultStore) -> str:
     by_batch = {r["batch"]: r for r in results}
     rows = [sum(r["rows"] for r in per_batch[b]) for b in batches]
     mbytes = [sum(r["bytes"] for r in per_batch[b]) / 1e6 for b in batches]
-    lag = [
-        sum(
-            max(r["high_watermark"] - r["end_offset"], 0)
-            for r in per_batch[b]
-            if r["high_watermark"] is not None and r["kind"] == "ingest"
-        )
-        for b in batches
+    lag: list[float] = [
+        lag_after([r for r in per_batch[b] if r["kind"] == "ingest"]) or 0 for b in batches
     ]
     lateness = Counter[str]()
     for result in results:

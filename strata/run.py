@@ -533,7 +533,7 @@ def _batch_counts(cfg: PipelineConfig, name: str, batch: int) -> dict[tuple[str,
     data = table.to_pyarrow_dataset().to_table(
         columns=["_topic", "_partition"], filter=ds.field("_batch") == batch
     )
-    return _count_by_partition(data)
+    return count_by_partition(data)
 
 
 def _file_counts(
@@ -546,10 +546,11 @@ def _file_counts(
     data = ds.dataset(paths, format="parquet", filesystem=fs).to_table(
         columns=["_topic", "_partition"]
     )
-    return _count_by_partition(data)
+    return count_by_partition(data)
 
 
-def _count_by_partition(data: pa.Table) -> dict[tuple[str, int], int]:
+def count_by_partition(data: pa.Table) -> dict[tuple[str, int], int]:
+    """Rows per (topic, partition) of a table holding `_topic` and `_partition`."""
     if data.num_rows == 0:
         return {}
     grouped = data.group_by(["_topic", "_partition"]).aggregate([("_partition", "count")])
