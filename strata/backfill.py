@@ -20,10 +20,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-import pyarrow.dataset as ds
-
 from strata.config import PipelineConfig
-from strata.delta import open_table
+from strata.delta import open_table, range_filter
 from strata.kafka import KafkaUnavailable, partition_states
 from strata.ledger import LedgerState, commit_ledger, ledger_state, read_ledger
 from strata.lock import run_lock
@@ -330,12 +328,7 @@ def _reconcile_ranges(
                 f"{r.quarantined} + gaps {r.gaps} = {r.rows + r.quarantined + r.gaps}"
             )
         expect = {"table": r.rows, "quarantine": r.quarantined, "raw": r.messages}
-        wanted = (
-            (ds.field("_topic") == target.topic)
-            & (ds.field("_partition") == target.partition)
-            & (ds.field("_offset") >= target.start)
-            & (ds.field("_offset") < target.end)
-        )
+        wanted = range_filter(target)
         for name, want in expect.items():
             table = tables[name]
             have = 0 if table is None else table.to_pyarrow_dataset().count_rows(filter=wanted)

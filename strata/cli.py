@@ -26,6 +26,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="end the output with one JSON line")
 
 
+def _range_args(parser: argparse.ArgumentParser, required: bool) -> None:
+    """One partition's offset range and the reason, as backfill and replay take them."""
+    parser.add_argument("--topic", required=required, help="topic of the range")
+    parser.add_argument("--partition", type=int, required=required)
+    parser.add_argument("--from", dest="start", type=int, required=required, help="first offset")
+    parser.add_argument("--to", dest="end", type=int, required=required, help="first offset after")
+    parser.add_argument("--reason", required=True, help="why; recorded in the ledger")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, with a subcommand per operation."""
     parser = argparse.ArgumentParser(
@@ -79,11 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "are untouched; the ledger records the backfill and its reason.",
     )
     _common(backfill)
-    backfill.add_argument("--topic", required=True)
-    backfill.add_argument("--partition", type=int, required=True)
-    backfill.add_argument("--from", dest="start", type=int, required=True, help="first offset")
-    backfill.add_argument("--to", dest="end", type=int, required=True, help="first offset after")
-    backfill.add_argument("--reason", required=True, help="why; recorded in the ledger")
+    _range_args(backfill, required=True)
     replay = sub.add_parser(
         "replay",
         help="re-decode committed batches from the raw copy with the current schema",
@@ -96,11 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(replay)
     replay.add_argument("--from-batch", type=int, help="first batch to replay")
     replay.add_argument("--to-batch", type=int, help="last batch to replay (default: --from-batch)")
-    replay.add_argument("--topic", help="or replay one range: its topic")
-    replay.add_argument("--partition", type=int)
-    replay.add_argument("--from", dest="start", type=int, help="first offset")
-    replay.add_argument("--to", dest="end", type=int, help="first offset after")
-    replay.add_argument("--reason", required=True, help="why; recorded in the ledger")
+    _range_args(replay, required=False)
     quality = sub.add_parser(
         "quality",
         help="run the data-quality suite on a batch and write its reports",

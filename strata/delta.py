@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
@@ -61,6 +62,16 @@ def ensure_table(
         mode="ignore",
         name=name,
         storage_options=delta_options(uri, options),
+    )
+
+
+def range_filter(r: OffsetRange) -> ds.Expression:
+    """A dataset filter for the rows of one offset range (any table with coordinates)."""
+    return (
+        (ds.field("_topic") == r.topic)
+        & (ds.field("_partition") == r.partition)
+        & (ds.field("_offset") >= r.start)
+        & (ds.field("_offset") < r.end)
     )
 
 

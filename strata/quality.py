@@ -31,15 +31,15 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from strata.config import PipelineConfig, parse_duration_ms
-from strata.delta import open_table
+from strata.delta import open_table, range_filter
 from strata.ledger import read_ledger
-from strata.plan import PlanStore
+from strata.plan import OffsetRange, PlanStore
 from strata.run import count_by_partition
 from strata.schema import load_topic_schema, partition_columns, table_layout
 from strata.storage import filesystem, read_bytes, write_bytes_atomically
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 COORDINATES = ["_topic", "_partition", "_offset"]
 # Upper bounds of the late-arrival buckets (Kafka time minus event time), in seconds.
@@ -198,7 +198,7 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
     store.save(result)
     from strata.quality_page import write_summary_page
 
-    write_summary_page(cfg, store)
+    write_summary_page(cfg, store.recent(cfg.quality.history), ledger)
     return result
 
 
@@ -263,12 +263,7 @@ def _neighbours(cfg: PipelineConfig, data: pa.Table) -> pa.Table:
     )
     wanted = None
     for t, p, lo, hi in zip(*(bounds.column(i).to_pylist() for i in range(4)), strict=True):
-        one = (
-            (ds.field("_topic") == t)
-            & (ds.field("_partition") == p)
-            & (ds.field("_offset") >= lo)
-            & (ds.field("_offset") <= hi)
-        )
+        one = range_filter(OffsetRange(t, p, lo, hi + 1))
         wanted = one if wanted is None else wanted | one
     if cfg.table_format == "parquet":
         fs, root = filesystem(cfg.location("table"), cfg.storage_options)
@@ -555,7 +550,7 @@ def _expectations(
                 result_format={"result_format": "SUMMARY"},
             )
         )
-        outcome = checkpoint.run(batch_parameters={"dataframe": _pandas(frame)}, run_id=run_id)
+        outcome = checkpoint.run(batch_parameters={"dataframe": frame.to_pandas()}, run_id=run_id)
         for key, result in outcome.run_results.items():
             if page is None:
                 page = "validations/" + "/".join(key.to_tuple()) + ".html"
@@ -577,10 +572,6 @@ def _expectations(
                     detail = f"{unexpected:,} unexpected; e.g. {_short(sample)}"
                 checks.append(Check(config.type, bool(r.success), column, detail, unexpected))
     return checks, page
-
-
-def _pandas(data: pa.Table) -> pd.DataFrame:
-    return data.to_pandas()
 
 
 def _short(sample: Any) -> str:  # noqa: ANN401 - GX's result values are untyped
@@ -639,12 +630,17 @@ class ResultStore:
         return out
 
     def incomplete(self) -> dict[str, list[int]]:
-        """Event-time partitions marked incomplete, with the failed batches that did it."""
-        marks: dict[str, list[int]] = {}
-        for result in self.recent(10**9):
-            for partition in result.get("incomplete", []):
-                marks.setdefault(partition, []).append(result["batch"])
-        return marks
+        """Event-time partitions marked incomplete by any batch, with those batches."""
+        return incomplete_marks(self.recent(10**9))
+
+
+def incomplete_marks(results: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Event-time partitions the given results marked incomplete, with their batches."""
+    marks: dict[str, list[int]] = {}
+    for result in results:
+        for partition in result.get("incomplete", []):
+            marks.setdefault(partition, []).append(result["batch"])
+    return marks
 
 
 def render_quality(result: QualityResult) -> str:

@@ -8,28 +8,32 @@ from __future__ import annotations
 
 import html
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from strata.config import PipelineConfig
 from strata.delta import open_table
-from strata.ledger import read_ledger
 from strata.storage import filesystem, write_bytes_atomically
-
-if TYPE_CHECKING:
-    from strata.quality import ResultStore
 
 WIDTH, HEIGHT, PAD = 640, 180, 34
 
 
-def write_summary_page(cfg: PipelineConfig, store: ResultStore) -> str:
-    """Write `<quality>/index.html` from the recent results and the ledger; returns it."""
-    from strata.quality import LATENESS_LABELS, lag_after
+def write_summary_page(
+    cfg: PipelineConfig, results: list[dict[str, Any]], ledger_table: pa.Table
+) -> str:
+    """Write `<quality>/index.html` from recent results and the ledger; returns its path.
 
-    results = store.recent(cfg.quality.history)
-    ledger = read_ledger(cfg).to_pylist()
+    Args:
+        cfg: The pipeline configuration.
+        results: The recent batch results, oldest first.
+        ledger_table: Every ledger row.
+    """
+    from strata.quality import LATENESS_LABELS, incomplete_marks, lag_after
+
+    ledger = ledger_table.to_pylist()
     batches = sorted({r["batch"] for r in ledger})[-cfg.quality.history :]
     per_batch = {b: [r for r in ledger if r["batch"] == b] for b in batches}
     by_batch = {r["batch"]: r for r in results}
@@ -44,7 +48,7 @@ def write_summary_page(cfg: PipelineConfig, store: ResultStore) -> str:
     hours = Counter[str]()
     for result in results:
         hours.update(result.get("partitions", {}))
-    incomplete = store.incomplete()
+    incomplete = incomplete_marks(results)
     reasons = _quarantine_reasons(cfg, batches[0] if batches else 0)
     labels = [str(b) for b in batches]
     body = [

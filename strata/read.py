@@ -296,19 +296,14 @@ def read_raw_copy(
     Yields:
         Tables in `RAW_SCHEMA`.
     """
-    import pyarrow.dataset as ds
     from deltalake import DeltaTable
+
+    from strata.delta import range_filter
 
     dataset = DeltaTable(raw_uri, storage_options=storage_options).to_pyarrow_dataset()
     for r in ranges:
         state = progress.setdefault((r.topic, r.partition, r.start), RangeProgress(r))
-        wanted = (
-            (ds.field("_topic") == r.topic)
-            & (ds.field("_partition") == r.partition)
-            & (ds.field("_offset") >= r.start)
-            & (ds.field("_offset") < r.end)
-        )
-        for chunk in dataset.to_batches(filter=wanted, columns=RAW_SCHEMA.names):
+        for chunk in dataset.to_batches(filter=range_filter(r), columns=RAW_SCHEMA.names):
             if chunk.num_rows == 0:
                 continue
             table = pa.Table.from_batches([chunk]).cast(RAW_SCHEMA)

@@ -221,10 +221,12 @@ def _load_or_plan(
     plan = store.load(state.last_batch + 1)
     if plan is not None:
         return plan, True, []
-    check_schema(cfg)
     states = partition_states(cfg, state.committed)
     plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, accept_loss, state.committed)
     if plan is not None:
+        # Before the plan is saved, so nothing of an incompatible schema is ever read; an
+        # idle run skips it.
+        check_schema(cfg)
         store.save(plan)
     return plan, False, states
 
