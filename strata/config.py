@@ -114,6 +114,8 @@ class EventTimeConfig(_Strict):
         timezone: Zone of ISO strings that carry no offset. Partitions are always UTC.
         max_future_skew: How far an event time may lie ahead of its Kafka timestamp.
         late_after: An event whose Kafka timestamp trails it by more than this is late.
+        max_lateness: An event whose Kafka timestamp trails it by more than this is
+            quarantined instead of landing in an old hour; None lands every late event.
         min_valid: Event times before this date are quarantined (epoch zero, unset clocks).
     """
 
@@ -122,6 +124,7 @@ class EventTimeConfig(_Strict):
     timezone: str = "UTC"
     max_future_skew: Duration = "1h"
     late_after: Duration = "1h"
+    max_lateness: Duration | None = "7d"
     min_valid: str = "2000-01-01"
 
     @field_validator("timezone")
@@ -147,6 +150,21 @@ class EventTimeConfig(_Strict):
         """The lateness threshold in milliseconds."""
         return parse_duration_ms(self.late_after)
 
+    @property
+    def max_lateness_ms(self) -> int | None:
+        """The quarantine threshold for late events in milliseconds, or None for no bound."""
+        return None if self.max_lateness is None else parse_duration_ms(self.max_lateness)
+
+    @model_validator(mode="after")
+    def _lateness_order(self) -> EventTimeConfig:
+        limit = self.max_lateness_ms
+        if limit is not None and limit < self.late_after_ms:
+            raise ValueError(
+                f"max_lateness {self.max_lateness!r} is shorter than late_after "
+                f"{self.late_after!r}; an event must be counted late before it is quarantined"
+            )
+        return self
+
 
 class LimitsConfig(_Strict):
     """Bounds on one batch.
@@ -158,6 +176,10 @@ class LimitsConfig(_Strict):
         row_group_rows: Rows per Parquet row group (fewer when the write buffer is full).
         write_buffer_mb: Memory per task and table for rows not yet written.
         read_stall_s: A task that makes no progress for this long fails (and Spark retries it).
+        read_chunk_mb: A task decodes and writes what it read once this many MB of keys
+            and values (or 50,000 messages) are held, so large messages never pile up.
+        max_open_files: Most files one task keeps open per table; a batch touching more
+            event-time partitions closes the least recently written file first.
     """
 
     max_offsets_per_partition: int = Field(default=5_000_000, gt=0)
@@ -166,6 +188,8 @@ class LimitsConfig(_Strict):
     row_group_rows: int = Field(default=65_536, gt=0)
     write_buffer_mb: int = Field(default=64, gt=0)
     read_stall_s: float = Field(default=60.0, gt=0)
+    read_chunk_mb: int = Field(default=64, gt=0, le=1024)
+    max_open_files: int = Field(default=64, gt=0)
 
 
 class MetastoreConfig(_Strict):
@@ -336,6 +360,9 @@ class PipelineConfig(_Strict):
         topics: Kafka topics read by this pipeline; all share one schema.
         format: `json`, `avro`, or `confluent_avro` (Avro in Confluent wire format).
         schema_file: Avro schema under `schemas/`, also used to check and coerce JSON.
+        schema_id: For `confluent_avro`, the Schema Registry id under which `schema_file`
+            is registered; a message carrying another id is quarantined, never decoded
+            with a schema it was not written with.
         event_time: Event-time field and its rules.
         partitioning: `dt` or `dt_hr` (Hive-style `dt=YYYY-MM-DD/hr=HH`).
         layout: `per_task` (each task writes at most one file per event-time partition)
@@ -350,7 +377,10 @@ class PipelineConfig(_Strict):
         quarantine_table: Location of the rows that could not be decoded or trusted.
         ledger_table: Location of the per-batch, per-partition ledger.
         state_dir: Where plans are kept; defaults to `<warehouse>/_strata/<name>`.
-        lock_dir: Local directory for the run lock; defaults to `state_dir` when local.
+        lock_dir: Local directory for the run lock when `state_dir` is local; defaults
+            to `state_dir`.
+        lock_lease: How long a run's lease on an object-store `state_dir` lasts without
+            renewal; a holder that died is taken over after this long.
         starting_offsets: Where the partitions of a topic never read before start;
             partitions added later to a topic already read start at their log start.
         on_data_loss: `fail` (default) stops before reading when retention deleted
@@ -370,6 +400,7 @@ class PipelineConfig(_Strict):
     topics: list[str] = Field(min_length=1)
     format: Literal["json", "avro", "confluent_avro"] = "json"
     schema_file: str
+    schema_id: int | None = Field(default=None, ge=0)
     event_time: EventTimeConfig
     partitioning: Literal["dt", "dt_hr"] = "dt_hr"
     layout: Literal["per_task", "shuffle"] = "per_task"
@@ -381,6 +412,7 @@ class PipelineConfig(_Strict):
     ledger_table: str | None = None
     state_dir: str | None = None
     lock_dir: str | None = None
+    lock_lease: Duration = "2m"
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     on_data_loss: Literal["fail", "accept"] = "fail"
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
@@ -421,6 +453,18 @@ class PipelineConfig(_Strict):
                 f"schema_file {self.schema_file!r} not found in {self.schemas_dir!r}; "
                 "put the Avro schema (.avsc) there or fix the name"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _confluent_schema_id(self) -> PipelineConfig:
+        if self.format == "confluent_avro" and self.schema_id is None:
+            raise ValueError(
+                "format confluent_avro needs `schema_id`: the Schema Registry id of "
+                f"{self.schema_file}, so that messages written with another schema are "
+                "quarantined instead of decoded wrongly; add schema_id: <id>"
+            )
+        if self.format != "confluent_avro" and self.schema_id is not None:
+            raise ValueError("`schema_id` applies only to format confluent_avro; remove it")
         return self
 
     @model_validator(mode="after")

@@ -27,6 +27,7 @@ def rules(fmt: str = "json", **event_time) -> DecodeRules:
         topics=["clicks"],
         format=fmt,
         schema_file="clicks.avsc",
+        schema_id=42 if fmt == "confluent_avro" else None,
         schemas_dir=str(ROOT / "schemas"),
         event_time=EventTimeConfig(field="ts", **event_time),
     )

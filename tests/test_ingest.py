@@ -250,7 +250,7 @@ def test_confluent_avro_lands_and_the_raw_copy_keeps_keys_headers_and_timestamps
 
     from fastavro import parse_schema, schemaless_writer
 
-    p = make_pipeline(partitions=1, overrides={"format": "confluent_avro"})
+    p = make_pipeline(partitions=1, overrides={"format": "confluent_avro", "schema_id": 7})
     schema = parse_schema(
         json.loads((Path(__file__).parents[1] / "schemas" / "clicks.avsc").read_text())
     )
