@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pyarrow.dataset as ds
 import pytest
 import yaml
@@ -25,6 +27,7 @@ from deltalake import DeltaTable
 from strata.config import ENV_BOOTSTRAP, ENV_WAREHOUSE, PipelineConfig, load_pipeline
 from strata.demo import HOUR_MS, click_events, produce
 from strata.local_broker import LocalBroker
+from strata.local_service import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 START_MS = 1_763_805_600_000  # 2025-11-22T10:00:00Z
@@ -62,6 +65,43 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def s3_client(url: str):
+    return boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        region_name="us-east-1",
+    )
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    client = s3_client(url)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.create_bucket(Bucket="lake")
+            break
+        except Exception:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    proc.wait(10)
 
 
 @dataclass

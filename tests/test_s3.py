@@ -3,58 +3,16 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
-import boto3
 import pytest
 from deltalake import DeltaTable
 
-from strata.local_service import free_port
 from strata.run import CRASH_ENV, run_batch
-from tests.conftest import expected_offsets, produce_clicks
+from tests.conftest import expected_offsets, produce_clicks, s3_client
 
 pytestmark = pytest.mark.integration
-
-
-def s3_client(url: str):
-    return boto3.client(
-        "s3",
-        endpoint_url=url,
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-        region_name="us-east-1",
-    )
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    client = s3_client(url)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            client.create_bucket(Bucket="lake")
-            break
-        except Exception:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(10)
 
 
 def s3_pipeline(make_pipeline, url: str, tmp_path: Path, prefix: str):
