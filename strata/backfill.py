@@ -21,27 +21,17 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from strata.config import PipelineConfig
-from strata.delta import open_table, range_filter
 from strata.kafka import KafkaUnavailable, partition_states
-from strata.ledger import LedgerState, commit_ledger, ledger_state, read_ledger
+from strata.ledger import LedgerState, ledger_state, read_ledger
 from strata.lock import run_lock
 from strata.plan import BatchPlan, OffsetRange, PlanStore, decode_fingerprint, split_ranges
 from strata.run import (
-    RANGES_KEY,
-    ReconcileError,
     RunOutcome,
     check_schema,
-    commit_table,
-    crash_point,
-    data_columns,
-    ledger_row,
-    merge_results,
+    execute_reprocess,
+    raw_covers,
     register,
-    run_tasks,
-    stored_results,
-    tables_done,
 )
-from strata.task import RangeResult
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -142,25 +132,20 @@ def _reprocess(
     kind: str,
     session: Callable[[PipelineConfig], SparkSession] | None,
 ) -> RunOutcome:
-    """Plan (or resume) a backfill or replay batch, run it, commit and reconcile it."""
+    """Plan (or resume) a backfill or replay batch, then run it as every batch runs."""
     began = time.monotonic()
     for target in targets:
         _check_request(cfg, target, reason)
     if len({(t.topic, t.partition) for t in targets}) != len(targets):
         raise BackfillError("give at most one range per partition")
-    with run_lock(cfg.lock_path, cfg.name):
+    with run_lock(cfg) as lock:
         state = ledger_state(cfg)
         for target in targets:
             _check_committed(state, target)
         batch = state.last_batch + 1
         store = PlanStore(cfg)
         plan = store.load(batch)
-        if plan is not None and (plan.kind != kind or plan.ranges != targets):
-            what = f"a {plan.kind} of {', '.join(f'{r.topic}:{r.partition}' for r in plan.ranges)}"
-            raise BackfillError(
-                f"batch {batch} is unfinished ({what}); finish it first with "
-                f"`strata {'run' if plan.kind == 'ingest' else plan.kind}` as it began"
-            )
+        resumed = plan is not None
         if plan is None:
             from strata.spark import default_tasks
 
@@ -169,7 +154,7 @@ def _reprocess(
                 source = _raw_source(cfg, targets)
             else:
                 source = _source(cfg, targets[0], state)
-            plan = BatchPlan(
+            made = BatchPlan(
                 pipeline=cfg.name,
                 batch=batch,
                 ranges=targets,
@@ -180,19 +165,16 @@ def _reprocess(
                 note=reason,
                 source=source,
             )
-            store.save(plan)
-        outcome = RunOutcome(cfg.name, "replayed" if kind == "replay" else "backfilled", batch)
-        if plan.source == "raw" and kind == "backfill":
-            outcome.warnings.append(
-                f"{targets[0].describe()} are no longer in Kafka; they were read from the raw copy"
+            plan = store.create(made)
+            resumed = plan is not made
+        if plan.kind != kind or plan.ranges != targets:
+            what = f"a {plan.kind} of {', '.join(r.describe() for r in plan.ranges)}"
+            raise BackfillError(
+                f"batch {batch} is unfinished ({what}); nothing was done. `strata run "
+                f"--pipeline {cfg.name}` finishes it as it began; or drop it with `strata plan "
+                f"drop --pipeline {cfg.name} --batch {batch} --reason TEXT`"
             )
-        results = _replace(cfg, plan, targets, session, outcome)
-        outcome.ranges = results
-        commit_ledger(
-            cfg, batch, [ledger_row(r, {}, kind, plan.note) for r in results], data_columns(cfg)
-        )
-        crash_point("after_ledger")
-        _reconcile_ranges(cfg, kind, targets, results)
+        outcome = execute_reprocess(cfg, plan, session, lock, resumed)
         register(cfg, outcome)
         outcome.seconds = time.monotonic() - began
         return outcome
@@ -240,7 +222,7 @@ def _source(cfg: PipelineConfig, target: OffsetRange, state: LedgerState) -> str
         kafka_says = kafka_says or "Kafka has no such partition"
     except KafkaUnavailable as exc:
         kafka_says = f"Kafka is unreachable ({exc})"
-    if _raw_covers(cfg, target):
+    if raw_covers(cfg, target):
         return "raw"
     raise BackfillError(
         f"{target.describe()} are held by neither Kafka ({kafka_says}) nor the raw copy "
@@ -251,88 +233,9 @@ def _source(cfg: PipelineConfig, target: OffsetRange, state: LedgerState) -> str
 def _raw_source(cfg: PipelineConfig, targets: list[OffsetRange]) -> str:
     """`raw`, once it is sure the raw copy holds every range."""
     for target in targets:
-        if not _raw_covers(cfg, target):
+        if not raw_covers(cfg, target):
             raise BackfillError(
                 f"{target.describe()} are not all in the raw copy (no committed ingest covers "
                 "them); nothing was done"
             )
     return "raw"
-
-
-def _raw_covers(cfg: PipelineConfig, target: OffsetRange) -> bool:
-    """Whether committed ingests cover the range, so the raw copy holds its messages.
-
-    Ranges recorded as lost to retention count as covered: no copy holds them, and
-    reading the range counts them as gaps, as the ingest did.
-    """
-    rows = read_ledger(cfg).to_pylist()
-    spans = sorted(
-        (r["start_offset"], r["end_offset"])
-        for r in rows
-        if r["kind"] in ("ingest", "loss")
-        and (r["topic"], r["partition"]) == (target.topic, target.partition)
-    )
-    reach = target.start
-    for start, end in spans:
-        if start > reach:
-            break
-        reach = max(reach, end)
-    return reach >= target.end
-
-
-def _replace(
-    cfg: PipelineConfig,
-    plan: BatchPlan,
-    targets: list[OffsetRange],
-    session: Callable[[PipelineConfig], SparkSession] | None,
-    outcome: RunOutcome,
-) -> list[RangeResult]:
-    # From Kafka, the raw copy's rows of the range are replaced too; from the raw copy,
-    # it stays as it is.
-    tables = ("quarantine", "table") if plan.source == "raw" else ("raw", "quarantine", "table")
-    done = tables_done(cfg, tables, plan.batch)
-    if all(done.values()):
-        return stored_results(cfg, plan.batch)
-    write = frozenset(name for name in tables if not done[name])
-    split_results = run_tasks(cfg, plan, write, session, outcome)
-    crash_point("after_files")
-    results = merge_results(split_results)
-    meta = {RANGES_KEY: [vars(r) for r in results], f"strata.{plan.kind}": plan.note}
-    for name in tables:
-        files = [f for s in split_results for f in s.files.get(name, [])]
-        outcome.files[name] = len(files)
-        if not done[name]:
-            commit_table(cfg, name, files, plan.batch, meta, replacing=targets)
-    return results
-
-
-def _reconcile_ranges(
-    cfg: PipelineConfig, kind: str, targets: list[OffsetRange], results: list[RangeResult]
-) -> None:
-    """Afterwards, each table holds each range's rows exactly once."""
-    problems = []
-    found = {(r.topic, r.partition): r for r in results}
-    tables = {
-        name: open_table(cfg.location(name), cfg.storage_options)
-        for name in ("table", "quarantine", "raw")
-    }
-    for target in targets:
-        where = target.describe()
-        r = found.get((target.topic, target.partition))
-        if r is None:
-            problems.append(f"{where}: no result")
-            continue
-        if r.end - r.start != r.rows + r.quarantined + r.gaps:
-            problems.append(
-                f"{where}: offsets span {r.end - r.start}, but rows {r.rows} + quarantined "
-                f"{r.quarantined} + gaps {r.gaps} = {r.rows + r.quarantined + r.gaps}"
-            )
-        expect = {"table": r.rows, "quarantine": r.quarantined, "raw": r.messages}
-        wanted = range_filter(target)
-        for name, want in expect.items():
-            table = tables[name]
-            have = 0 if table is None else table.to_pyarrow_dataset().count_rows(filter=wanted)
-            if have != want:
-                problems.append(f"{where}: the {name} table holds {have} rows, expected {want}")
-    if problems:
-        raise ReconcileError(f"the {kind} does not reconcile:\n  " + "\n  ".join(problems))

@@ -102,6 +102,40 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--from-batch", type=int, help="first batch to replay")
     replay.add_argument("--to-batch", type=int, help="last batch to replay (default: --from-batch)")
     _range_args(replay, required=False)
+    plan = sub.add_parser(
+        "plan",
+        help="abandon the saved plan of an unfinished batch (drop)",
+        description="Abandon the saved plan of the unfinished batch when it can no longer be "
+        "finished (Kafka's retention deleted its offsets before its raw copy was committed, "
+        "or its file is damaged). The batch is recorded in the ledger as abandoned, with who "
+        "and why, and reads nothing; the next run plans afresh. A partly committed batch is "
+        "finished, never dropped.",
+    )
+    plan.add_argument("action", choices=["drop"])
+    _common(plan)
+    plan.add_argument("--batch", type=int, required=True, help="the unfinished batch")
+    plan.add_argument("--reason", required=True, help="why; recorded in the ledger")
+    ledger = sub.add_parser(
+        "ledger",
+        help="move where reading goes on in a partition, recorded (seek)",
+        description="Move where the next batch starts reading a partition (or every "
+        "partition of a topic), recorded in the ledger with who and why. Forward skips "
+        "offsets (recorded like a loss); back to the start is for a topic deleted and "
+        "created again under the same name. Refused while a batch is unfinished.",
+    )
+    ledger.add_argument("action", choices=["seek"])
+    _common(ledger)
+    ledger.add_argument("--topic", required=True, help="the topic")
+    ledger.add_argument("--partition", type=int, default=None, help="default: every partition")
+    ledger.add_argument(
+        "--to", required=True, help="an offset, earliest or latest (the log's start or end now)"
+    )
+    ledger.add_argument("--reason", required=True, help="why; recorded in the ledger")
+    ledger.add_argument(
+        "--reread",
+        action="store_true",
+        help="allow going back over committed offsets of the same topic (they land twice)",
+    )
     quality = sub.add_parser(
         "quality",
         help="run the data-quality suite on a batch and write its reports",
@@ -160,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "backfill": _backfill,
         "replay": _replay,
         "quality": _quality,
+        "plan": _plan,
+        "ledger": _ledger,
     }[args.command]
     return run_guarded(lambda: handler(cfg, args), args.json)
 
@@ -167,18 +203,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool) -> int:
     from strata.backfill import BackfillError
     from strata.kafka import KafkaUnavailable
-    from strata.lock import LockBusy
+    from strata.lock import LeaseLost, LeaseUnavailable, LockBusy
     from strata.metastore import MetastoreError
     from strata.plan import PlanError
     from strata.quality import QualityError
     from strata.read import ReadError
+    from strata.recovery import LedgerEditError
     from strata.run import ReconcileError
     from strata.schema import SchemaError
     from strata.spark import JavaMissing
 
     try:
         text, body = action()
-    except LockBusy as exc:
+    except (LockBusy, LeaseLost) as exc:
         return _fail(str(exc), 3, as_json)
     except SchemaError as exc:
         return _fail(str(exc), 2, as_json)
@@ -191,6 +228,8 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
         MetastoreError,
         BackfillError,
         QualityError,
+        LedgerEditError,
+        LeaseUnavailable,
     ) as exc:
         return _fail(str(exc), 1, as_json)
     except Exception as exc:  # noqa: BLE001 - Spark wraps task errors; surface their cause
@@ -227,12 +266,7 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
     from strata.report import render_summary, summary_dict
     from strata.run import run_batch
 
-    accepted = None
-    if args.accept_loss is not None:
-        import getpass
-        import socket
-
-        accepted = f"{getpass.getuser()}@{socket.gethostname()}: {args.accept_loss}"
+    accepted = None if args.accept_loss is None else f"{_who()}: {args.accept_loss}"
     outcome = run_batch(cfg, max_offsets=args.max_offsets, accept_loss=accepted)
     text, body = render_summary(outcome), summary_dict(outcome)
     if outcome.batch is not None and cfg.quality.gate != "off" and not args.no_quality:
@@ -250,6 +284,32 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
                 f"batch {outcome.batch} is committed but failed its quality checks (gate: fail)"
             )
     return text, body
+
+
+def _who() -> str:
+    """The operator, as the ledger records who accepted or edited something."""
+    import getpass
+    import socket
+
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def _plan(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from dataclasses import asdict
+
+    from strata.recovery import drop_plan, render_edit
+
+    edit = drop_plan(cfg, args.batch, args.reason, _who())
+    return render_edit(edit), asdict(edit)
+
+
+def _ledger(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from dataclasses import asdict
+
+    from strata.recovery import render_edit, seek
+
+    edit = seek(cfg, args.topic, args.partition, args.to, args.reason, _who(), args.reread)
+    return render_edit(edit), asdict(edit)
 
 
 def _publish(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

@@ -524,13 +524,18 @@ class PipelineConfig(_Strict):
         return _resolve(self.warehouse, explicit or default)
 
     @property
-    def lock_path(self) -> Path:
-        """Local file whose lock marks a run in flight."""
-        if self.lock_dir:
-            return Path(self.lock_dir) / f"{self.name}.lock"
+    def lock_path(self) -> Path | None:
+        """Local file whose flock marks a run in flight, or None for an object-store state.
+
+        Runners on several hosts share an object-store state location, where a local file
+        guards nothing: their runs hold a lease under `<state location>/lease/` instead
+        (`strata.lease`), and `lock_dir` is not used.
+        """
         state = self.location("state")
         if "://" in state:
-            return Path.home() / ".strata" / "locks" / f"{self.name}.lock"
+            return None
+        if self.lock_dir:
+            return Path(self.lock_dir) / f"{self.name}.lock"
         return Path(state) / "run.lock"
 
 

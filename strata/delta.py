@@ -3,7 +3,10 @@
 Each table gets one transaction per batch, carrying `txn(appId=pipeline,
 version=batch)`. That is Delta's own idempotency mechanism (the one Spark's
 streaming sinks and kafka-delta-ingest use): a batch whose version is already in the
-log is skipped, so every re-run is safe.
+log is skipped, so every re-run is safe. The check is made on the very snapshot the
+commit is built on, and delta-rs refuses a commit when a transaction of the same app
+id landed after that snapshot: of two runners committing one batch, exactly one
+commits and the other's commit is a no-op.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, Transaction
 
 from strata.plan import OffsetRange
@@ -107,8 +110,8 @@ def commit_files(
     batch: int,
     metadata: dict[str, Any],
     removes: list[RemoveAction] | None = None,
-) -> None:
-    """Commit files and the batch's app transaction as one Delta transaction.
+) -> bool:
+    """Commit files and the batch's app transaction as one Delta transaction, once.
 
     Args:
         table: The table.
@@ -119,20 +122,42 @@ def commit_files(
         batch: The batch number.
         metadata: Custom commit metadata (ranges and counts).
         removes: Files to remove in the same transaction (a backfill's replaced rows).
+
+    Returns:
+        True if this call committed the batch; False if the table already held it
+        (another runner, or an earlier attempt, committed it first).
+
+    Raises:
+        CommitFailedError: If a concurrent transaction that did not commit this
+            batch conflicts with this one (nothing was committed; a re-run retries).
     """
+    if (table.transaction_version(app_id) or 0) >= batch:
+        return False
     now = int(time.time() * 1000)
     actions: list[AddAction | RemoveAction] = list(removes or [])
     actions += [AddAction(f.path, f.size, f.partition_values, now, True, f.stats) for f in files]
-    table.create_write_transaction(
-        actions,
-        mode="append",
-        schema=schema,
-        partition_by=partition_by or None,
-        commit_properties=CommitProperties(
-            custom_metadata={BATCH_KEY: batch, **{k: json.dumps(v) for k, v in metadata.items()}},
-            app_transactions=[Transaction(app_id, batch)],
-        ),
-    )
+    try:
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=schema,
+            partition_by=partition_by or None,
+            commit_properties=CommitProperties(
+                custom_metadata={
+                    BATCH_KEY: batch,
+                    **{k: json.dumps(v) for k, v in metadata.items()},
+                },
+                app_transactions=[Transaction(app_id, batch)],
+            ),
+        )
+    except CommitFailedError:
+        # delta-rs found a transaction that landed after our snapshot and conflicts:
+        # with the same app id, another runner committed a batch meanwhile.
+        table.update_incremental()
+        if (table.transaction_version(app_id) or 0) >= batch:
+            return False
+        raise
+    return True
 
 
 def batch_metadata(uri: str, batch: int, options: dict[str, str], key: str) -> Any:  # noqa: ANN401

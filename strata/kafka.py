@@ -98,6 +98,40 @@ def partition_states(
         consumer.close()
 
 
+def topic_ids(cfg: PipelineConfig) -> dict[str, str]:
+    """The brokers' id of each of the pipeline's topics, where they keep one.
+
+    Kafka gives every topic an id (since 2.8) that a topic deleted and created again
+    under the same name does not keep: it tells the log the committed offsets belong
+    to from a new one. Brokers without ids (or that cannot be asked) give none, and
+    only the watermark checks guard against a re-created topic there.
+
+    Returns:
+        `{topic: id}` for the topics the brokers gave an id for.
+    """
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
+    found: dict[str, str] = {}
+    try:
+        futures = admin.describe_topics(
+            TopicCollection(list(cfg.topics)), request_timeout=cfg.kafka.timeout_s
+        )
+    except (KafkaException, ValueError, TypeError):
+        return found
+    for topic, future in futures.items():
+        try:
+            described = future.result(cfg.kafka.timeout_s)
+        except KafkaException:
+            continue
+        uid = str(described.topic_id) if described.topic_id is not None else ""
+        # An all-zero id is how the protocol says "none".
+        if uid and uid.strip("A=") != "":
+            found[topic] = uid
+    return found
+
+
 def publish_group_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str | None:
     """Commit the batch's end offsets to the pipeline's consumer group.
 

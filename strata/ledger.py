@@ -3,24 +3,38 @@
 It is the source of truth for what has been committed: the next plan starts where
 its highest batch ended, and consumer-group offsets (which expire on quiet topics)
 are only a copy of it for lag tools.
+
+Row kinds: `ingest` (a batch read these offsets), `loss` (retention deleted these
+offsets before they were read, and someone accepted it), `backfill` and `replay`
+(committed offsets processed again; they never move where reading goes on), `seek`
+(an operator moved where reading goes on, with the reason) and `abandon` (an operator
+dropped an unfinished batch's plan; it read nothing).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 
 from strata.config import PipelineConfig
 from strata.delta import BATCH_KEY, commit_files, ensure_table, open_table
 from strata.storage import filesystem
 from strata.write import write_file
 
-# Commit metadata of the ledger: the data table's columns as each batch wrote them.
+# Commit metadata of the ledger: the data table's columns as each batch wrote them,
+# and the broker's id of each topic, so a topic re-created under the same name is
+# told apart from the one the committed offsets belong to.
 COLUMNS_KEY = "strata.columns"
+TOPIC_IDS_KEY = "strata.topic_ids"
+# The kinds of row that say where reading goes on, in batch order.
+POSITION_KINDS = ("ingest", "seek")
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -53,8 +67,9 @@ class LedgerState:
 
     Attributes:
         last_batch: Highest committed batch (of any kind), or 0 if none.
-        committed: End offset of the latest ingested range per (topic, partition); a
-            backfill re-reads old offsets and never moves it.
+        committed: Where reading goes on per (topic, partition): the end of the latest
+            ingested range, or where an operator's seek put it. Backfills and replays
+            re-read old offsets and never move it.
     """
 
     last_batch: int
@@ -70,19 +85,24 @@ def read_ledger(cfg: PipelineConfig) -> pa.Table:
 
 
 def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerState:
-    """The last committed batch and the committed end offset of every partition.
+    """The last committed batch and where reading goes on in every partition.
 
     Args:
         cfg: The pipeline configuration.
         rows: The ledger, if already read.
     """
-    rows = read_ledger(cfg) if rows is None else rows
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    if rows is None:
+        rows = LEDGER_SCHEMA.empty_table() if table is None else table.to_pyarrow_table()
+    # A batch can be committed without rows (an abandoned plan of a pipeline that has
+    # read nothing yet): its number is taken all the same.
+    last = 0 if table is None else table.transaction_version(cfg.name) or 0
     if rows.num_rows == 0:
-        return LedgerState(0, {})
-    last = pc.max(rows.column("batch")).as_py()
+        return LedgerState(last, {})
+    last = max(last, pc.max(rows.column("batch")).as_py())
     committed: dict[tuple[str, int], int] = {}
-    ingested = rows.filter(pc.equal(rows.column("kind"), "ingest"))
-    ordered = ingested.sort_by([("batch", "ascending")])
+    positions = rows.filter(pc.is_in(rows.column("kind"), pa.array(POSITION_KINDS)))
+    ordered = positions.sort_by([("batch", "ascending")])
     for topic, partition, end in zip(
         ordered.column("topic").to_pylist(),
         ordered.column("partition").to_pylist(),
@@ -98,8 +118,15 @@ def commit_ledger(
     batch: int,
     rows: list[dict[str, object]],
     columns: list[list[str]] | None = None,
-) -> None:
+    topic_ids: dict[str, str] | None = None,
+) -> bool:
     """Append a batch's rows to the ledger in one transaction, unless already there.
+
+    Each attempt writes a file of its own name and commits it only if the ledger does
+    not hold the batch yet (checked again inside the commit), so a paused runner
+    waking up late can neither commit a batch twice nor overwrite the file another
+    runner committed. Once the batch stands, other attempts' files of the batch are
+    removed: the ledger of a plain Parquet pipeline is read as a directory too.
 
     Args:
         cfg: The pipeline configuration.
@@ -107,22 +134,54 @@ def commit_ledger(
         rows: Ledger rows without `pipeline`, `batch` and `committed_at`.
         columns: The data table's column signature the batch was written with; the
             next plan checks the schema against it.
+        topic_ids: The broker's id of each topic, where it has one.
+
+    Returns:
+        True if this call committed the batch, False if the ledger already held it.
     """
     uri = cfg.location("ledger")
     table = ensure_table(uri, LEDGER_SCHEMA, [], cfg.storage_options, f"{cfg.name}_ledger")
     if (table.transaction_version(cfg.name) or 0) >= batch:
-        return
+        return False
     now = datetime.now(UTC)
     full = [
         {"pipeline": cfg.name, "batch": batch, "committed_at": now, "note": None, **r} for r in rows
     ]
+    meta: dict[str, object] = {} if columns is None else {COLUMNS_KEY: columns}
+    if topic_ids:
+        meta[TOPIC_IDS_KEY] = topic_ids
+    if not full:
+        # A batch with nothing to record (an abandoned first plan) still takes its number.
+        return commit_files(table, LEDGER_SCHEMA, [], [], cfg.name, batch, meta)
     data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
     fs, root = filesystem(uri, cfg.storage_options)
-    # A fixed name per batch: a re-run overwrites, so even a plain Parquet reader of
-    # the ledger directory never sees a batch twice.
-    written = write_file(fs, root, f"ledger-b{batch:010d}.parquet", data, {})
-    meta = {} if columns is None else {COLUMNS_KEY: columns}
-    commit_files(table, LEDGER_SCHEMA, [], [written], cfg.name, batch, meta)
+    name = f"{ledger_file_prefix(batch)}{uuid.uuid4().hex[:12]}.parquet"
+    written = write_file(fs, root, name, data, {})
+    committed = commit_files(table, LEDGER_SCHEMA, [], [written], cfg.name, batch, meta)
+    _remove_other_attempts(cfg, batch, keep=written.path if committed else None)
+    return committed
+
+
+def ledger_file_prefix(batch: int) -> str:
+    """How the names of a batch's ledger files begin."""
+    return f"ledger-b{batch:010d}-"
+
+
+def _remove_other_attempts(cfg: PipelineConfig, batch: int, keep: str | None) -> None:
+    """Delete the batch's ledger files that its commit does not hold."""
+    uri = cfg.location("ledger")
+    table = open_table(uri, cfg.storage_options)
+    if table is None:
+        return
+    prefix = ledger_file_prefix(batch)
+    held = {p for p in table.file_uris() if p.rsplit("/", 1)[-1].startswith(prefix)}
+    held_names = {p.rsplit("/", 1)[-1] for p in held}
+    if keep is not None:
+        held_names.add(keep)
+    fs, root = filesystem(uri, cfg.storage_options)
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=False)):
+        if info.base_name.startswith(prefix) and info.base_name not in held_names:
+            fs.delete_file(info.path)
 
 
 def committed_columns(cfg: PipelineConfig) -> tuple[int, list[list[str]]] | None:
@@ -131,13 +190,26 @@ def committed_columns(cfg: PipelineConfig) -> tuple[int, list[list[str]]] | None
     Returns:
         (batch, column signature), or None before the first batch.
     """
+    return _newest_recorded(cfg, COLUMNS_KEY)
+
+
+def committed_topic_ids(cfg: PipelineConfig) -> tuple[int, dict[str, str]] | None:
+    """The topics' ids as of the newest batch that recorded them, with its number.
+
+    Returns:
+        (batch, {topic: id}), or None before any batch recorded them.
+    """
+    return _newest_recorded(cfg, TOPIC_IDS_KEY)
+
+
+def _newest_recorded(cfg: PipelineConfig, key: str) -> tuple[int, Any] | None:
     table = open_table(cfg.location("ledger"), cfg.storage_options)
     if table is None:
         return None
     # The newest commits come first; maintenance commits (vacuum, optimize) carry no
-    # columns, so look further back only when the recent ones have none.
+    # metadata of ours, so look further back only when the recent ones have none.
     for limit in (20, None):
         for commit in table.history(limit):
-            if COLUMNS_KEY in commit:
-                return int(commit[BATCH_KEY]), json.loads(commit[COLUMNS_KEY])
+            if key in commit:
+                return int(commit[BATCH_KEY]), json.loads(commit[key])
     return None

@@ -1,38 +1,108 @@
 """One run per pipeline at a time.
 
-The lock is an OS file lock (flock) on a local file: the kernel releases it when the
-holder dies, even by SIGKILL, so a crashed run never leaves a stale lock behind.
-Across hosts, Airflow's `max_active_runs=1` serialises runs, and the Delta app
-transaction makes a duplicate commit of a batch a no-op.
+Where the state location is a local path, the lock is an OS file lock (flock) on a
+local file: the kernel releases it when the holder dies, even by SIGKILL, so a
+crashed run never leaves a stale lock behind.
+
+Where the state location is an object store (s3://), runners on different hosts share
+it, and a local file guards nothing: a run holds a lease kept in the store itself
+(`strata.lease`), renewed while it runs and taken over once its holder is gone. A run
+that lost its lease finds out from `RunLock.check()`, which callers run before each
+commit.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
+
+from strata.config import PipelineConfig, parse_duration_ms
+
+logger = logging.getLogger(__name__)
 
 
 class LockBusy(Exception):
     """Another run of the same pipeline is in flight."""
 
 
+class LeaseLost(Exception):
+    """This run no longer holds its lease; it must not commit anything more."""
+
+
+class LeaseUnavailable(Exception):
+    """The lease could not be read or written; nothing was done."""
+
+
+class RunLock(Protocol):
+    """What a run holds while it runs."""
+
+    def check(self) -> None:
+        """Raise `LeaseLost` if this run no longer holds the lock; call before each commit."""
+
+
+class FileLock:
+    """A held flock: the kernel keeps it until the process ends, so it cannot be lost."""
+
+    def __init__(self, path: Path) -> None:
+        """Describe a held lock.
+
+        Args:
+            path: The lock file.
+        """
+        self.path = path
+
+    def check(self) -> None:
+        """Nothing to do: an flock held by a live process cannot be taken from it."""
+
+
 @contextmanager
-def run_lock(path: Path, pipeline: str) -> Iterator[None]:
+def run_lock(cfg: PipelineConfig) -> Iterator[RunLock]:
     """Hold the pipeline's run lock, or fail at once if another run holds it.
 
+    A local state location gets an flock on `cfg.lock_path`; an object-store state
+    location gets a lease under `<state location>/lease/` (see `strata.lease`), and
+    `lock_dir` is not used.
+
     Args:
-        path: The lock file.
-        pipeline: Pipeline name, for the message.
+        cfg: The pipeline configuration.
+
+    Yields:
+        The held lock; call its `check()` before each commit.
 
     Raises:
-        LockBusy: Naming the holder, if the lock is taken.
+        LockBusy: Naming the holder, if another run holds the lock.
+        LeaseUnavailable: If the object store could not be reached to take the lease.
     """
+    path = cfg.lock_path
+    if path is not None:
+        with _flock(path, cfg.name) as lock:
+            yield lock
+        return
+    from strata.lease import hold_lease
+
+    location = f"{cfg.location('state')}/lease"
+    if cfg.lock_dir:
+        logger.warning(
+            "pipeline %s: lock_dir is not used, because the state location is an object "
+            "store where runs hold a lease under %s; remove lock_dir",
+            cfg.name,
+            location,
+        )
+    lease_s = parse_duration_ms(cfg.lock_lease) / 1000
+    with hold_lease(location, cfg.storage_options, cfg.name, lease_s) as lease:
+        yield lease
+
+
+@contextmanager
+def _flock(path: Path, pipeline: str) -> Iterator[FileLock]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -55,6 +125,6 @@ def run_lock(path: Path, pipeline: str) -> Iterator[None]:
                 }
             ).encode(),
         )
-        yield
+        yield FileLock(path)
     finally:
         os.close(fd)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from strata.config import PipelineConfig
-from strata.storage import filesystem, read_bytes, write_bytes_atomically
+from strata.storage import filesystem, put_if_absent, read_bytes
 
 
 class PlanError(Exception):
@@ -88,6 +88,8 @@ class BatchPlan:
         source: `kafka`, or `raw` when a backfill reads the raw copy.
         losses: Ranges deleted by retention before they were read, accepted for this
             batch and recorded in the ledger.
+        topic_ids: The brokers' id of each topic when planned, where they keep one: a
+            topic re-created before the batch is finished is not read as the same log.
     """
 
     pipeline: str
@@ -102,6 +104,7 @@ class BatchPlan:
     note: str = ""
     source: str = "kafka"
     losses: list[OffsetRange] = field(default_factory=list)
+    topic_ids: dict[str, str] = field(default_factory=dict)
 
     @property
     def offsets(self) -> int:
@@ -130,6 +133,7 @@ class BatchPlan:
             note=body.get("note", ""),
             source=body.get("source", "kafka"),
             losses=[OffsetRange(**r) for r in body.get("losses", [])],
+            topic_ids=dict(body.get("topic_ids", {})),
         )
 
 
@@ -258,6 +262,7 @@ def decode_fingerprint(cfg: PipelineConfig) -> str:
     """Hash of everything that decides whether and where a message lands."""
     body = {
         "format": cfg.format,
+        "schema_id": cfg.schema_id,
         "schema": cfg.schema_path.read_text(),
         "event_time": cfg.event_time.model_dump(),
         "partitioning": cfg.partitioning,
@@ -266,7 +271,12 @@ def decode_fingerprint(cfg: PipelineConfig) -> str:
 
 
 class PlanStore:
-    """Plans of a pipeline, one JSON file per batch under the state location."""
+    """Plans of a pipeline, one JSON file per batch under the state location.
+
+    A plan is created only where none exists (an object store's conditional PUT, a
+    hard link locally) and never rewritten: two runners planning the same batch at
+    once both end up reading the one plan that was saved first.
+    """
 
     def __init__(self, cfg: PipelineConfig) -> None:
         """Open the store for a pipeline.
@@ -274,16 +284,56 @@ class PlanStore:
         Args:
             cfg: The pipeline configuration.
         """
-        self._fs, self._root = filesystem(cfg.location("state"), cfg.storage_options)
+        self._uri = cfg.location("state")
+        self._options = cfg.storage_options
+        self._fs, self._root = filesystem(self._uri, cfg.storage_options)
+        self._pipeline = cfg.name
 
-    def _path(self, batch: int) -> str:
-        return f"{self._root}/plans/batch-{batch:010d}.json"
+    def _name(self, batch: int) -> str:
+        return f"plans/batch-{batch:010d}.json"
+
+    def describe(self, batch: int) -> str:
+        """Where a batch's plan is kept, for messages."""
+        return f"{self._uri}/{self._name(batch)}"
 
     def load(self, batch: int) -> BatchPlan | None:
-        """The persisted plan of a batch, if one was made."""
-        data = read_bytes(self._fs, self._path(batch))
-        return None if data is None else BatchPlan.from_json(data.decode())
+        """The persisted plan of a batch, if one was made.
 
-    def save(self, plan: BatchPlan) -> None:
-        """Persist a plan before any of it is read."""
-        write_bytes_atomically(self._fs, self._path(plan.batch), plan.to_json().encode())
+        Raises:
+            PlanError: Naming the file, if it cannot be read as a plan.
+        """
+        data = read_bytes(self._fs, f"{self._root}/{self._name(batch)}")
+        if data is None:
+            return None
+        try:
+            plan = BatchPlan.from_json(data.decode())
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlanError(
+                f"{self.describe(batch)}: the saved plan of batch {batch} cannot be read "
+                f"({type(exc).__name__}: {exc}); it was cut short or edited. Nothing was read. "
+                f"Restore the file, or abandon the batch with `strata plan drop --pipeline "
+                f"{self._pipeline} --batch {batch} --reason TEXT`."
+            ) from None
+        if plan.batch != batch or plan.pipeline != self._pipeline:
+            raise PlanError(
+                f"{self.describe(batch)}: the file holds the plan of batch {plan.batch} of "
+                f"pipeline {plan.pipeline}, not batch {batch} of {self._pipeline}; it was "
+                "copied or edited by hand. Nothing was read. Restore the file, or abandon the "
+                f"batch with `strata plan drop --pipeline {self._pipeline} --batch {batch} "
+                "--reason TEXT`."
+            )
+        return plan
+
+    def create(self, plan: BatchPlan) -> BatchPlan:
+        """Persist a plan before any of it is read, unless the batch has one already.
+
+        Returns:
+            The batch's plan as saved: this one, or the one another runner saved first.
+        """
+        uri = f"{self._uri}/{self._name(plan.batch)}"
+        if put_if_absent(uri, self._options, plan.to_json().encode()):
+            return plan
+        saved = self.load(plan.batch)
+        if saved is None:
+            raise PlanError(f"{uri}: the plan exists but cannot be read back; try again")
+        return saved

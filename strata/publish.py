@@ -93,7 +93,12 @@ PARQUET_OUTPUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat
 
 
 def hive_type(kind: pa.DataType) -> str:
-    """The Hive type of an Arrow type, as Parquet readers (Hive, Trino, Spark) map it."""
+    """The Hive type of an Arrow type, as Parquet readers (Hive, Trino, Spark) map it.
+
+    Raises:
+        MetastoreError: For a type Hive has no column type for, e.g. a decimal above
+            38 digits.
+    """
     simple = {
         pa.int8(): "tinyint",
         pa.int16(): "smallint",
@@ -111,6 +116,10 @@ def hive_type(kind: pa.DataType) -> str:
         return simple[kind]
     if pa.types.is_timestamp(kind):
         return "timestamp"
+    if pa.types.is_decimal(kind):
+        if kind.precision > 38:
+            raise MetastoreError(f"no Hive type for {kind}: Hive decimals hold at most 38 digits")
+        return f"decimal({kind.precision},{kind.scale})"
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         return f"array<{hive_type(kind.value_type)}>"
     if pa.types.is_map(kind):

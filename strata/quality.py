@@ -285,7 +285,11 @@ def reconcile_checks(
     """Offsets read = rows + quarantined + gaps; the tables hold what the ledger says;
     no batch overlaps another and no hole lies between them unless a loss explains it.
     """
-    rows = [r for r in ledger.to_pylist() if r["batch"] == batch and r["kind"] != "loss"]
+    rows = [
+        r
+        for r in ledger.to_pylist()
+        if r["batch"] == batch and r["kind"] in ("ingest", "backfill", "replay")
+    ]
     checks = []
     bad = [
         f"partition {r['partition']} of `{r['topic']}`: offsets [{r['start_offset']}, "
@@ -353,7 +357,11 @@ def reconcile_checks(
 
 
 def ledger_continuity(ledger: pa.Table) -> tuple[list[str], list[str]]:
-    """Overlaps between ingested ranges, and holes no recorded loss explains.
+    """Overlaps between ingested ranges, and holes nothing recorded explains.
+
+    Each partition's position is followed batch by batch: an ingest or a recorded loss
+    must start where the position is and moves it to its end; a seek (an operator's
+    recorded edit) moves it wherever it says, skipped offsets included.
 
     Args:
         ledger: Every ledger row.
@@ -361,26 +369,40 @@ def ledger_continuity(ledger: pa.Table) -> tuple[list[str], list[str]]:
     Returns:
         Sentences naming each overlap, and each hole.
     """
-    spans: dict[tuple[str, int], list[tuple[int, int, int, str]]] = {}
-    for r in ledger.to_pylist():
-        if r["kind"] in ("ingest", "loss") and r["end_offset"] > r["start_offset"]:
-            spans.setdefault((r["topic"], r["partition"]), []).append(
-                (r["start_offset"], r["end_offset"], r["batch"], r["kind"])
-            )
+    order = {"seek": 0, "loss": 1, "ingest": 2}
+    moves = sorted(
+        (
+            (r["topic"], r["partition"]),
+            r["batch"],
+            order[r["kind"]],
+            r["start_offset"],
+            r["end_offset"],
+        )
+        for r in ledger.to_pylist()
+        if r["kind"] in order
+    )
+    # Per partition: where reading goes on, and the batch and start of the range that
+    # put it there.
+    position: dict[tuple[str, int], tuple[int, int, int]] = {}
     overlaps, holes = [], []
-    for (topic, partition), items in sorted(spans.items()):
-        items.sort()
-        for (s0, e0, b0, _), (s1, e1, b1, kind) in zip(items, items[1:], strict=False):
-            where = f"partition {partition} of `{topic}`"
-            if s1 < e0:
-                overlaps.append(
-                    f"{where}: batch {b1} [{s1}, {e1}) overlaps batch {b0} [{s0}, {e0})"
-                )
-            elif s1 > e0:
-                holes.append(
-                    f"{where}: offsets [{e0}, {s1}) between batch {b0} and batch {b1} were never "
-                    "read and no loss is recorded for them"
-                )
+    for key, batch, kind, start, end in moves:
+        where = f"partition {key[1]} of `{key[0]}`"
+        if kind == order["seek"]:
+            position[key] = (end, batch, start)
+            continue
+        at, since, since_start = position.get(key, (start, batch, start))
+        if start < at:
+            overlaps.append(
+                f"{where}: batch {batch} [{start}, {end}) overlaps batch {since} "
+                f"[{since_start}, {at})"
+            )
+        elif start > at:
+            holes.append(
+                f"{where}: offsets [{at}, {start}) between batch {since} and batch {batch} were "
+                "never read and no loss is recorded for them"
+            )
+        if end >= at:
+            position[key] = (end, batch, start)
     return overlaps, holes
 
 

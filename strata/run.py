@@ -1,9 +1,18 @@
-"""One batch, end to end: plan, read, decode, write, commit, reconcile, publish offsets.
+"""One batch, end to end: plan, read, decode, write, reconcile, commit, publish offsets.
 
-Commit order is raw copy, quarantine, data table, ledger. Each table's commit
-carries the batch's app transaction, so after a crash at any point a re-run sees
-which commits stand, rewrites only the files of tables not yet committed, and
-commits the rest. The ledger is written last; it marks the batch done.
+A batch is planned once, and its plan saved before anything is read. Whoever runs it
+afterwards (a retry, the next scheduled run, a runner on another host) finishes that
+plan with the semantics of the operation that made it: an ingest appends its offsets,
+a backfill or replay replaces its ranges' rows.
+
+Nothing is committed until the batch reconciles from what was really read and
+written: the tasks' pieces tile every planned range, every offset was read once or
+confirmed as a gap, and the files hold each offset read exactly once. Commit order is
+raw copy, quarantine, data table, ledger. Each table's commit carries the batch's app
+transaction, checked again inside the commit, so after a crash at any point, or with
+a second runner, a re-run sees which commits stand, rewrites only the files of tables
+not yet committed, and commits the rest once. The tables are read back before the
+ledger commit, which is last and marks the batch done.
 """
 
 from __future__ import annotations
@@ -11,8 +20,9 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +32,7 @@ import pyarrow.fs as pafs
 from deltalake.transaction import RemoveAction
 
 from strata.config import PipelineConfig
+from strata.decode import DecodeRules
 from strata.delta import (
     add_missing_columns,
     batch_metadata,
@@ -29,11 +40,19 @@ from strata.delta import (
     committed_batch,
     ensure_table,
     open_table,
+    range_filter,
     without_ranges,
 )
-from strata.kafka import partition_states, publish_group_offsets
-from strata.ledger import LedgerState, commit_ledger, committed_columns, ledger_state
-from strata.lock import run_lock
+from strata.kafka import partition_states, publish_group_offsets, topic_ids
+from strata.ledger import (
+    LedgerState,
+    commit_ledger,
+    committed_columns,
+    committed_topic_ids,
+    ledger_state,
+    read_ledger,
+)
+from strata.lock import RunLock, run_lock
 from strata.plan import (
     BatchPlan,
     OffsetRange,
@@ -49,13 +68,12 @@ from strata.schema import (
     SchemaError,
     column_signature,
     data_schema,
-    load_topic_schema,
     schema_changes,
     table_layout,
 )
 from strata.storage import filesystem
 from strata.task import RangeResult, SplitJob, SplitResult
-from strata.write import WrittenFile
+from strata.write import WrittenFile, is_batch_file
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,7 +81,10 @@ if TYPE_CHECKING:
 # Fault injection for the crash tests: the process kills itself with SIGKILL at the
 # named step, exactly as an OOM killer or a lost node would. FAIL_ONCE_ENV instead
 # raises once (a marker file remembers), as a task attempt that fails and is retried.
+# STOP_ENV freezes the process with SIGSTOP, as a long pause of its host or VM would,
+# until something sends it SIGCONT.
 CRASH_ENV = "STRATA_CRASH_AT"
+STOP_ENV = "STRATA_STOP_AT"
 FAIL_ONCE_ENV = "STRATA_FAIL_ONCE_AT"
 FAIL_ONCE_MARKER_ENV = "STRATA_FAIL_ONCE_MARKER"
 RANGES_KEY = "strata.ranges"
@@ -110,9 +131,11 @@ class RunOutcome:
 
 
 def crash_point(step: str) -> None:
-    """Die by SIGKILL here, or fail once, if the crash tests asked for it."""
+    """Die by SIGKILL here, fail once, or freeze, if the crash tests asked for it."""
     if os.environ.get(CRASH_ENV) == step:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(STOP_ENV) == step:
+        os.kill(os.getpid(), signal.SIGSTOP)
     if os.environ.get(FAIL_ONCE_ENV) == step:
         marker = os.environ.get(FAIL_ONCE_MARKER_ENV, "")
         if marker and not os.path.exists(marker):
@@ -131,6 +154,10 @@ def run_batch(
 ) -> RunOutcome:
     """Plan and run the next batch of a pipeline, or finish an unfinished one.
 
+    An unfinished batch is finished by the operation that planned it: an ingest
+    appends its offsets; a backfill or replay replaces its ranges' rows (and never
+    moves where reading goes on). New offsets then come with the next run.
+
     Args:
         cfg: The pipeline configuration.
         max_offsets: Per-partition cap for this run, overriding the config.
@@ -145,53 +172,106 @@ def run_batch(
 
     Raises:
         PlanError: If the broker's state makes a safe plan impossible.
-        ReconcileError: If the committed batch does not add up.
+        ReconcileError: If the batch does not add up; nothing of it was committed.
     """
     began = time.monotonic()
-    with run_lock(cfg.lock_path, cfg.name):
+    with run_lock(cfg) as lock:
         state = ledger_state(cfg)
-        batch = state.last_batch + 1
         plan, resumed, states = _load_or_plan(cfg, state, max_offsets, accept_loss)
         if plan is None:
             outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
             # Catch the consumer group up with the ledger, in case a run died before.
             ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
             _publish(cfg, ranges, outcome)
-            if register_tables:
-                register(cfg, outcome)
-            outcome.seconds = time.monotonic() - began
-            return outcome
-        fingerprint = decode_fingerprint(cfg)
-        outcome = RunOutcome(
-            cfg.name,
-            "resumed" if resumed else "committed",
-            batch,
-            new_partitions=plan.new_partitions,
-        )
-        results, written = _execute_and_commit(cfg, plan, fingerprint, session, outcome, resumed)
-        outcome.ranges = results
-        ledger_rows = [ledger_row(r, plan.watermarks) for r in results]
-        ledger_rows += [loss_row(lost, plan.note) for lost in plan.losses]
-        for lost in plan.losses:
-            outcome.warnings.append(
-                f"{lost.describe()}: {lost.count} messages were deleted by retention before "
-                f"they were read; the loss is recorded in the ledger ({plan.note})"
+        elif plan.kind == "ingest":
+            outcome = _ingest(cfg, plan, state, resumed, session, lock)
+        else:
+            outcome = execute_reprocess(cfg, plan, session, lock, resumed=True)
+            outcome.warnings.insert(
+                0,
+                f"batch {plan.batch} is a {plan.kind} planned at {plan.created_at or 'an earlier '}"
+                f"run ({plan.note}) and left unfinished; it was finished as a {plan.kind}, "
+                "replacing its ranges' rows. New offsets are read by the next run.",
             )
-        commit_ledger(cfg, batch, ledger_rows, data_columns(cfg))
-        crash_point("after_ledger")
-        reconcile(cfg, batch, results, written)
-        _publish(cfg, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome)
-        try:
-            after = partition_states(cfg, {(r.topic, r.partition): r.end for r in results})
-            committed = dict(state.committed)
-            committed.update({(r.topic, r.partition): r.end for r in results})
-            outcome.lag = _lag(after, committed)
-        except Exception as exc:  # noqa: BLE001 - lag is informational; the batch stands
-            outcome.warnings.append(f"lag after the run unknown: {exc}")
         if register_tables:
             register(cfg, outcome)
         outcome.seconds = time.monotonic() - began
         return outcome
+
+
+def _ingest(
+    cfg: PipelineConfig,
+    plan: BatchPlan,
+    state: LedgerState,
+    resumed: bool,
+    session: Callable[[PipelineConfig], SparkSession] | None,
+    lock: RunLock,
+) -> RunOutcome:
+    """Read, check and commit an ingest batch, then publish its offsets."""
+    outcome = RunOutcome(
+        cfg.name,
+        "resumed" if resumed else "committed",
+        plan.batch,
+        new_partitions=plan.new_partitions,
+    )
+    check_continues(cfg, plan, state)
+    if resumed:
+        check_schema(cfg)
+    results = write_and_commit(cfg, plan, TABLES, session, outcome, lock, resumed)
+    outcome.ranges = results
+    ledger_rows = [ledger_row(r, plan.watermarks) for r in results]
+    ledger_rows += [loss_row(lost, plan.note) for lost in plan.losses]
+    for lost in plan.losses:
+        outcome.warnings.append(
+            f"{lost.describe()}: {lost.count} messages were deleted by retention before "
+            f"they were read; the loss is recorded in the ledger ({plan.note})"
+        )
+    lock.check()
+    commit_ledger(cfg, plan.batch, ledger_rows, data_columns(cfg), plan.topic_ids)
+    crash_point("after_ledger")
+    _publish(cfg, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome)
+    try:
+        after = partition_states(cfg, {(r.topic, r.partition): r.end for r in results})
+        committed = dict(state.committed)
+        committed.update({(r.topic, r.partition): r.end for r in results})
+        outcome.lag = _lag(after, committed)
+    except Exception as exc:  # noqa: BLE001 - lag is informational; the batch stands
+        outcome.warnings.append(f"lag after the run unknown: {exc}")
+    return outcome
+
+
+def execute_reprocess(
+    cfg: PipelineConfig,
+    plan: BatchPlan,
+    session: Callable[[PipelineConfig], SparkSession] | None,
+    lock: RunLock,
+    resumed: bool,
+) -> RunOutcome:
+    """Run a saved backfill or replay plan: its ranges' rows are replaced, once.
+
+    From Kafka, the raw copy's rows of the ranges are replaced too; from the raw copy,
+    it stays as it is. The ledger records the batch with its kind and reason and
+    never moves where reading goes on.
+    """
+    status = "replayed" if plan.kind == "replay" else "backfilled"
+    outcome = RunOutcome(cfg.name, status, plan.batch)
+    if plan.source == "raw" and plan.kind == "backfill":
+        outcome.warnings.append(
+            f"{', '.join(r.describe() for r in plan.ranges)} are no longer in Kafka; they were "
+            "read from the raw copy"
+        )
+    tables = ("quarantine", "table") if plan.source == "raw" else TABLES
+    results = write_and_commit(cfg, plan, tables, session, outcome, lock, resumed)
+    outcome.ranges = results
+    lock.check()
+    commit_ledger(
+        cfg,
+        plan.batch,
+        [ledger_row(r, {}, plan.kind, plan.note) for r in results],
+        data_columns(cfg),
+    )
+    crash_point("after_ledger")
+    return outcome
 
 
 def plan_next(cfg: PipelineConfig, max_offsets: int | None = None) -> BatchPlan | None:
@@ -200,7 +280,7 @@ def plan_next(cfg: PipelineConfig, max_offsets: int | None = None) -> BatchPlan 
     An unfinished batch's saved plan is returned as it is, so the run that follows
     reads exactly what was planned.
     """
-    with run_lock(cfg.lock_path, cfg.name):
+    with run_lock(cfg):
         plan, _, _ = _load_or_plan(cfg, ledger_state(cfg), max_offsets, None)
         return plan
 
@@ -215,20 +295,111 @@ def _load_or_plan(
 
     Returns:
         The plan (None when there is nothing new), whether it was an unfinished
-        batch's, and the partitions' watermarks when a new plan was made.
+        batch's (or another runner's, saved first), and the partitions' watermarks
+        when a new plan was made.
     """
     store = PlanStore(cfg)
     plan = store.load(state.last_batch + 1)
     if plan is not None:
         return plan, True, []
     states = partition_states(cfg, state.committed)
-    plan = _new_plan(cfg, state.last_batch + 1, states, max_offsets, accept_loss, state.committed)
-    if plan is not None:
-        # Before the plan is saved, so nothing of an incompatible schema is ever read; an
-        # idle run skips it.
-        check_schema(cfg)
-        store.save(plan)
-    return plan, False, states
+    plan = new_plan(cfg, state.last_batch + 1, states, max_offsets, accept_loss, state.committed)
+    if plan is None:
+        return None, False, states
+    # Before the plan is saved, so nothing of a re-created topic or an incompatible
+    # schema is ever read; an idle run skips both.
+    plan = replace(plan, topic_ids=check_topic_ids(cfg))
+    check_schema(cfg)
+    saved = store.create(plan)
+    return saved, saved is not plan, states
+
+
+def check_topic_ids(cfg: PipelineConfig, planned: BatchPlan | None = None) -> dict[str, str]:
+    """Stop when a topic is not the one the committed offsets (or a plan) belong to.
+
+    A topic deleted and created again under the same name starts its offsets at 0;
+    once it has grown past the committed offset, its watermarks look like progress
+    and only its id tells the new log from the old one.
+
+    Args:
+        cfg: The pipeline configuration.
+        planned: A saved plan, whose topics' ids are checked instead of the ledger's.
+
+    Returns:
+        The brokers' id of each topic (empty where they keep none).
+
+    Raises:
+        PlanError: Naming the topic, both ids and the ways on.
+    """
+    current = topic_ids(cfg)
+    drop = ""
+    if planned is not None:
+        recorded, since = planned.topic_ids, f"batch {planned.batch} was planned"
+        drop = (
+            f"Drop batch {planned.batch}'s plan first (`strata plan drop --pipeline {cfg.name} "
+            f"--batch {planned.batch} --reason TEXT`). "
+        )
+    else:
+        newest = committed_topic_ids(cfg)
+        if newest is None:
+            return current
+        recorded, since = newest[1], f"batch {newest[0]} was committed"
+    changed = sorted(t for t, uid in current.items() if recorded.get(t, uid) != uid)
+    if changed:
+        names = ", ".join(
+            f"`{t}` (id {recorded[t]} when {since}, {current[t]} now)" for t in changed
+        )
+        raise PlanError(
+            f"topic {names} was deleted and created again under the same name: the committed "
+            "offsets belong to the old topic, and the new one's offsets are other messages. "
+            f"Nothing was read. {drop}If the new topic is the one to read, record it with "
+            f"`strata ledger seek --pipeline {cfg.name} --topic TOPIC --to earliest --reason "
+            "TEXT`; or point the pipeline at new tables. If this is the wrong cluster, fix "
+            "kafka.bootstrap_servers."
+        )
+    return current
+
+
+def check_continues(cfg: PipelineConfig, plan: BatchPlan, state: LedgerState) -> None:
+    """An ingest plan's ranges start exactly where the ledger says reading goes on.
+
+    This holds for every plan made since the ledger last changed; a plan that does not
+    continue the ledger is stale (the ledger was edited, or another runner moved it),
+    and running it would read offsets twice or skip them.
+
+    Raises:
+        PlanError: Naming each partition and the way on.
+    """
+    lost = {(x.topic, x.partition): x for x in plan.losses}
+    new = set(plan.new_partitions)
+    problems = []
+    for r in plan.ranges:
+        key = (r.topic, r.partition)
+        committed = state.committed.get(key)
+        where = f"partition {r.partition} of `{r.topic}`"
+        if committed is None:
+            if key not in new:
+                problems.append(f"{where}: the ledger holds no offsets for it")
+            continue
+        expected = committed
+        if key in lost:
+            if lost[key].start != committed:
+                problems.append(
+                    f"{where}: the plan records a loss from {lost[key].start}, the ledger "
+                    f"goes on at {committed}"
+                )
+            expected = lost[key].end
+        if r.start != expected:
+            problems.append(
+                f"{where}: the plan starts at {r.start}, the ledger goes on at {expected}"
+            )
+    if problems:
+        raise PlanError(
+            f"{PlanStore(cfg).describe(plan.batch)}: the saved plan of batch {plan.batch} does "
+            "not continue the ledger (" + "; ".join(problems) + "); the ledger changed after "
+            "the plan was saved. Nothing was read. Drop the plan with `strata plan drop "
+            f"--pipeline {cfg.name} --batch {plan.batch} --reason TEXT`, then run again."
+        )
 
 
 def data_columns(cfg: PipelineConfig) -> list[list[str]]:
@@ -245,11 +416,13 @@ def check_schema(cfg: PipelineConfig) -> list[str]:
     Raises:
         SchemaError: Naming each incompatible change and its fix.
     """
+    # The decode rules first, before any batch is committed too: a schema or event-time
+    # setting the decoder refuses must stop the plan, not fail every task of the batch.
+    topic = DecodeRules.from_config(cfg).topic
     recorded = committed_columns(cfg)
     if recorded is None:
         return []
     batch, before = recorded
-    topic = load_topic_schema(cfg.schema_path)
     added, problems = schema_changes(before, data_schema(topic, cfg.partitioning), topic.required)
     if problems:
         raise SchemaError(
@@ -259,7 +432,7 @@ def check_schema(cfg: PipelineConfig) -> list[str]:
     return added
 
 
-def _new_plan(
+def new_plan(
     cfg: PipelineConfig,
     batch: int,
     states: list[PartitionState],
@@ -267,6 +440,17 @@ def _new_plan(
     accept_loss: str | None,
     committed: dict[tuple[str, int], int],
 ) -> BatchPlan | None:
+    """The next batch's plan from the partitions' watermarks; None when nothing is new.
+
+    Args:
+        cfg: The pipeline configuration.
+        batch: The batch number.
+        states: Every partition's watermarks and committed offset.
+        max_offsets: Per-partition cap for this batch, overriding the config.
+        accept_loss: Who accepts offsets lost to retention, and why; None fails closed
+            unless the pipeline's `on_data_loss` is `accept`.
+        committed: Where reading goes on per partition, from the ledger.
+    """
     from strata.spark import default_tasks
 
     if accept_loss is None and cfg.on_data_loss == "accept":
@@ -280,8 +464,11 @@ def _new_plan(
     )
     if not any(r.count for r in ranges) and not new and not losses:
         return None
-    # Empty ranges are kept only for new partitions: they record where reading starts.
-    kept = [r for r in ranges if r.count > 0 or (r.topic, r.partition) in new]
+    # An empty range is kept where it moves where reading goes on: the start of a new
+    # partition, or the log start after an accepted loss. The ledger records its start
+    # even when the batch reads nothing there, so no later plan starts anywhere else.
+    moved = set(new) | {(x.topic, x.partition) for x in losses}
+    kept = [r for r in ranges if r.count > 0 or (r.topic, r.partition) in moved]
     return BatchPlan(
         pipeline=cfg.name,
         batch=batch,
@@ -296,55 +483,180 @@ def _new_plan(
     )
 
 
-def _execute_and_commit(
+def write_and_commit(
     cfg: PipelineConfig,
     plan: BatchPlan,
-    fingerprint: str,
+    tables: tuple[str, ...],
     session: Callable[[PipelineConfig], SparkSession] | None,
     outcome: RunOutcome,
+    lock: RunLock,
     resumed: bool,
-) -> tuple[list[RangeResult], dict[str, list[WrittenFile]] | None]:
-    """Run the batch's tasks and commit the tables whose commit does not stand yet.
+) -> list[RangeResult]:
+    """Run the batch's tasks, reconcile what they wrote, and commit each table once.
+
+    Tables whose commit of the batch already stands are neither rewritten nor
+    committed again. Nothing is committed unless the files reconcile with what was
+    read, and the tables are read back before the ledger commit.
 
     Returns:
-        Per-partition results, and for plain Parquet tables the files written (the
-        ledger commit that follows is their commit point).
+        One result per planned range, empty ones included.
     """
     parquet = cfg.table_format == "parquet"
+    replacing = None if plan.kind == "ingest" else plan.ranges
     # Plain Parquet tables have no commits of their own: the ledger decides.
-    done = {name: False for name in TABLES} if parquet else tables_done(cfg, TABLES, plan.batch)
+    done = {name: False for name in tables} if parquet else tables_done(cfg, tables, plan.batch)
     if all(done.values()):
-        return stored_results(cfg, plan.batch), None
+        results = planned_results(plan, stored_results(cfg, plan.batch))
+        reconcile_tables(cfg, plan, results, tables)
+        return results
     if plan.offsets == 0:
-        return [RangeResult(r.topic, r.partition, r.start, r.end) for r in plan.ranges], None
+        return planned_results(plan, [])
+    fingerprint = decode_fingerprint(cfg)
     if plan.fingerprint and plan.fingerprint != fingerprint and any(done.values()):
         raise PlanError(
             f"batch {plan.batch} was begun with other decode settings (schema, format, event "
             "time or partitioning) and is partly committed; restore the settings it began "
             "with, finish it, then change them"
         )
+    source = _source_for(cfg, plan, done, resumed, outcome)
     if parquet and resumed:
         # Plain Parquet readers see every file in a directory: a crashed attempt's files
         # must go before this attempt writes, or rows could show twice.
+        _guard_parquet_cleanup(cfg, plan.batch, lock, {})
         remove_batch_files(cfg, plan.batch)
     write = frozenset(name for name, d in done.items() if not d)
-    split_results = run_tasks(cfg, plan, write, session, outcome)
+    split_results = run_tasks(cfg, plan, write, session, outcome, source)
     crash_point("after_files")
-    results = merge_results(split_results)
-
-    meta = {RANGES_KEY: [vars(r) for r in results]}
+    results = batch_results(plan, split_results)
     written = {name: [f for s in split_results for f in s.files.get(name, [])] for name in TABLES}
-    for name in TABLES:
-        files = written[name]
-        outcome.files[name] = len(files)
+    reconcile_files(plan, results, written, write)
+    if parquet:
+        # Files of failed task attempts are not the batch's: readers must not see them.
+        _guard_parquet_cleanup(cfg, plan.batch, lock, written)
+        remove_batch_files(cfg, plan.batch, keep={f.path for fs in written.values() for f in fs})
+    meta: dict[str, Any] = {RANGES_KEY: [vars(r) for r in results]}
+    if plan.kind != "ingest":
+        meta[f"strata.{plan.kind}"] = plan.note
+    for name in tables:
+        outcome.files[name] = len(written[name])
         if not (done[name] or parquet):
-            added = commit_table(cfg, name, files, plan.batch, meta)
+            lock.check()
+            crash_point(f"before_{name}_commit")
+            added = commit_table(cfg, name, written[name], plan.batch, meta, replacing)
             if added:
                 outcome.warnings.append(
                     f"the schema gained {', '.join(f'`{c}`' for c in added)}: the data table "
                     "has the new column(s) from this batch on; earlier rows read them as null"
                 )
-    return results, written if parquet else None
+    reconcile_tables(cfg, plan, results, tables, written if parquet else None)
+    return results
+
+
+def _guard_parquet_cleanup(
+    cfg: PipelineConfig, batch: int, lock: RunLock, mine: dict[str, list[WrittenFile]]
+) -> None:
+    """Delete a plain Parquet batch's stray files only while it is this run's to finish.
+
+    Without a table log, the files in the directories are the table: a runner that lost
+    the pipeline to another one must not delete what that one committed.
+
+    Raises:
+        LeaseLost: If this run no longer holds the lease.
+        PlanError: If another run committed the batch meanwhile (this run's own files
+            are removed first).
+    """
+    lock.check()
+    if (committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0) >= batch:
+        for name, files in mine.items():
+            fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+            for f in files:
+                if fs.get_file_info(f"{root}/{f.path}").type == pafs.FileType.File:
+                    fs.delete_file(f"{root}/{f.path}")
+        raise PlanError(
+            f"batch {batch} was committed by another run while this one ran; this run's "
+            "files were removed and nothing of it was committed"
+        )
+
+
+def _source_for(
+    cfg: PipelineConfig,
+    plan: BatchPlan,
+    done: dict[str, bool],
+    resumed: bool,
+    outcome: RunOutcome,
+) -> str:
+    """Where the batch's messages are read from: Kafka, or the raw copy.
+
+    Once a batch's raw copy is committed it holds exactly the batch's messages, so the
+    rest of the batch is read from it: Kafka's retention, or a topic re-created since,
+    can no longer stop the batch. Before that, a resumed batch checks that Kafka still
+    holds what was planned, and stops with the way on if it does not.
+    """
+    if done.get("raw"):
+        if plan.source == "kafka" and plan.offsets:
+            outcome.warnings.append(
+                f"batch {plan.batch}'s raw copy was committed before the run stopped; the rest "
+                "of the batch was read from it"
+            )
+        return "raw"
+    if plan.source != "kafka" or not resumed:
+        return plan.source
+    if plan.topic_ids:
+        check_topic_ids(cfg, plan)
+    missing = kafka_misses(cfg, plan)
+    if not missing:
+        return "kafka"
+    if plan.kind != "ingest" and all(raw_covers(cfg, r) for r in plan.ranges):
+        outcome.warnings.append(
+            f"{'; '.join(missing)}: read from the raw copy, which holds every committed offset"
+        )
+        return "raw"
+    raise PlanError(
+        f"batch {plan.batch}'s saved plan can no longer be read: {'; '.join(missing)}. "
+        "Retention deleted the offsets (or the topic was re-created) after the plan was "
+        "saved and before its raw copy was committed. Nothing was read. Abandon the plan "
+        f"with `strata plan drop --pipeline {cfg.name} --batch {plan.batch} --reason TEXT`; "
+        "the next `strata run --accept-loss TEXT` then records the loss and goes on."
+    )
+
+
+def kafka_misses(cfg: PipelineConfig, plan: BatchPlan) -> list[str]:
+    """The planned ranges Kafka no longer holds, in words."""
+    wanted = {(r.topic, r.partition): r for r in plan.ranges if r.count}
+    held = {
+        (s.topic, s.partition): (s.low, s.high)
+        for s in partition_states(cfg, {})
+        if (s.topic, s.partition) in wanted
+    }
+    missing = []
+    for key, r in sorted(wanted.items()):
+        low, high = held.get(key, (None, None))
+        if low is None or high is None:
+            missing.append(f"{r.describe()}: the broker no longer lists the partition")
+        elif r.start < low or r.end > high:
+            missing.append(f"{r.describe()}: Kafka now holds [{low}, {high})")
+    return missing
+
+
+def raw_covers(cfg: PipelineConfig, target: OffsetRange) -> bool:
+    """Whether committed ingests cover the range, so the raw copy holds its messages.
+
+    Ranges recorded as lost to retention count as covered: no copy holds them, and
+    reading the range counts them as gaps, as the ingest did.
+    """
+    rows = read_ledger(cfg).to_pylist()
+    spans = sorted(
+        (r["start_offset"], r["end_offset"])
+        for r in rows
+        if r["kind"] in ("ingest", "loss")
+        and (r["topic"], r["partition"]) == (target.topic, target.partition)
+    )
+    reach = target.start
+    for start, end in spans:
+        if start > reach:
+            break
+        reach = max(reach, end)
+    return reach >= target.end
 
 
 # The step after which each table's commit stands, for the crash tests.
@@ -371,7 +683,8 @@ def stored_results(cfg: PipelineConfig, batch: int) -> list[RangeResult]:
             f"batch {batch}: the data table records it but its commit has no ranges; "
             "the table was written by something other than this pipeline"
         )
-    return [RangeResult(**r) for r in stored]
+    known = {f.name for f in fields(RangeResult)}
+    return [RangeResult(**{k: v for k, v in r.items() if k in known}) for r in stored]
 
 
 def commit_table(
@@ -382,7 +695,7 @@ def commit_table(
     meta: dict[str, Any],
     replacing: list[OffsetRange] | None = None,
 ) -> list[str]:
-    """Commit a batch's files to one Delta table, with its app transaction.
+    """Commit a batch's files to one Delta table, with its app transaction, once.
 
     Args:
         cfg: The pipeline configuration.
@@ -423,10 +736,16 @@ def run_tasks(
     write: frozenset[str],
     session: Callable[[PipelineConfig], SparkSession] | None,
     outcome: RunOutcome,
+    source: str,
 ) -> list[SplitResult]:
-    """Start Spark and run one task per split of the plan, writing the given tables."""
+    """Start Spark and run one task per split of the plan, writing the given tables.
+
+    Every file name carries this run's id, so files of another runner, or of an
+    earlier attempt, are never overwritten: only the commit decides which count.
+    """
+    run_id = uuid.uuid4().hex[:8]
     jobs = [
-        SplitJob(cfg, plan.batch, i, split, write, plan.source)
+        SplitJob(cfg, plan.batch, i, split, write, source, run_id)
         for i, split in enumerate(plan.splits)
     ]
     if session is None:
@@ -445,87 +764,210 @@ def run_tasks(
     return results
 
 
-def remove_batch_files(cfg: PipelineConfig, batch: int) -> int:
-    """Delete every file of `batch` from the plain Parquet tables; returns how many."""
-    prefixes = (f"part-b{batch:010d}-", f".part-b{batch:010d}-")
+def remove_batch_files(cfg: PipelineConfig, batch: int, keep: Collection[str] = ()) -> int:
+    """Delete the files of `batch` from the plain Parquet tables, but those in `keep`.
+
+    Args:
+        cfg: The pipeline configuration.
+        batch: The batch.
+        keep: Paths relative to their table's root that stay (the batch's own files).
+
+    Returns:
+        How many files were deleted.
+    """
     removed = 0
     for name in TABLES:
         fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
         if fs.get_file_info(root).type == pafs.FileType.NotFound:
             continue
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
-            if info.type == pafs.FileType.File and info.base_name.startswith(prefixes):
-                fs.delete_file(info.path)
-                removed += 1
+            if not (info.type == pafs.FileType.File and is_batch_file(info.base_name, batch)):
+                continue
+            if info.path[len(root) :].lstrip("/") in keep:
+                continue
+            fs.delete_file(info.path)
+            removed += 1
     return removed
 
 
-def merge_results(split_results: list[SplitResult]) -> list[RangeResult]:
-    """Combine tasks' range results into one result per partition.
-
-    A long range may have been cut across tasks; its pieces are contiguous, so the
-    merged range runs from the first piece's start to the last piece's end.
-    """
-    merged: dict[tuple[str, int], RangeResult] = {}
-    for split in split_results:
-        for r in split.ranges:
-            key = (r.topic, r.partition)
-            m = merged.get(key)
-            if m is None:
-                merged[key] = RangeResult(**vars(r))
-                continue
-            m.start, m.end = min(m.start, r.start), max(m.end, r.end)
-            for name in ("messages", "gaps", "rows", "quarantined", "bytes", "late_rows"):
-                setattr(m, name, getattr(m, name) + getattr(r, name))
-            m.max_lateness_ms = max(m.max_lateness_ms, r.max_lateness_ms)
-            for name, pick in (("min_event_us", min), ("max_event_us", max)):
-                values = [v for v in (getattr(m, name), getattr(r, name)) if v is not None]
-                setattr(m, name, pick(values) if values else None)
-    return [merged[k] for k in sorted(merged)]
+_COUNTERS = (
+    "messages",
+    "gaps",
+    "rows",
+    "quarantined",
+    "bytes",
+    "late_rows",
+    "offset_sum",
+    "redelivered",
+    "gap_runs",
+    "gap_runs_verified",
+)
 
 
-def reconcile(
-    cfg: PipelineConfig,
-    batch: int,
-    results: list[RangeResult],
-    written: dict[str, list[WrittenFile]] | None = None,
-) -> None:
-    """Check that the committed batch adds up, partition by partition.
+def batch_results(plan: BatchPlan, split_results: list[SplitResult]) -> list[RangeResult]:
+    """One result per planned range, from the tasks' pieces, checked against the plan.
 
-    Offsets spanned must equal rows + quarantined + gaps; and the rows the data,
-    quarantine and raw tables hold for the batch must equal what the tasks counted.
-    Delta tables are read back through their logs; plain Parquet tables through the
-    files the batch wrote.
+    A long range may have been cut across tasks. The pieces the tasks report must
+    tile each planned range exactly: a piece missing, doubled or outside the plan
+    means offsets were not read once, whatever the counts say.
 
     Raises:
-        ReconcileError: Naming each partition that does not add up.
+        ReconcileError: Naming each range whose pieces do not tile it.
     """
+    pieces: dict[tuple[str, int], list[RangeResult]] = {}
+    for split in split_results:
+        for r in split.ranges:
+            pieces.setdefault((r.topic, r.partition), []).append(r)
+    problems = []
+    results = []
+    for planned in plan.ranges:
+        key = (planned.topic, planned.partition)
+        mine = sorted(pieces.pop(key, []), key=lambda r: (r.start, r.end))
+        merged = RangeResult(planned.topic, planned.partition, planned.start, planned.end)
+        reach = planned.start
+        for r in mine:
+            if r.start != reach or r.end <= r.start or r.end > planned.end:
+                problems.append(
+                    f"{planned.describe()}: a task reported [{r.start}, {r.end}) where "
+                    f"[{reach}, ...) was due"
+                )
+            reach = max(reach, r.end)
+            for name in _COUNTERS:
+                setattr(merged, name, getattr(merged, name) + getattr(r, name))
+            merged.max_lateness_ms = max(merged.max_lateness_ms, r.max_lateness_ms)
+            for name, pick in (("min_event_us", min), ("max_event_us", max)):
+                values = [v for v in (getattr(merged, name), getattr(r, name)) if v is not None]
+                setattr(merged, name, pick(values) if values else None)
+        if reach != planned.end:
+            problems.append(f"{planned.describe()}: the tasks reported offsets up to {reach} only")
+        results.append(merged)
+    for (topic, partition), extra in sorted(pieces.items()):
+        problems.append(
+            f"partition {partition} of `{topic}`: a task reported "
+            f"{', '.join(f'[{r.start}, {r.end})' for r in extra)}, which the plan does not hold"
+        )
+    if problems:
+        raise ReconcileError(
+            f"batch {plan.batch} does not reconcile; nothing was committed:\n  "
+            + "\n  ".join(problems)
+        )
+    return results
+
+
+def planned_results(plan: BatchPlan, stored: list[RangeResult]) -> list[RangeResult]:
+    """Stored results completed with an empty result for every planned range they lack.
+
+    Commits made before empty ranges were recorded hold only the ranges that had
+    offsets; the ledger must record every planned range's start all the same.
+    """
+    have = {(r.topic, r.partition): r for r in stored}
+    return [
+        have.get((r.topic, r.partition)) or RangeResult(r.topic, r.partition, r.start, r.end)
+        for r in plan.ranges
+    ]
+
+
+def reconcile_files(
+    plan: BatchPlan,
+    results: list[RangeResult],
+    written: dict[str, list[WrittenFile]],
+    wrote: Collection[str],
+) -> None:
+    """Before anything is committed: the files hold what was read, once, per partition.
+
+    Per planned range, the offsets read (distinct, counted and summed by the reader)
+    must equal the rows plus the quarantined rows, as counted from the rows written
+    into the data and quarantine files, and the raw copy's files must hold every
+    offset read. The offset sums make a message landed twice in place of another
+    visible even where the counts agree.
+
+    Raises:
+        ReconcileError: Naming each partition that does not add up; nothing is committed.
+    """
+    in_files = {name: _file_offsets(written[name]) for name in TABLES if name in wrote}
     problems = []
     for r in results:
-        if r.end - r.start != r.rows + r.quarantined + r.gaps:
+        key = f"{r.topic}:{r.partition}"
+        where = f"partition {r.partition} of `{r.topic}` [{r.start}, {r.end})"
+        if r.end - r.start != r.messages + r.gaps:
+            problems.append(f"{where}: read {r.messages} and {r.gaps} gaps")
+        if r.rows + r.quarantined != r.messages:
             problems.append(
-                f"partition {r.partition} of `{r.topic}`: offsets [{r.start}, {r.end}) span "
-                f"{r.end - r.start}, but rows {r.rows} + quarantined {r.quarantined} + gaps "
-                f"{r.gaps} = {r.rows + r.quarantined + r.gaps}"
+                f"{where}: read {r.messages} messages but decoded {r.rows} rows and "
+                f"{r.quarantined} quarantined"
             )
-    counted = {
-        name: _batch_counts(cfg, name, batch)
-        if written is None
-        else _file_counts(cfg, name, written[name])
-        for name in TABLES
-    }
-    for r in results:
-        key = (r.topic, r.partition)
         expect = {"table": r.rows, "quarantine": r.quarantined, "raw": r.messages}
-        for name, want in expect.items():
-            have = counted[name].get(key, 0)
+        for name, counted in in_files.items():
+            rows, _ = counted.get(key, (0, 0))
+            if rows != expect[name]:
+                problems.append(
+                    f"{where}: the {name} files hold {rows} rows of it, {expect[name]} expected"
+                )
+        sums = {name: counted.get(key, (0, 0))[1] for name, counted in in_files.items()}
+        if "raw" in sums and sums["raw"] != r.offset_sum:
+            problems.append(f"{where}: the raw files hold other offsets than were read")
+        if {"table", "quarantine"} <= sums.keys() and (
+            sums["table"] + sums["quarantine"] != r.offset_sum
+        ):
+            problems.append(
+                f"{where}: the data and quarantine files hold other offsets than were read"
+            )
+    if problems:
+        raise ReconcileError(
+            f"batch {plan.batch} does not reconcile; nothing was committed:\n  "
+            + "\n  ".join(problems)
+        )
+
+
+def _file_offsets(files: list[WrittenFile]) -> dict[str, tuple[int, int]]:
+    """Rows and offset sums per `topic:partition` over a table's written files."""
+    out: dict[str, tuple[int, int]] = {}
+    for f in files:
+        for key, (rows, total) in f.offsets.items():
+            have = out.get(key, (0, 0))
+            out[key] = (have[0] + rows, have[1] + total)
+    return out
+
+
+def reconcile_tables(
+    cfg: PipelineConfig,
+    plan: BatchPlan,
+    results: list[RangeResult],
+    tables: tuple[str, ...],
+    written: dict[str, list[WrittenFile]] | None = None,
+) -> None:
+    """Before the ledger commit: each table holds the batch's rows exactly once.
+
+    An ingest's rows are counted by their batch number; a backfill's or replay's by
+    their ranges, which its commits replaced. Delta tables are read back through their
+    logs, plain Parquet tables through the files the batch wrote. A mismatch stops
+    before the ledger commit, so the batch is not done and no run goes on past it.
+
+    Raises:
+        ReconcileError: Naming each partition and table that does not add up.
+    """
+    problems = []
+    for name in tables:
+        if written is not None:
+            counted = _file_counts(cfg, name, written[name])
+        elif plan.kind == "ingest":
+            counted = _batch_counts(cfg, name, plan.batch)
+        else:
+            counted = _range_counts(cfg, name, plan.ranges)
+        for r in results:
+            key = (r.topic, r.partition)
+            want = {"table": r.rows, "quarantine": r.quarantined, "raw": r.messages}[name]
+            have = counted.get(key, 0)
             if have != want:
                 problems.append(
                     f"partition {r.partition} of `{r.topic}`: the {name} table holds {have} rows "
-                    f"of batch {batch}, the tasks counted {want}"
+                    f"of batch {plan.batch}, the tasks counted {want}"
                 )
     if problems:
-        raise ReconcileError(f"batch {batch} does not reconcile:\n  " + "\n  ".join(problems))
+        raise ReconcileError(
+            f"batch {plan.batch} does not reconcile; the ledger was not committed:\n  "
+            + "\n  ".join(problems)
+        )
 
 
 def _batch_counts(cfg: PipelineConfig, name: str, batch: int) -> dict[tuple[str, int], int]:
@@ -536,6 +978,16 @@ def _batch_counts(cfg: PipelineConfig, name: str, batch: int) -> dict[tuple[str,
         columns=["_topic", "_partition"], filter=ds.field("_batch") == batch
     )
     return count_by_partition(data)
+
+
+def _range_counts(
+    cfg: PipelineConfig, name: str, ranges: list[OffsetRange]
+) -> dict[tuple[str, int], int]:
+    table = open_table(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+    if table is None:
+        return {}
+    dataset = table.to_pyarrow_dataset()
+    return {(r.topic, r.partition): dataset.count_rows(filter=range_filter(r)) for r in ranges}
 
 
 def _file_counts(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,27 @@ _PRIMITIVES: dict[str, pa.DataType] = {
     "bytes": pa.binary(),
     "string": pa.string(),
 }
+
+# Logical types that get a column type of their own, by (underlying type, logicalType).
+# Any other pair (an unknown logical type, or a known one on the wrong underlying
+# type) is read as its underlying type, as the Avro specification says. Times of day
+# stay integers (milliseconds or microseconds since midnight), as Spark's Avro reader
+# lands them: neither Delta, Hive nor Spark has a column type for a time of day.
+_LOGICAL: dict[tuple[str, str], pa.DataType] = {
+    ("int", "date"): pa.date32(),
+    ("int", "time-millis"): pa.int32(),
+    ("long", "time-micros"): pa.int64(),
+    ("long", "timestamp-millis"): pa.timestamp("ms", tz="UTC"),
+    ("long", "timestamp-micros"): pa.timestamp("us", tz="UTC"),
+    ("long", "local-timestamp-millis"): pa.timestamp("ms"),
+    ("long", "local-timestamp-micros"): pa.timestamp("us"),
+    ("string", "uuid"): pa.string(),
+}
+# Decimals are decimal128 or decimal256, by their precision.
+_DECIMALS = {("bytes", "decimal"), ("fixed", "decimal")}
+# Arrow's decimal256 holds 76 digits; Delta, Hive, Trino and Spark hold 38.
+_MAX_DECIMAL_DIGITS = 76
+_MAX_SQL_DECIMAL_DIGITS = 38
 
 
 class SchemaError(Exception):
@@ -100,7 +122,7 @@ def load_topic_schema(path: Path) -> TopicSchema:
                 f"{path}: field {name!r} collides with Strata's own columns "
                 "(names starting with '_', 'dt', 'hr'); rename it"
             )
-        arrow_type, nullable = _arrow_type(f["type"], path)
+        arrow_type, nullable = _arrow_type(f["type"], path, name)
         fields.append(pa.field(name, arrow_type, nullable=True))
         if not nullable:
             if "default" in f and f["default"] is None:
@@ -109,48 +131,223 @@ def load_topic_schema(path: Path) -> TopicSchema:
                     'null; declare it as ["null", ...] or give a default of its type'
                 )
             if "default" in f:
-                defaults[name] = f["default"]
+                defaults[name] = _default_value(f, arrow_type, path)
             else:
                 required.append(name)
     return TopicSchema(avro, pa.schema(fields), tuple(required), defaults)
 
 
-def _arrow_type(avro_type: Any, path: Path) -> tuple[pa.DataType, bool]:  # noqa: ANN401
-    """Map an Avro type to (Arrow type, nullable)."""
+def _default_value(f: dict[str, Any], arrow_type: pa.DataType, path: Path) -> Any:  # noqa: ANN401
+    """A field's default as a value of its column, checked now rather than in every task."""
+    value = f["default"]
+    avro_type = non_null(f["type"])
+    if logical_type(avro_type) == "decimal" and isinstance(value, str):
+        # Avro writes a bytes default as a string of code points 0-255.
+        _, scale = decimal_digits(avro_type)
+        unscaled = int.from_bytes(value.encode("latin-1", "replace"), "big", signed=True)
+        value = Decimal(f"{unscaled}E-{scale}")
+    try:
+        pa.scalar(value, type=arrow_type)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+        raise SchemaError(
+            f"{path}: field `{f['name']}`: default {json.dumps(f['default'])} is not a value "
+            f"of its type ({exc}); give a default of the field's type"
+        ) from exc
+    return value
+
+
+def non_null(avro_type: Any) -> Any:  # noqa: ANN401 - Avro schemas are JSON
+    """The branch of a `["null", T]` union that is not null; any other type as it is."""
+    if isinstance(avro_type, list):
+        branches = [t for t in avro_type if t != "null"]
+        if len(branches) == 1:
+            return branches[0]
+    return avro_type
+
+
+def logical_type(avro_type: Any) -> str | None:  # noqa: ANN401 - Avro schemas are JSON
+    """The logical type of an Avro type, if Strata gives it a column type of its own.
+
+    Args:
+        avro_type: An Avro type (not a union).
+
+    Returns:
+        The logical type's name (`decimal`, `date`, `timestamp-millis`, ...), or None
+        when the type is read as its underlying type.
+    """
+    if not isinstance(avro_type, dict):
+        return None
+    logical = avro_type.get("logicalType")
+    key = (avro_type.get("type"), logical)
+    return logical if key in _LOGICAL or key in _DECIMALS else None
+
+
+def decimal_digits(avro_type: dict[str, Any]) -> tuple[int, int]:
+    """Precision and scale of a decimal logical type, as declared."""
+    return avro_type.get("precision", 0), avro_type.get("scale", 0)
+
+
+def _arrow_type(avro_type: Any, path: Path, name: str) -> tuple[pa.DataType, bool]:  # noqa: ANN401
+    """Map an Avro type to (Arrow type, nullable); `name` is the field's dotted path."""
     if isinstance(avro_type, list):
         branches = [t for t in avro_type if t != "null"]
         if len(branches) != 1:
-            raise SchemaError(f"{path}: unions other than [null, T] are not supported: {avro_type}")
-        inner, _ = _arrow_type(branches[0], path)
+            raise SchemaError(
+                f"{path}: field `{name}`: unions other than [null, T] are not supported: "
+                f"{avro_type}; split the alternatives into separate optional fields"
+            )
+        inner, _ = _arrow_type(branches[0], path, name)
         return inner, True
     if isinstance(avro_type, str):
         if avro_type in _PRIMITIVES:
             return _PRIMITIVES[avro_type], avro_type == "null"
-        raise SchemaError(f"{path}: named type references ({avro_type!r}) are not supported")
+        raise SchemaError(
+            f"{path}: field `{name}`: named type references ({avro_type!r}) are not "
+            "supported; write the type out where it is used"
+        )
+    if not isinstance(avro_type, dict):
+        raise SchemaError(f"{path}: field `{name}`: unsupported Avro type {avro_type!r}")
     kind = avro_type.get("type")
-    logical = avro_type.get("logicalType")
-    if logical == "timestamp-millis":
-        return pa.timestamp("ms", tz="UTC"), False
-    if logical == "timestamp-micros":
-        return pa.timestamp("us", tz="UTC"), False
-    if logical == "date":
-        return pa.date32(), False
+    logical = logical_type(avro_type)
+    if logical == "decimal":
+        return _decimal_type(avro_type, path, name), False
+    if logical is not None:
+        return _LOGICAL[(str(kind), logical)], False
     if kind == "record":
         children = [
-            pa.field(c["name"], _arrow_type(c["type"], path)[0]) for c in avro_type["fields"]
+            pa.field(c["name"], _arrow_type(c["type"], path, f"{name}.{c['name']}")[0])
+            for c in avro_type["fields"]
         ]
         return pa.struct(children), False
     if kind == "array":
-        return pa.list_(_arrow_type(avro_type["items"], path)[0]), False
+        items = avro_type["items"]
+        if _encodes_in_no_bytes(items):
+            raise SchemaError(
+                f"{path}: field `{name}`: an array of {json.dumps(items)} takes no bytes per "
+                "item, so a message of a few bytes can claim billions of items; give the "
+                "items a type that carries a value"
+            )
+        return pa.list_(_arrow_type(items, path, f"{name}[]")[0]), False
     if kind == "map":
-        return pa.map_(pa.string(), _arrow_type(avro_type["values"], path)[0]), False
+        return pa.map_(pa.string(), _arrow_type(avro_type["values"], path, f"{name}{{}}")[0]), False
     if kind == "enum":
         return pa.string(), False
     if kind == "fixed":
         return pa.binary(), False
     if isinstance(kind, str) and kind in _PRIMITIVES:
         return _PRIMITIVES[kind], kind == "null"
-    raise SchemaError(f"{path}: unsupported Avro type {avro_type!r}")
+    raise SchemaError(f"{path}: field `{name}`: unsupported Avro type {avro_type!r}")
+
+
+def _decimal_type(avro_type: dict[str, Any], path: Path, name: str) -> pa.DataType:
+    precision, scale = decimal_digits(avro_type)
+    # The largest precision a fixed of `size` bytes holds in two's complement.
+    room = _MAX_DECIMAL_DIGITS
+    if avro_type.get("type") == "fixed" and isinstance(avro_type.get("size"), int):
+        room = min(room, len(str(2 ** (8 * avro_type["size"] - 1) - 1)) - 1)
+    valid = (
+        isinstance(precision, int)
+        and isinstance(scale, int)
+        and 1 <= precision <= room
+        and 0 <= scale <= precision
+    )
+    if not valid:
+        declared = (
+            f"precision {precision!r} and scale {scale!r}"
+            if "precision" in avro_type
+            else "no precision"
+        )
+        raise SchemaError(
+            f"{path}: field `{name}`: a decimal with {declared} is not valid here; declare "
+            f"an integer precision from 1 to {room} (what the type can hold) and a scale "
+            "from 0 to the precision"
+        )
+    if precision > _MAX_SQL_DECIMAL_DIGITS:
+        return pa.decimal256(precision, scale)
+    return pa.decimal128(precision, scale)
+
+
+def _encodes_in_no_bytes(avro_type: Any) -> bool:  # noqa: ANN401 - Avro schemas are JSON
+    """Whether a value of the type is written as zero bytes (Avro `null`, empty `fixed`...)."""
+    if avro_type == "null":
+        return True
+    if not isinstance(avro_type, dict):
+        return False
+    kind = avro_type.get("type")
+    if kind == "null":
+        return True
+    if kind == "fixed":
+        return avro_type.get("size") == 0
+    if kind == "record":
+        return all(_encodes_in_no_bytes(f.get("type")) for f in avro_type.get("fields", []))
+    return False
+
+
+def load_pipeline_schema(cfg: PipelineConfig) -> TopicSchema:
+    """A pipeline's topic schema, refused if its formats cannot hold one of its fields.
+
+    On top of `load_topic_schema`, this checks what depends on the pipeline: Arrow's
+    JSON reader cannot read an object into a map column; Delta tables have no column
+    for a timestamp without time zone (short of a table feature Strata's plain tables
+    leave off) nor for decimals above 38 digits; Hive's decimals stop at 38 digits.
+
+    Args:
+        cfg: The pipeline configuration.
+
+    Returns:
+        The topic schema.
+
+    Raises:
+        SchemaError: Naming the file, each field that cannot be held, and the fix.
+    """
+    topic = load_topic_schema(cfg.schema_path)
+    problems: list[str] = []
+    for f in topic.arrow:
+        problems.extend(_format_problems(f.type, f.name, cfg))
+    if problems:
+        raise SchemaError(f"{cfg.schema_path}: " + "; ".join(problems))
+    return topic
+
+
+def _format_problems(kind: pa.DataType, name: str, cfg: PipelineConfig) -> list[str]:
+    if pa.types.is_struct(kind):
+        return [
+            p
+            for i in range(kind.num_fields)
+            for p in _format_problems(kind.field(i).type, f"{name}.{kind.field(i).name}", cfg)
+        ]
+    if pa.types.is_map(kind):
+        inner = _format_problems(kind.item_type, f"{name}{{}}", cfg)
+        if cfg.format == "json":
+            inner.insert(
+                0,
+                f"field `{name}` is a map, and JSON objects cannot be read into a map column; "
+                "declare it as a record with the keys producers send, or use format avro",
+            )
+        return inner
+    if pa.types.is_list(kind):
+        return _format_problems(kind.value_type, f"{name}[]", cfg)
+    if cfg.table_format == "delta" and pa.types.is_timestamp(kind) and kind.tz is None:
+        return [
+            f"field `{name}` is a local timestamp (no time zone), which a Delta table holds "
+            "only with the timestampNtz table feature that Strata's plain Delta tables leave "
+            "off; use timestamp-millis or timestamp-micros (UTC instants), or "
+            "table_format: parquet"
+        ]
+    if pa.types.is_decimal(kind) and kind.precision > _MAX_SQL_DECIMAL_DIGITS:
+        if cfg.table_format == "delta":
+            return [
+                f"field `{name}` is decimal({kind.precision}, {kind.scale}), but Delta "
+                f"decimals hold at most {_MAX_SQL_DECIMAL_DIGITS} digits; lower the precision, "
+                "or use table_format: parquet"
+            ]
+        if cfg.metastore.uri:
+            return [
+                f"field `{name}` is decimal({kind.precision}, {kind.scale}), but Hive and "
+                f"Trino decimals hold at most {_MAX_SQL_DECIMAL_DIGITS} digits; lower the "
+                "precision, or land the table without metastore.uri"
+            ]
+    return []
 
 
 def data_schema(topic: TopicSchema, partitioning: str) -> pa.Schema:
@@ -186,7 +383,7 @@ def table_layout(cfg: PipelineConfig, which: str) -> tuple[pa.Schema, list[str]]
         The table's Arrow schema and its partition columns.
     """
     if which == "table":
-        topic = load_topic_schema(cfg.schema_path)
+        topic = load_pipeline_schema(cfg)
         return data_schema(topic, cfg.partitioning), partition_columns(cfg.partitioning)
     return (RAW_SCHEMA if which == "raw" else QUARANTINE_SCHEMA), []
 

@@ -91,7 +91,9 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
         .config("spark.python.worker.reuse", "true")
         .config("spark.driver.memory", "1g")
         .config("spark.ui.showConsoleProgress", "false")
-        # A task's files have fixed names; two live attempts of one task must never race.
+        # A speculative copy of a task would read its ranges from Kafka a second time
+        # for nothing: each attempt writes files of its own names, and only the
+        # successful attempt's files are committed, so it buys no safety either.
         .config("spark.speculation", "false")
     )
     for key, value in cfg.spark.conf.items():

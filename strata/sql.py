@@ -25,7 +25,12 @@ def quote_literal(value: str) -> str:
 
 
 def trino_type(kind: pa.DataType) -> str:
-    """The Trino type of an Arrow type, as Trino reads it from Parquet."""
+    """The Trino type of an Arrow type, as Trino reads it from Parquet.
+
+    Raises:
+        ValueError: For a type Trino has no column type for, e.g. a decimal above 38
+            digits.
+    """
     simple = {
         pa.int8(): "tinyint",
         pa.int16(): "smallint",
@@ -42,6 +47,10 @@ def trino_type(kind: pa.DataType) -> str:
         return simple[kind]
     if pa.types.is_timestamp(kind):
         return "timestamp(6)" if kind.unit in ("us", "ns") else "timestamp(3)"
+    if pa.types.is_decimal(kind):
+        if kind.precision > 38:
+            raise ValueError(f"no Trino type for {kind}: Trino decimals hold at most 38 digits")
+        return f"decimal({kind.precision}, {kind.scale})"
     if pa.types.is_list(kind):
         return f"array({trino_type(kind.value_type)})"
     if pa.types.is_map(kind):

@@ -13,6 +13,7 @@ from strata.config import PipelineConfig
 from strata.decode import human_duration
 from strata.kafka import KafkaUnavailable, oldest_unread_ms, partition_states, retention_limits
 from strata.ledger import ledger_state, read_ledger
+from strata.plan import PlanError, PlanStore
 
 
 def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
@@ -71,7 +72,42 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
         }
         for r in losses.to_pylist()
     ]
+    edits = rows.filter(pc.is_in(rows.column("kind"), pa.array(["seek", "abandon"])))
+    out["edits"] = [
+        {
+            "batch": r["batch"],
+            "kind": r["kind"],
+            "topic": r["topic"],
+            "partition": r["partition"],
+            "start_offset": r["start_offset"],
+            "end_offset": r["end_offset"],
+            "note": r["note"],
+            "committed_at": r["committed_at"].isoformat(timespec="seconds"),
+        }
+        for r in (edits.to_pylist() if rows.num_rows else [])
+    ]
+    out["unfinished"] = _unfinished(cfg, state.last_batch + 1)
     return out
+
+
+def _unfinished(cfg: PipelineConfig, batch: int) -> dict[str, Any] | None:
+    """The saved plan of the batch that is planned but not committed, if any."""
+    store = PlanStore(cfg)
+    try:
+        plan = store.load(batch)
+    except PlanError as exc:
+        return {"batch": batch, "file": store.describe(batch), "error": str(exc)}
+    if plan is None:
+        return None
+    return {
+        "batch": batch,
+        "file": store.describe(batch),
+        "kind": plan.kind,
+        "source": plan.source,
+        "created_at": plan.created_at,
+        "note": plan.note,
+        "ranges": [f"{r.topic}:{r.partition} [{r.start}, {r.end})" for r in plan.ranges],
+    }
 
 
 @dataclass(frozen=True)
@@ -277,6 +313,22 @@ def render_status(status: dict[str, Any]) -> str:
             f"({lost['messages_lost']:,} messages) were deleted by retention before they were "
             f"read; {lost['note']}"
         )
+    for edit in status.get("edits", []):
+        lines.append(
+            f"EDIT: batch {edit['batch']} {edit['kind']} {edit['topic']}:{edit['partition']} "
+            f"[{edit['start_offset']}, {edit['end_offset']}) at {edit['committed_at']}: "
+            f"{edit['note']}"
+        )
+    unfinished = status.get("unfinished")
+    if unfinished is not None:
+        if "error" in unfinished:
+            lines.append(f"UNFINISHED: batch {unfinished['batch']}: {unfinished['error']}")
+        else:
+            lines.append(
+                f"UNFINISHED: batch {unfinished['batch']}, a {unfinished['kind']} planned at "
+                f"{unfinished['created_at']} ({', '.join(unfinished['ranges'])}); the next "
+                "`strata run` finishes it"
+            )
     if status["batches"]:
         lines.append("recent batches:")
         for b in status["batches"]:

@@ -4,14 +4,23 @@ Object-store options follow delta-rs's names (`AWS_ENDPOINT_URL`, `AWS_REGION`,
 `AWS_ALLOW_HTTP`, ...), so one `storage_options` mapping serves both the Parquet
 writers (pyarrow) and the Delta commits (deltalake). Unset options fall back to the
 process environment, where credentials belong.
+
+Conditional writes (`put_if_absent`) and the small listing, reading and deleting
+functions beside it go through obstore on object stores, because S3's create-if-absent
+(`If-None-Match: *`) has no pyarrow equivalent; locally they use the OS directly.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pyarrow.fs as pafs
+
+if TYPE_CHECKING:
+    from obstore.store import S3Config, S3Store
 
 _S3_KEYS = (
     "AWS_ENDPOINT_URL",
@@ -22,6 +31,10 @@ _S3_KEYS = (
     "AWS_SESSION_TOKEN",
     "AWS_ALLOW_HTTP",
 )
+
+
+class StorageError(OSError):
+    """A request to the object store failed; the message names the location and the cause."""
 
 
 def delta_options(uri: str, options: dict[str, str]) -> dict[str, str] | None:
@@ -98,3 +111,188 @@ def read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
         return None
     with fs.open_input_stream(path) as src:
         return bytes(src.read())
+
+
+def _object_store(uri: str, options: dict[str, str]) -> tuple[S3Store, str]:
+    """An obstore store for an s3:// location's bucket, and the key inside it.
+
+    The options are merged exactly as for deltalake (`delta_options`): the pipeline's
+    `storage_options` first, then the environment.
+    """
+    import obstore.store
+
+    merged = delta_options(uri, options) or {}
+    config = {k: v for k, v in merged.items() if k in _S3_KEYS and k != "AWS_ALLOW_HTTP"}
+    allow_http = merged.get("AWS_ALLOW_HTTP", "").strip().lower() in ("true", "1", "yes")
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    # obstore accepts delta-rs's AWS_* names as config keys, but takes AWS_ALLOW_HTTP as
+    # a client option.
+    store = obstore.store.S3Store(
+        bucket, config=cast("S3Config", config), client_options={"allow_http": allow_http}
+    )
+    return store, key.strip("/")
+
+
+def _local(uri: str) -> Path:
+    if "://" in uri:
+        raise ValueError(
+            f"{uri}: only local paths and s3:// locations are supported; use one of those"
+        )
+    return Path(uri)
+
+
+def _store_error(uri: str, action: str, exc: Exception) -> StorageError:
+    # The first line carries the HTTP status and the object's URL; never the credentials.
+    cause = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    return StorageError(
+        f"{uri}: could not {action}: {cause}. Check storage_options (endpoint, region, "
+        "credentials) and that the store is reachable, then try again."
+    )
+
+
+def put_if_absent(uri: str, options: dict[str, str], data: bytes) -> bool:
+    """Create an object or file only if nothing is there yet, whole or not at all.
+
+    On S3 this is a PUT with `If-None-Match: *` (the conditional put delta-rs's commits
+    rely on too). Locally the data is written to a temporary file in the same
+    directory and hard-linked to the final name, which the kernel refuses if the name
+    exists; readers never see a partial file.
+
+    A request the client retried after its first attempt landed reports the object as
+    already there; callers that must tell their own write from another's compare the
+    content.
+
+    Args:
+        uri: A local path or an s3:// URI of the object.
+        options: The pipeline's `storage_options`.
+        data: The content.
+
+    Returns:
+        True if this call created it, False if something was already there.
+
+    Raises:
+        StorageError: If the store could not be reached or refused the request.
+    """
+    if uri.startswith("s3://"):
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, BaseError, PreconditionError
+
+        store, key = _object_store(uri, options)
+        try:
+            obstore.put(store, key, data, mode="create", use_multipart=False)
+        except (AlreadyExistsError, PreconditionError):
+            return False
+        except BaseError as exc:
+            raise _store_error(uri, "create the object", exc) from exc
+        return True
+    path = _local(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            os.write(fd, data)
+            # On disk before the name appears, so a power cut cannot leave an empty file.
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except (PermissionError, NotImplementedError) as exc:
+            raise StorageError(
+                f"{path}: the filesystem cannot hard-link files ({exc}), which creating a "
+                "file only if it is absent needs; put this location on a local disk or on S3"
+            ) from exc
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def list_names(uri: str, options: dict[str, str]) -> list[str]:
+    """Names of the objects or files directly under a folder, sorted; none if it is absent.
+
+    Temporary files of `put_if_absent` (dot-files) are left out.
+
+    Args:
+        uri: A local directory or an s3:// prefix.
+        options: The pipeline's `storage_options`.
+
+    Returns:
+        The names, without the folder.
+
+    Raises:
+        StorageError: If the store could not be reached or refused the request.
+    """
+    if uri.startswith("s3://"):
+        import obstore
+        from obstore.exceptions import BaseError
+
+        store, key = _object_store(uri, options)
+        try:
+            listed = obstore.list_with_delimiter(store, key or None)
+        except BaseError as exc:
+            raise _store_error(uri, "list the folder", exc) from exc
+        names = [meta["path"].rsplit("/", 1)[-1] for meta in listed["objects"]]
+    else:
+        try:
+            names = [e.name for e in os.scandir(_local(uri)) if e.is_file()]
+        except FileNotFoundError:
+            return []
+    return sorted(n for n in names if not n.startswith("."))
+
+
+def read_object(uri: str, options: dict[str, str]) -> bytes | None:
+    """The content of an object or file, or None if it does not exist.
+
+    Args:
+        uri: A local path or an s3:// URI.
+        options: The pipeline's `storage_options`.
+
+    Returns:
+        The bytes, or None.
+
+    Raises:
+        StorageError: If the store could not be reached or refused the request.
+    """
+    if uri.startswith("s3://"):
+        import obstore
+        from obstore.exceptions import BaseError
+
+        store, key = _object_store(uri, options)
+        try:
+            return bytes(obstore.get(store, key).bytes())
+        except FileNotFoundError:
+            return None
+        except BaseError as exc:
+            raise _store_error(uri, "read the object", exc) from exc
+    try:
+        return _local(uri).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def delete_object(uri: str, options: dict[str, str]) -> None:
+    """Delete an object or file; one that is already gone is fine.
+
+    Args:
+        uri: A local path or an s3:// URI.
+        options: The pipeline's `storage_options`.
+
+    Raises:
+        StorageError: If the store could not be reached or refused the request.
+    """
+    if uri.startswith("s3://"):
+        import obstore
+        from obstore.exceptions import BaseError
+
+        store, key = _object_store(uri, options)
+        try:
+            obstore.delete(store, key)
+        except FileNotFoundError:
+            return
+        except BaseError as exc:
+            raise _store_error(uri, "delete the object", exc) from exc
+        return
+    _local(uri).unlink(missing_ok=True)

@@ -18,7 +18,7 @@ from strata.config import PipelineConfig
 from strata.decode import DecodeRules, decode_chunk, partition_stats
 from strata.kafka import client_conf
 from strata.plan import OffsetRange
-from strata.read import RangeProgress, read_ranges, read_raw_copy
+from strata.read import RangeProgress, RawChunk, read_ranges, read_raw_copy
 from strata.schema import partition_columns, table_layout
 from strata.storage import delta_options, filesystem
 from strata.write import PartitionedWriter, WrittenFile, split_by
@@ -37,6 +37,8 @@ class SplitJob:
             On resume, tables whose commit already stands are not rewritten.
         source: `kafka`, or `raw` to read the raw copy (a backfill of offsets
             Kafka no longer holds).
+        run_id: The run's id, part of every file name (with the task's attempt
+            number), so no two runs or attempts ever write the same file.
     """
 
     cfg: PipelineConfig
@@ -45,6 +47,7 @@ class SplitJob:
     ranges: list[OffsetRange]
     write: frozenset[str]
     source: str = "kafka"
+    run_id: str = ""
 
 
 @dataclass
@@ -65,6 +68,14 @@ class RangeResult:
         max_lateness_ms: Largest lateness seen.
         min_event_us: Earliest event time, or None.
         max_event_us: Latest event time, or None.
+        offset_sum: Sum of the distinct offsets read: a checksum of which offsets
+            were kept, to compare with the files' `offsets`.
+        redelivered: Messages delivered again at or below an offset already kept,
+            and dropped.
+        gap_runs: Runs of consecutive offsets that held no message.
+        gap_runs_verified: Of those, the runs the broker confirmed hold no message
+            (at most `strata.read.GAP_RUNS_VERIFIED` per range; 0 when read from the
+            raw copy, which has no broker).
     """
 
     topic: str
@@ -80,6 +91,10 @@ class RangeResult:
     max_lateness_ms: int = 0
     min_event_us: int | None = None
     max_event_us: int | None = None
+    offset_sum: int = 0
+    redelivered: int = 0
+    gap_runs: int = 0
+    gap_runs_verified: int = 0
 
 
 @dataclass
@@ -99,8 +114,21 @@ class SplitResult:
     seconds: float
 
 
-def _writer(cfg: PipelineConfig, name: str, batch: int, tag: str) -> PartitionedWriter:
-    """A writer for one table's files of one task."""
+def task_attempt() -> int:
+    """The running task attempt's id, unique within the Spark application; 0 outside one.
+
+    Spark's per-task attempt number starts again at 0 when a whole stage is retried (a
+    lost shuffle reducer's stage), so two attempts could share it; the attempt id
+    cannot.
+    """
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return 0 if context is None else int(context.taskAttemptId())
+
+
+def _writer(cfg: PipelineConfig, name: str, batch: int, tag: str, run_id: str) -> PartitionedWriter:
+    """A writer for one table's files of one task attempt."""
     schema, partition_by = table_layout(cfg, name)
     fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
     limits = cfg.limits
@@ -114,6 +142,9 @@ def _writer(cfg: PipelineConfig, name: str, batch: int, tag: str) -> Partitioned
         limits.target_file_mb << 20,
         limits.row_group_rows,
         limits.write_buffer_mb << 20,
+        max_open_files=limits.max_open_files,
+        attempt=task_attempt(),
+        run_id=run_id,
     )
 
 
@@ -129,7 +160,7 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
     rules = DecodeRules.from_config(cfg)
     tag = f"t{job.task:05d}"
     writers = {
-        name: _writer(cfg, name, job.batch, tag)
+        name: _writer(cfg, name, job.batch, tag, job.run_id)
         for name in sorted(job.write)
         if not (shuffle_rows and name == "table")
     }
@@ -141,7 +172,7 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
         (r.topic, r.partition): results[(r.topic, r.partition, r.start)] for r in job.ranges
     }
     progress: dict[tuple[str, int, int], RangeProgress] = {}
-    chunks: Iterator[pa.Table]
+    chunks: Iterator[RawChunk]
     if job.source == "raw":
         raw_uri = cfg.location("raw")
         chunks = read_raw_copy(
@@ -149,12 +180,21 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
         )
     else:
         conf = client_conf(cfg, **{"group.id": cfg.group_id})
-        stall = cfg.limits.read_stall_s
-        chunks = read_ranges(conf, job.ranges, job.batch, progress, stall_s=stall)
-    for raw in chunks:
+        chunks = read_ranges(
+            conf,
+            job.ranges,
+            job.batch,
+            progress,
+            stall_s=cfg.limits.read_stall_s,
+            chunk_bytes=cfg.limits.read_chunk_mb << 20,
+        )
+    for chunk in chunks:
+        raw = chunk.table
         if "raw" in writers:
             writers["raw"].write(raw)
-        decoded = decode_chunk(raw, rules)
+        decoded = decode_chunk(raw, rules, chunk.rejected)
+        # Decoded rows are copies: the raw chunk can go before they are written.
+        del raw, chunk
         if "table" in writers:
             writers["table"].write(decoded.rows)
         elif shuffle_rows and "table" in job.write and decoded.rows.num_rows:
@@ -178,6 +218,8 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
     for key, p in progress.items():
         res = results[key]
         res.messages, res.bytes, res.gaps = p.messages, p.bytes, p.gaps
+        res.offset_sum, res.redelivered = p.offset_sum, p.redelivered
+        res.gap_runs, res.gap_runs_verified = p.gap_runs, p.gap_runs_verified
     files = {name: w.close() for name, w in writers.items()}
     yield SplitResult(job.task, list(results.values()), files, time.monotonic() - began)
 
@@ -205,10 +247,11 @@ def map_split(job: SplitJob) -> Iterator[tuple[str, Any]]:
 
     Rows travel as Arrow IPC bytes, opaque to the JVM, so the shuffle moves bytes
     and never converts rows. Raw and quarantine files are written here as usual.
+    The run id travels with the rows, for the reducers' file names.
 
     Yields:
-        (partition key, IPC bytes) per chunk and event-time partition; last,
-        (META, the split's result).
+        (partition key, (run id, IPC bytes)) per chunk and event-time partition;
+        last, (META, the split's result).
     """
     columns = partition_columns(job.cfg.partitioning)
     for item in _process(job, shuffle_rows=True):
@@ -219,7 +262,7 @@ def map_split(job: SplitJob) -> Iterator[tuple[str, Any]]:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, part.schema) as stream:
                 stream.write_table(part)
-            yield "/".join(key), sink.getvalue().to_pybytes()
+            yield "/".join(key), (job.run_id, sink.getvalue().to_pybytes())
 
 
 def reduce_rows(
@@ -236,9 +279,10 @@ def reduce_rows(
         if key == META:
             yield "meta", payload
             continue
+        run_id, rows = payload
         if writer is None:
-            writer = _writer(cfg, "table", batch, f"r{index:05d}")
-        writer.write(pa.ipc.open_stream(payload).read_all())
+            writer = _writer(cfg, "table", batch, f"r{index:05d}", run_id)
+        writer.write(pa.ipc.open_stream(rows).read_all())
     if writer is not None:
         yield "files", writer.close()
 

@@ -1,17 +1,23 @@
-"""Write Parquet files with deterministic names and deterministic content.
+"""Write Parquet files with deterministic content and names unique per attempt.
 
-A file's name is fixed by (batch, task, partition values, file number), and its
-row groups are cut at a fixed row count, so a retried task or a re-run batch writes
-the same files byte for byte and overwrites instead of duplicating. Files appear
-whole: locally through a rename, on object stores through the atomic PUT.
+A file's row groups are cut at a fixed row count, so the same rows give the same
+bytes. Its name is fixed by (batch, task, attempt, run, partition values, file
+number): a retried task attempt, or another run of the same batch, writes files of
+its own rather than overwriting ones that may already be committed (a paused or
+zombie runner must never replace a committed file under a table's readers). Only
+the files a successful attempt reports are committed; the rest are orphans that
+the driver removes (plain Parquet) or vacuum does (Delta). Files appear whole:
+locally through a rename, on object stores through the atomic PUT.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,8 +38,11 @@ class WrittenFile:
         path: Path relative to the table root.
         size: Bytes.
         partition_values: Partition column values.
-        rows: Rows in the file.
+        rows: Rows in the file (the Parquet footer's count).
         stats: Delta statistics JSON.
+        offsets: Per `"topic:partition"`, `[rows, sum of offsets]` of the rows handed
+            to the Parquet writer: what the driver reconciles against what was read.
+            Empty for files without Kafka coordinates.
     """
 
     path: str
@@ -41,17 +50,48 @@ class WrittenFile:
     partition_values: dict[str, str]
     rows: int
     stats: str
+    offsets: dict[str, list[int]] = field(default_factory=dict)
 
 
-def file_name(batch: int, tag: str, number: int) -> str:
-    """The deterministic name of a task's file in one partition directory.
+# A run id becomes part of file names: it must stay one plain path segment.
+_RUN_ID = re.compile(r"^[A-Za-z0-9_]*$")
+
+
+def file_name(batch: int, tag: str, number: int, attempt: int = 0, run_id: str = "") -> str:
+    """The name of a task attempt's file in one partition directory.
+
+    Unique per attempt and run: a retry or a zombie runner writes beside, never
+    over, files that may already be committed.
 
     Args:
         batch: Batch number.
         tag: The writing task: `t00003` for split 3, `r00001` for shuffle reducer 1.
-        number: The file's number within the task and partition.
+        number: The file's number within the task attempt and partition.
+        attempt: Spark's attempt number of the task.
+        run_id: The run's id (letters, digits, `_`); empty leaves it out.
+
+    Raises:
+        ValueError: If the run id is not a plain name.
     """
-    return f"part-b{batch:010d}-{tag}-f{number:03d}.snappy.parquet"
+    if not _RUN_ID.match(run_id):
+        raise ValueError(f"run id {run_id!r} may hold only letters, digits and `_`")
+    run = f"-{run_id}" if run_id else ""
+    return f"part-b{batch:010d}-{tag}-a{attempt}{run}-f{number:03d}.snappy.parquet"
+
+
+def is_batch_file(name: str, batch: int) -> bool:
+    """Whether a file (a path or a base name) was written for a batch.
+
+    Covers every attempt and run, and the hidden temporary files of unfinished
+    writes, so the files of failed attempts can be found and removed.
+
+    Args:
+        name: File name or path.
+        batch: Batch number.
+    """
+    base = name.rsplit("/", 1)[-1]
+    prefix = f"part-b{batch:010d}-"
+    return base.startswith(prefix) or base.startswith("." + prefix)
 
 
 class _OpenFile:
@@ -79,10 +119,41 @@ class _OpenFile:
         self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
         self.schema = schema
         self.rows = 0
+        names = set(schema.names)
+        self.coordinates = {"_topic", "_partition", "_offset"} <= names
+        self.offsets: dict[str, list[int]] = {}
 
     def write(self, table: pa.Table) -> None:
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
+        if self.coordinates and table.num_rows:
+            self._count_offsets(table)
+
+    def _count_offsets(self, table: pa.Table) -> None:
+        """Add a row group's rows and offset sum per partition to the file's tally."""
+        topics = pc.min_max(table.column("_topic"))
+        partitions = pc.min_max(table.column("_partition"))
+        if topics["min"] == topics["max"] and partitions["min"] == partitions["max"]:
+            # The usual row group holds one partition: two sums, no grouping.
+            counts = [(topics["min"].as_py(), partitions["min"].as_py(), table.num_rows)]
+            sums = [pc.sum(table.column("_offset")).as_py()]
+        else:
+            grouped = table.group_by(["_topic", "_partition"], use_threads=False).aggregate(
+                [("_offset", "count"), ("_offset", "sum")]
+            )
+            counts = list(
+                zip(
+                    grouped.column("_topic").to_pylist(),
+                    grouped.column("_partition").to_pylist(),
+                    grouped.column("_offset_count").to_pylist(),
+                    strict=True,
+                )
+            )
+            sums = grouped.column("_offset_sum").to_pylist()
+        for (topic, partition, rows), total in zip(counts, sums, strict=True):
+            entry = self.offsets.setdefault(f"{topic}:{partition}", [0, 0])
+            entry[0] += rows
+            entry[1] += total
 
     @property
     def bytes_written(self) -> int:
@@ -96,9 +167,14 @@ class _OpenFile:
         if self.local:
             self.fs.move(self.target, final)
         size = self.fs.get_file_info(final).size
-        stats = delta_stats(footer, self.schema, self.rows)
+        stats = delta_stats(footer, self.schema, footer.num_rows)
         return WrittenFile(
-            self.rel, int(size or 0), self.partition_values, self.rows, json.dumps(stats)
+            self.rel,
+            int(size or 0),
+            self.partition_values,
+            footer.num_rows,
+            json.dumps(stats),
+            self.offsets,
         )
 
 
@@ -130,15 +206,22 @@ def delta_stats(footer: Any, schema: pa.Schema, rows: int) -> dict[str, Any]:  #
             if entry[2] is not None:
                 entry[2] += stats.null_count
             if stats.has_min_max:
-                entry[0] = stats.min if entry[0] is None else min(entry[0], stats.min)
-                entry[1] = stats.max if entry[1] is None else max(entry[1], stats.max)
+                try:
+                    low, high = stats.min, stats.max
+                except (OverflowError, ValueError):
+                    # A producer-set Kafka timestamp (or date) beyond what Python's
+                    # datetime holds: keep the null count, give no bounds.
+                    entry[3] = False
+                    continue
+                entry[0] = low if entry[0] is None else min(entry[0], low)
+                entry[1] = high if entry[1] is None else max(entry[1], high)
             elif stats.null_count != group.num_rows:
                 entry[3] = False
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, Any] = {}
-    for field in schema:
-        _field_stats(field, field.name, leaves, mins, maxs, nulls)
+    for column in schema:
+        _field_stats(column, column.name, leaves, mins, maxs, nulls)
     return {"numRecords": rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
@@ -177,8 +260,12 @@ def _field_stats(
 
 
 def _stat_bounds(kind: pa.DataType, low: Any, high: Any) -> tuple[Any, Any] | None:  # noqa: ANN401
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+    if pa.types.is_integer(kind):
         return low, high
+    if pa.types.is_floating(kind):
+        # An infinite or NaN bound is not JSON, and delta-rs then drops the whole file's
+        # statistics, its row count included.
+        return (low, high) if math.isfinite(low) and math.isfinite(high) else None
     if pa.types.is_string(kind):
         if len(low) > _MAX_STAT_STRING or len(high) > _MAX_STAT_STRING:
             return None
@@ -187,7 +274,10 @@ def _stat_bounds(kind: pa.DataType, low: Any, high: Any) -> tuple[Any, Any] | No
         # Delta keeps milliseconds: round the lower bound down and the upper one up.
         floor = low.replace(microsecond=low.microsecond // 1000 * 1000)
         ceil_us = -(-high.microsecond // 1000) * 1000
-        ceil = high.replace(microsecond=0) + timedelta(microseconds=ceil_us)
+        try:
+            ceil = high.replace(microsecond=0) + timedelta(microseconds=ceil_us)
+        except OverflowError:
+            return None  # rounding up passes year 9999
         return _iso_ms(floor), _iso_ms(ceil)
     if pa.types.is_date(kind):
         return low.isoformat(), high.isoformat()
@@ -213,7 +303,10 @@ class PartitionedWriter:
 
     Rows are buffered per partition and written in row groups of exactly
     `row_group_rows` rows (the last one shorter); a file is closed and the next one
-    begun once it passes `target_bytes`.
+    begun once it passes `target_bytes`. At most `max_open_files` files are open at
+    once: a batch spread over thousands of event hours closes the least recently
+    written file first (its partition gets one more, smaller file if rows for it
+    come later), so neither file handles nor memory grow with the number of hours.
     """
 
     def __init__(
@@ -227,6 +320,9 @@ class PartitionedWriter:
         target_bytes: int,
         row_group_rows: int,
         buffer_bytes: int = 64 << 20,
+        max_open_files: int = 64,
+        attempt: int = 0,
+        run_id: str = "",
     ) -> None:
         """Prepare a writer.
 
@@ -240,21 +336,36 @@ class PartitionedWriter:
             target_bytes: Size at which a file is closed.
             row_group_rows: Rows per row group.
             buffer_bytes: Memory for rows not yet written, over all partitions. Past
-                it, the largest buffer is written as a shorter row group, so memory
+                it, the largest buffers are written as shorter row groups, so memory
                 stays flat however many event hours a batch touches.
+            max_open_files: Most files open at once.
+            attempt: The task's attempt number, for file names.
+            run_id: The run's id, for file names.
         """
+        if max_open_files < 1:
+            raise ValueError("max_open_files must be at least 1")
+        file_name(batch, tag, 0, attempt, run_id)  # refuse a bad run id before any write
         self.fs, self.root = fs, root
         self.partition_by = partition_by
         self.file_schema = pa.schema([f for f in schema if f.name not in partition_by])
         self.batch, self.tag = batch, tag
+        self.attempt, self.run_id = attempt, run_id
         self.target_bytes, self.row_group_rows = target_bytes, row_group_rows
         self.buffer_bytes = buffer_bytes
+        self.max_open_files = max_open_files
         self._held: dict[tuple[str, ...], int] = {}
+        self._held_total = 0
         self._buffers: dict[tuple[str, ...], list[pa.Table]] = {}
         self._buffered: dict[tuple[str, ...], int] = {}
-        self._open: dict[tuple[str, ...], _OpenFile] = {}
+        # Least recently written first.
+        self._open: OrderedDict[tuple[str, ...], _OpenFile] = OrderedDict()
         self._numbers: dict[tuple[str, ...], int] = {}
         self.files: list[WrittenFile] = []
+
+    @property
+    def open_files(self) -> int:
+        """Files open right now."""
+        return len(self._open)
 
     def write(self, table: pa.Table) -> None:
         """Buffer rows, writing every full row group.
@@ -268,33 +379,45 @@ class PartitionedWriter:
             body = part.select(self.file_schema.names).cast(self.file_schema)
             self._buffers.setdefault(key, []).append(body)
             self._buffered[key] = self._buffered.get(key, 0) + body.num_rows
-            self._held[key] = self._held.get(key, 0) + body.nbytes
+            self._hold(key, self._held.get(key, 0) + body.nbytes)
             while self._buffered[key] >= self.row_group_rows:
                 self._write_group(key, self.row_group_rows)
-        while sum(self._held.values()) > self.buffer_bytes:
-            largest = max(self._held, key=lambda k: self._held[k])
-            self._write_group(largest, self._buffered[largest])
+        if self._held_total > self.buffer_bytes:
+            for key in sorted(self._held, key=self._held.__getitem__, reverse=True):
+                if self._held_total <= self.buffer_bytes:
+                    break
+                if self._buffered.get(key):
+                    self._write_group(key, self._buffered[key])
+
+    def _hold(self, key: tuple[str, ...], nbytes: int) -> None:
+        self._held_total += nbytes - self._held.get(key, 0)
+        self._held[key] = nbytes
 
     def _write_group(self, key: tuple[str, ...], rows: int) -> None:
         buffered = pa.concat_tables(self._buffers[key])
         group, rest = buffered.slice(0, rows), buffered.slice(rows)
         self._buffers[key] = [rest] if rest.num_rows else []
         self._buffered[key] = rest.num_rows
-        self._held[key] = rest.nbytes if rest.num_rows else 0
+        self._hold(key, rest.nbytes if rest.num_rows else 0)
         out = self._open.get(key)
         if out is None:
+            while len(self._open) >= self.max_open_files:
+                _, oldest = self._open.popitem(last=False)
+                self.files.append(oldest.close())
             number = self._numbers.get(key, 0)
             self._numbers[key] = number + 1
             directory = "/".join(f"{c}={v}" for c, v in zip(self.partition_by, key, strict=True))
-            rel = f"{directory}/{file_name(self.batch, self.tag, number)}".lstrip("/")
+            name = file_name(self.batch, self.tag, number, self.attempt, self.run_id)
             out = _OpenFile(
                 self.fs,
                 self.root,
-                rel,
+                f"{directory}/{name}".lstrip("/"),
                 self.file_schema,
                 dict(zip(self.partition_by, key, strict=True)),
             )
             self._open[key] = out
+        else:
+            self._open.move_to_end(key)
         out.write(group)
         if out.bytes_written >= self.target_bytes:
             self.files.append(out.close())
@@ -309,8 +432,8 @@ class PartitionedWriter:
         for key in sorted(self._buffers):
             if self._buffered.get(key):
                 self._write_group(key, self._buffered[key])
-        for key in sorted(self._open):
-            self.files.append(self._open.pop(key).close())
+        while self._open:
+            self.files.append(self._open.popitem(last=False)[1].close())
         return sorted(self.files, key=lambda f: f.path)
 
 
@@ -323,7 +446,19 @@ class UnsafePartitionValue(ValueError):
 
 
 def split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...], pa.Table]]:
-    """Split rows by the values of partition columns.
+    """Split rows by the values of partition columns, keeping their order within each.
+
+    One stable sort on the values' dictionary codes groups the rows, so the cost
+    stays O(rows log rows) however many values there are. Each part is taken as a
+    compact copy of its own rows: a part buffered for later never keeps the whole
+    input alive.
+
+    Args:
+        table: Rows holding the columns.
+        columns: Partition columns (strings).
+
+    Returns:
+        (values, rows) per distinct combination of values, sorted by values.
 
     Raises:
         UnsafePartitionValue: If a value is null, empty, or could escape the table
@@ -331,18 +466,48 @@ def split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...],
     """
     if not columns:
         return [((), table)]
-    combos = table.group_by(columns).aggregate([]).to_pylist()
-    out = []
-    for combo in sorted(combos, key=lambda c: [c[k] or "" for k in columns]):
-        values = tuple(combo[c] for c in columns)
+    if table.num_rows == 0:
+        return []
+    dictionaries = []
+    codes: pa.Array | None = None
+    for column in columns:
+        values = table.column(column).combine_chunks()
+        if values.null_count:
+            raise UnsafePartitionValue(
+                f"partition value None of `{column}` cannot be a directory name"
+            )
+        encoded = pc.dictionary_encode(values)
+        dictionaries.append(encoded.dictionary.to_pylist())
+        these = encoded.indices.cast(pa.int64())
+        codes = these if codes is None else pc.add(pc.multiply(codes, len(dictionaries[-1])), these)
+    assert codes is not None
+    distinct = pc.unique(codes).to_pylist()
+    keyed = []
+    for code in distinct:
+        values_of: list[str] = []
+        for dictionary in reversed(dictionaries):
+            code, at = divmod(code, len(dictionary))
+            values_of.append(dictionary[at])
+        values = tuple(reversed(values_of))
         for column, value in zip(columns, values, strict=True):
-            if value is None or not _SAFE_VALUE.match(value):
+            if not _SAFE_VALUE.match(value):
                 raise UnsafePartitionValue(
                     f"partition value {value!r} of `{column}` cannot be a directory name"
                 )
-        mask = None
-        for column, value in zip(columns, values, strict=True):
-            test = pc.equal(table.column(column), value)
-            mask = test if mask is None else pc.and_(mask, test)
-        out.append((values, table.filter(mask)))
-    return out
+        keyed.append(values)
+    if len(distinct) == 1:
+        return [(keyed[0], table)]
+    order = pc.sort_indices(codes)
+    ordered = pc.take(codes, order)
+    # Where the sorted codes change, a part ends; parts come out in code order.
+    ends = pc.indices_nonzero(
+        pc.not_equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))
+    ).to_pylist()
+    bounds = [0] + [e + 1 for e in ends] + [len(ordered)]
+    by_code = dict(zip(distinct, keyed, strict=True))
+    parts = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        values = by_code[ordered[lo].as_py()]
+        parts.append((values, table.take(order.slice(lo, hi - lo))))
+    parts.sort(key=lambda part: part[0])
+    return parts

@@ -104,6 +104,36 @@ def s3_endpoint(tmp_path_factory):
     proc.wait(10)
 
 
+def s3_pipeline(make_pipeline, url: str, tmp_path: Path, prefix: str, **overrides: Any):
+    options = {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
+    return make_pipeline(
+        partitions=2,
+        overrides={
+            "warehouse": f"s3://lake/{prefix}",
+            "storage_options": options,
+            **overrides,
+        },
+    ), options
+
+
+def s3_landed(p, options) -> Counter:
+    counts: Counter = Counter()
+    for which in ("table", "quarantine"):
+        t = DeltaTable(
+            p.cfg().location(which), storage_options={**options, "conditional_put": "etag"}
+        ).to_pyarrow_table(columns=["_partition", "_offset"])
+        counts.update(
+            zip(t.column("_partition").to_pylist(), t.column("_offset").to_pylist(), strict=True)
+        )
+    return counts
+
+
 @dataclass
 class Pipeline:
     """A pipeline configured in a temporary conf dir, against the test broker."""

@@ -129,3 +129,54 @@ def test_a_backfill_killed_midway_finishes_exactly_once_when_run_again(make_pipe
     assert [r["note"] for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 2] == [
         "incident 42"
     ]
+
+
+def group_offsets(p) -> dict[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    cfg = p.cfg()
+    consumer = Consumer({"bootstrap.servers": p.bootstrap, "group.id": cfg.group_id})
+    try:
+        parts = [TopicPartition(p.topic, q) for q in range(2)]
+        return {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("kind", ["backfill", "replay"])
+def test_an_interrupted_backfill_or_replay_is_finished_as_such_by_the_scheduled_run(
+    make_pipeline, broker, kind
+):
+    # The on-call engineer's backfill dies after its files are written; the next
+    # scheduled `strata run` finds its saved plan. It must finish it as a backfill
+    # (replacing the range's rows), not append the re-read rows as a new ingest batch
+    # and move the committed offsets and the consumer group back.
+    p = make_pipeline(partitions=2)
+    per = produce_clicks(broker, p.topic, 2, 1500, malformed=3)
+    assert p.cli("run").returncode == 0
+    committed = ledger_state(p.cfg()).committed
+    assert group_offsets(p) == {q: per[q] for q in range(2)}
+    if kind == "backfill":
+        args = ["backfill", "--topic", p.topic, "--partition", "1", "--from", "10", "--to", "700"]
+    else:
+        args = ["replay", "--from-batch", "1"]
+    crashed = p.cli(*args, "--reason", "INC-7", env=p.env(**{CRASH_ENV: "after_files"}))
+    assert crashed.returncode == -signal.SIGKILL
+
+    scheduled = p.cli("run", "--json")
+    assert scheduled.returncode == 0, scheduled.stderr
+    summary = json.loads(scheduled.stdout.strip().splitlines()[-1])
+    assert summary["status"] == ("backfilled" if kind == "backfill" else "replayed")
+    assert f"batch 2 is a {kind}" in summary["warnings"][0]
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    rows = read_ledger(p.cfg()).to_pylist()
+    assert {r["kind"] for r in rows if r["batch"] == 2} == {kind}
+    assert all(r["note"] == "INC-7" for r in rows if r["batch"] == 2)
+    assert ledger_state(p.cfg()).committed == committed
+    assert group_offsets(p) == {q: per[q] for q in range(2)}
+    # The schedule goes on from where the ingests ended.
+    more = produce_clicks(broker, p.topic, 2, 200, seed=5)
+    assert p.cli("run").returncode == 0
+    total = {q: per[q] + more[q] for q in range(2)}
+    assert p.landed() == expected_offsets(total)

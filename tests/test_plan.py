@@ -106,3 +106,54 @@ def test_plan_round_trips_through_json():
     ranges = [OffsetRange("t", 0, 1, 9)]
     plan = BatchPlan("p", 3, ranges, [ranges], [("t", 0)], "abc", "now", {"t:0": 12})
     assert BatchPlan.from_json(plan.to_json()) == plan
+
+
+def _cfg(**over):
+    from pathlib import Path
+
+    from strata.config import EventTimeConfig, PipelineConfig
+
+    root = Path(__file__).resolve().parents[1]
+    return PipelineConfig(
+        name="clicks",
+        topics=["clicks", "views"],
+        schema_file="clicks.avsc",
+        schemas_dir=str(root / "schemas"),
+        event_time=EventTimeConfig(field="ts"),
+        **over,
+    )
+
+
+def test_every_range_that_moves_where_reading_goes_on_is_planned_even_when_empty():
+    from strata.run import new_plan
+
+    # `views` is new to the pipeline and starts at its end (`latest`) while `clicks`
+    # has data: its empty first range must still be planned, or its start is never
+    # recorded and every later plan starts it at the then high watermark.
+    committed = {("clicks", 0): 100}
+    states = [PartitionState("clicks", 0, 0, 250, 100), PartitionState("views", 0, 0, 40, None)]
+    plan = new_plan(_cfg(starting_offsets="latest"), 7, states, None, None, committed)
+    assert plan is not None
+    assert plan.ranges == [OffsetRange("clicks", 0, 100, 250), OffsetRange("views", 0, 40, 40)]
+    assert plan.new_partitions == [("views", 0)]
+    # A partition idle since its last batch is left out: the ledger has its start.
+    idle = [PartitionState("clicks", 0, 0, 100, 100), PartitionState("views", 0, 0, 90, 40)]
+    committed = {("clicks", 0): 100, ("views", 0): 40}
+    plan = new_plan(_cfg(), 8, idle, None, None, committed)
+    assert plan is not None and plan.ranges == [OffsetRange("views", 0, 40, 90)]
+
+
+def test_an_accepted_loss_on_an_emptied_partition_moves_reading_to_the_log_start_once():
+    from strata.run import new_plan
+
+    # Retention deleted every unread message of partition 0 and nothing new arrived:
+    # the loss is recorded once, with an empty range at the log start, so the next
+    # plan starts there and records no second loss.
+    states = [PartitionState("clicks", 0, 500, 500, 100)]
+    plan = new_plan(_cfg(), 3, states, None, "oncall@host: INC-9", {("clicks", 0): 100})
+    assert plan is not None
+    assert plan.losses == [OffsetRange("clicks", 0, 100, 500)]
+    assert plan.ranges == [OffsetRange("clicks", 0, 500, 500)]
+    assert plan.splits == []
+    after = [PartitionState("clicks", 0, 500, 500, 500)]
+    assert new_plan(_cfg(), 4, after, None, "oncall@host: INC-9", {("clicks", 0): 500}) is None

@@ -179,6 +179,22 @@ def test_overlaps_and_holes_are_decided_on_the_ledger_alone():
     ]
     overlapping = pa.Table.from_pylist([row(1, "ingest", 0, 10), row(2, "ingest", 5, 20)])
     assert "batch 2 [5, 20) overlaps batch 1 [0, 10)" in ledger_continuity(overlapping)[0][0]
+    # A recorded seek forward explains the offsets it skips; one back to the start of a
+    # re-created topic starts the partition over, so re-used offsets are no overlap.
+    skipped = pa.Table.from_pylist(
+        [row(1, "ingest", 0, 10), row(2, "seek", 10, 15), row(3, "ingest", 15, 20)]
+    )
+    assert ledger_continuity(skipped) == ([], [])
+    restarted = pa.Table.from_pylist(
+        [row(1, "ingest", 0, 10), row(2, "seek", 0, 0), row(3, "ingest", 0, 4)]
+    )
+    assert ledger_continuity(restarted) == ([], [])
+    # An empty first range (a `latest` start) records where reading begins.
+    late_start = pa.Table.from_pylist([row(1, "ingest", 50, 50), row(2, "ingest", 60, 70)])
+    assert ledger_continuity(late_start)[1] == [
+        "partition 0 of `t`: offsets [50, 60) between batch 1 and batch 2 were never read and "
+        "no loss is recorded for them"
+    ]
 
 
 def test_an_unknown_expectation_is_named_with_its_key(make_pipeline, broker, spark):

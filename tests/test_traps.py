@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import yaml
+from deltalake import DeltaTable
 
 from strata.ledger import read_ledger
 from strata.plan import PlanStore
@@ -53,18 +55,106 @@ def test_a_partition_added_between_runs_is_picked_up_from_its_log_start(
     first = run_batch(p.cfg(), session=lambda _: spark)
     assert first.new_partitions == [(p.topic, 0)]
     assert [(r.start, r.end) for r in first.ranges] == [(0, 0)]
-    # The topic grows to two partitions (re-created: the broker has no CreatePartitions).
+    # The topic grows to two partitions. The local broker has no CreatePartitions, so it
+    # is re-created with two; its id changes, which stops the next run (a re-created
+    # topic is not the old log) until partition 0 of the new log is recorded with a
+    # seek. Partition 1 is then a partition added to a topic the pipeline reads.
     broker.delete_topic(p.topic)
     broker.create_topic(p.topic, 2)
     per = produce_clicks(broker, p.topic, 2, 300)
+    stopped = p.cli("run")
+    assert stopped.returncode == 1 and "deleted and created again" in stopped.stderr
+    seek = p.cli(
+        "ledger", "seek", "--topic", p.topic, "--partition", "0", "--to", "0", "--reason", "new"
+    )
+    assert seek.returncode == 0, seek.stderr
 
     done = p.cli("run")
     assert done.returncode == 0, done.stderr
     assert f"new partitions, read from: {p.topic}:1 offset 0" in done.stdout
     assert p.landed() == expected_offsets(per)
-    ledger = [r for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 2]
+    ledger = [r for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 3]
     assert sorted((r["partition"], r["start_offset"], r["end_offset"]) for r in ledger) == [
         (0, 0, per[0]),
         (1, 0, per[1]),
     ]
     assert Counter(p.raw_copies().values()) == Counter({1: sum(per.values())})
+
+
+def test_a_topic_added_with_latest_while_others_have_data_loses_nothing_after_its_start(
+    make_pipeline, broker, spark
+):
+    # `views` joins a pipeline that reads `clicks`, with starting_offsets: latest. Its
+    # first range is empty while `clicks` has data; the ledger must record where it
+    # starts, or every later batch restarts it at the then high watermark and
+    # everything produced to it meanwhile is lost.
+    p = make_pipeline(partitions=1)
+    clicks = produce_clicks(broker, p.topic, 1, 300)
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
+    views = p.topic + "-views"
+    broker.create_topic(views, 1)
+    before = produce_clicks(broker, views, 1, 50, seed=2)  # older than the pipeline's start
+    conf = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    body = yaml.safe_load(conf.read_text())
+    body.update(topics=[p.topic, views], starting_offsets="latest")
+    conf.write_text(yaml.safe_dump(body))
+    more = produce_clicks(broker, p.topic, 1, 200, seed=3)
+
+    second = run_batch(p.cfg(), session=lambda _: spark)
+    assert second.new_partitions == [(views, 0)]
+    assert [(r.topic, r.start, r.end) for r in second.ranges] == [
+        (p.topic, clicks[0], clicks[0] + more[0]),
+        (views, before[0], before[0]),
+    ]
+    produced = produce_clicks(broker, views, 1, 120, seed=4)
+    produce_clicks(broker, p.topic, 1, 10, seed=5)
+    third = run_batch(p.cfg(), session=lambda _: spark)
+    assert [(r.topic, r.start, r.end) for r in third.ranges if r.topic == views] == [
+        (views, before[0], before[0] + produced[0])
+    ]
+    landed = read_ledger(p.cfg()).to_pylist()
+    assert sorted(
+        (r["batch"], r["start_offset"], r["end_offset"]) for r in landed if r["topic"] == views
+    ) == [
+        (2, before[0], before[0]),
+        (3, before[0], before[0] + produced[0]),
+    ]
+    views_rows = DeltaTable(p.cfg().location("table")).to_pyarrow_table(
+        filters=[("_topic", "=", views)], columns=["_offset"]
+    )
+    assert sorted(views_rows.column("_offset").to_pylist()) == list(
+        range(before[0], before[0] + produced[0])
+    )
+
+
+def test_an_accepted_loss_on_an_emptied_partition_is_recorded_once(make_pipeline, broker, spark):
+    # The local broker never raises a log start, so the state "retention deleted every
+    # unread message" is given to the planner as literal watermarks (decided in
+    # test_plan); the plan it makes runs for real, and the next plan over the same
+    # watermarks finds nothing to do and no second loss.
+    from strata.ledger import ledger_state
+    from strata.plan import PartitionState
+    from strata.run import new_plan
+
+    p = make_pipeline(partitions=1)
+    per = produce_clicks(broker, p.topic, 1, 99)
+    run_batch(p.cfg(), session=lambda _: spark)
+    cfg = p.cfg()
+    emptied = [PartitionState(p.topic, 0, 500, 500, per[0])]
+    committed = ledger_state(cfg).committed
+    plan = new_plan(cfg, 2, emptied, None, "oncall@host: INC-9", committed)
+    assert plan is not None
+    PlanStore(cfg).create(plan)
+    outcome = run_batch(cfg, session=lambda _: spark)
+    assert outcome.batch == 2 and f"{500 - per[0]} messages were deleted" in outcome.warnings[0]
+    rows = [r for r in read_ledger(cfg).to_pylist() if r["batch"] == 2]
+    assert sorted((r["kind"], r["start_offset"], r["end_offset"]) for r in rows) == [
+        ("ingest", 500, 500),
+        ("loss", per[0], 500),
+    ]
+    state = ledger_state(cfg)
+    assert state.committed == {(p.topic, 0): 500}
+    assert (
+        new_plan(cfg, 3, [PartitionState(p.topic, 0, 500, 500, 500)], None, "x", state.committed)
+        is None
+    )

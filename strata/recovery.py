@@ -1,0 +1,288 @@
+"""The ways out of a stop: abandon an unfinished batch's plan, move where reading goes on.
+
+Both are edits of the ledger made the safe way: under the run lock, as a batch of
+their own (so no plan saved before the edit can run after it), with who, when and
+why in the ledger beside the offsets they concern. Nothing is edited by hand.
+
+- `drop_plan` abandons the saved plan of the unfinished batch when it can no longer
+  be finished (retention deleted its offsets before its raw copy was committed, its
+  file is damaged). The batch is recorded as `abandon` and reads nothing; the next
+  run plans afresh from where the ledger goes on, so `--accept-loss` applies to it.
+- `seek` moves where reading goes on in a partition: forward past offsets nobody
+  will read (recorded, like a loss), or back to the start of a topic that was
+  deleted and created again under the same name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from strata.config import PipelineConfig
+from strata.kafka import partition_states, publish_group_offsets, topic_ids
+from strata.ledger import commit_ledger, committed_topic_ids, ledger_state
+from strata.lock import run_lock
+from strata.plan import OffsetRange, PlanError, PlanStore
+from strata.run import TABLES, remove_batch_files, tables_done
+
+
+class LedgerEditError(Exception):
+    """A ledger edit cannot be made as asked; nothing was changed."""
+
+
+@dataclass
+class LedgerEdit:
+    """What an edit recorded.
+
+    Attributes:
+        pipeline: Pipeline name.
+        kind: `abandon` or `seek`.
+        batch: The ledger batch that records the edit.
+        rows: The ledger rows written.
+        warnings: What the operator should know.
+    """
+
+    pipeline: str
+    kind: str
+    batch: int
+    rows: list[dict[str, Any]]
+    warnings: list[str]
+
+
+def drop_plan(cfg: PipelineConfig, batch: int, reason: str, who: str) -> LedgerEdit:
+    """Abandon the saved plan of the unfinished batch, recording who, why and what.
+
+    Args:
+        cfg: The pipeline configuration.
+        batch: The unfinished batch; it must be the one after the ledger's last batch.
+        reason: Why; recorded in the ledger.
+        who: Who drops it (user@host).
+
+    Returns:
+        What was recorded.
+
+    Raises:
+        LedgerEditError: If the batch is not the unfinished one, has no plan, or is
+            partly committed (then it can be finished, and must be).
+    """
+    _need_reason(reason)
+    with run_lock(cfg) as lock:
+        state = ledger_state(cfg)
+        nxt = state.last_batch + 1
+        if batch != nxt:
+            raise LedgerEditError(
+                f"batch {batch} is not the unfinished batch of pipeline {cfg.name}: the "
+                f"ledger's last batch is {state.last_batch}, so only batch {nxt} can be dropped"
+            )
+        store = PlanStore(cfg)
+        damage = ""
+        try:
+            plan = store.load(batch)
+        except PlanError as exc:
+            plan, damage = None, str(exc)
+        if plan is None and not damage:
+            raise LedgerEditError(
+                f"batch {batch} of pipeline {cfg.name} has no saved plan; nothing to drop"
+            )
+        if cfg.table_format == "delta":
+            stood = [name for name, done in tables_done(cfg, TABLES, batch).items() if done]
+            if stood:
+                raise LedgerEditError(
+                    f"batch {batch} is partly committed ({', '.join(stood)}): its raw copy holds "
+                    "every message it planned, so it can be finished and is not dropped. Run "
+                    f"`strata run --pipeline {cfg.name}`; if it says the decode settings "
+                    "changed, restore the ones the batch began with, finish it, then change them"
+                )
+        else:
+            # Plain Parquet files are visible as soon as written: the plan's go with it.
+            remove_batch_files(cfg, batch)
+        note = f"plan of batch {batch} abandoned by {who}: {reason}"
+        if plan is not None:
+            rows = [_abandon_row(r.topic, r.partition, r.start, note, r) for r in plan.ranges]
+        else:
+            # The plan cannot be read: record the partitions where reading goes on.
+            note += " (the saved plan could not be read)"
+            rows = [_abandon_row(t, p, e, note, None) for (t, p), e in state.committed.items()]
+        lock.check()
+        commit_ledger(cfg, batch, rows)
+        warnings = [
+            "the next `strata run` plans afresh from where the ledger goes on; if retention "
+            "deleted offsets meanwhile, it stops until `strata run --accept-loss REASON`"
+        ]
+        return LedgerEdit(cfg.name, "abandon", batch, rows, warnings)
+
+
+def _abandon_row(
+    topic: str, partition: int, at: int, note: str, planned: OffsetRange | None
+) -> dict[str, object]:
+    what = f"; it planned [{planned.start}, {planned.end})" if planned is not None else ""
+    return _edit_row("abandon", topic, partition, at, at, 0, note + what)
+
+
+def seek(
+    cfg: PipelineConfig,
+    topic: str,
+    partition: int | None,
+    to: str,
+    reason: str,
+    who: str,
+    reread: bool = False,
+) -> LedgerEdit:
+    """Move where reading goes on in one partition (or all of a topic's), recorded.
+
+    Args:
+        cfg: The pipeline configuration.
+        topic: The topic.
+        partition: The partition; None for every partition of the topic.
+        to: An offset, or `earliest` / `latest` (the log's start or end now).
+        reason: Why; recorded in the ledger.
+        who: Who seeks (user@host).
+        reread: Allow going back over committed offsets of the same topic: they are
+            read again and land twice, unless the tables are new.
+
+    Returns:
+        What was recorded.
+
+    Raises:
+        LedgerEditError: If a batch is unfinished, the target is outside the log, or
+            the seek would read committed offsets again without `reread`.
+    """
+    _need_reason(reason)
+    if topic not in cfg.topics:
+        raise LedgerEditError(
+            f"topic `{topic}` is not read by pipeline {cfg.name} ({', '.join(cfg.topics)})"
+        )
+    with run_lock(cfg) as lock:
+        state = ledger_state(cfg)
+        nxt = state.last_batch + 1
+        _refuse_unfinished(cfg, nxt)
+        states = [
+            s
+            for s in partition_states(cfg, state.committed)
+            if s.topic == topic and partition in (None, s.partition)
+        ]
+        if not states:
+            raise LedgerEditError(f"partition {partition} of `{topic}` is not on the brokers")
+        ids = topic_ids(cfg)
+        recorded = committed_topic_ids(cfg)
+        old_id = recorded[1].get(topic) if recorded else None
+        new_log = old_id is not None and ids.get(topic) not in (None, old_id)
+        note_base = f"seek by {who}: {reason}"
+        rows = []
+        warnings = []
+        for s in sorted(states, key=lambda s: s.partition):
+            target = _target(to, s.low, s.high)
+            where = f"partition {s.partition} of `{topic}`"
+            if target > s.high or target < s.low:
+                raise LedgerEditError(
+                    f"{where}: offset {target} is outside the log [{s.low}, {s.high}); nothing "
+                    "was changed. Use earliest, latest, or an offset inside it"
+                )
+            before = state.committed.get((topic, s.partition))
+            if before is not None and target < before and not (new_log or reread):
+                raise LedgerEditError(
+                    f"{where}: offsets [{target}, {before}) are committed already; reading them "
+                    "again would land them twice. Nothing was changed. To process committed "
+                    "offsets again use `strata backfill` (it replaces their rows); if the topic "
+                    "is a new log under the same name, add --reread"
+                )
+            if before is None or target >= before:
+                start = target if before is None else before
+                skipped = target - start
+                note = f"{note_base}; moved from {before} to {target}"
+                if skipped:
+                    warnings.append(
+                        f"{where}: offsets [{start}, {target}) are skipped: {skipped} messages "
+                        "will not be read (recorded in the ledger)"
+                    )
+                rows.append(_edit_row("seek", topic, s.partition, start, target, skipped, note))
+            else:
+                note = f"{note_base}; moved back from {before} to {target}"
+                rows.append(_edit_row("seek", topic, s.partition, target, target, 0, note))
+                if not new_log:
+                    warnings.append(
+                        f"{where}: offsets [{target}, {before}) will be read again; their rows "
+                        "land twice unless the topic is a new log"
+                    )
+        lock.check()
+        commit_ledger(cfg, nxt, rows, None, ids)
+        positions = [
+            OffsetRange(topic, int(str(r["partition"])), 0, int(str(r["end_offset"]))) for r in rows
+        ]
+        problem = publish_group_offsets(cfg, positions)
+        if problem:
+            warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")
+        return LedgerEdit(cfg.name, "seek", nxt, rows, warnings)
+
+
+def _target(to: str, low: int, high: int) -> int:
+    if to == "earliest":
+        return low
+    if to == "latest":
+        return high
+    try:
+        return int(to)
+    except ValueError:
+        raise LedgerEditError(
+            f"--to {to!r} is not an offset; give a number, earliest or latest"
+        ) from None
+
+
+def _refuse_unfinished(cfg: PipelineConfig, batch: int) -> None:
+    """A plan saved before an edit must never run after it."""
+    store = PlanStore(cfg)
+    try:
+        plan = store.load(batch)
+    except PlanError:
+        plan = None
+        unreadable = True
+    else:
+        unreadable = False
+    if plan is not None or unreadable:
+        what = "an unreadable plan" if plan is None else f"a {plan.kind}"
+        raise LedgerEditError(
+            f"batch {batch} is unfinished ({what}, {store.describe(batch)}); nothing was "
+            f"changed. Finish it with `strata run --pipeline {cfg.name}`, or drop it with "
+            f"`strata plan drop --pipeline {cfg.name} --batch {batch} --reason TEXT`, then seek"
+        )
+
+
+def _edit_row(
+    kind: str, topic: str, partition: int, start: int, end: int, skipped: int, note: str
+) -> dict[str, object]:
+    return {
+        "kind": kind,
+        "note": note,
+        "topic": topic,
+        "partition": partition,
+        "start_offset": start,
+        "end_offset": end,
+        "messages": 0,
+        "rows": 0,
+        "quarantined": 0,
+        # Skipped offsets count as gaps, so offsets = rows + quarantined + gaps holds.
+        "gaps": skipped,
+        "bytes": 0,
+        "late_rows": 0,
+        "max_lateness_ms": 0,
+        "min_event_time": None,
+        "max_event_time": None,
+        "high_watermark": None,
+    }
+
+
+def _need_reason(reason: str) -> None:
+    if not reason.strip():
+        raise LedgerEditError("give a --reason; the ledger records why it was edited")
+
+
+def render_edit(edit: LedgerEdit) -> str:
+    """The edit in words, for the command line."""
+    what = {"abandon": "plan abandoned", "seek": "reading moved"}[edit.kind]
+    lines = [f"pipeline {edit.pipeline}: {what}, recorded as ledger batch {edit.batch}"]
+    for r in edit.rows:
+        lines.append(
+            f"  {r['topic']}:{r['partition']} [{r['start_offset']}, {r['end_offset']}) {r['note']}"
+        )
+    lines.extend(f"warning: {w}" for w in edit.warnings)
+    return "\n".join(lines)

@@ -1,0 +1,205 @@
+"""A way out of every stop: unreadable saved plans, re-created topics, recorded edits."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from strata.ledger import ledger_state, read_ledger
+from strata.plan import PlanStore
+from strata.run import CRASH_ENV
+from tests.conftest import expected_offsets, produce_clicks
+
+pytestmark = pytest.mark.integration
+
+
+def last_json(done) -> dict:
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def recreate(broker, topic: str, partitions: int) -> None:
+    broker.delete_topic(topic)
+    broker.create_topic(topic, partitions)
+
+
+def test_a_batch_whose_raw_copy_stands_is_finished_from_it_when_kafka_lost_its_offsets(
+    make_pipeline, broker
+):
+    p = make_pipeline(partitions=2)
+    per = produce_clicks(broker, p.topic, 2, 1500, malformed=4)
+    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_raw_commit"}))
+    assert crashed.returncode == -signal.SIGKILL
+    # The log the plan was made from is gone before the re-run (retention, or a topic
+    # deleted by mistake and created again): the committed raw copy holds the batch.
+    recreate(broker, p.topic, 2)
+    rerun = p.cli("run", "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    summary = last_json(rerun)
+    assert summary["status"] == "resumed"
+    assert any("read from it" in w for w in summary["warnings"]), summary["warnings"]
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    assert sum(r["quarantined"] for r in read_ledger(p.cfg()).to_pylist()) == 4
+
+
+def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_frees_it(
+    make_pipeline, broker
+):
+    p = make_pipeline(partitions=1)
+    produce_clicks(broker, p.topic, 1, 500)
+    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    assert crashed.returncode == -signal.SIGKILL
+    recreate(broker, p.topic, 1)
+    fresh = produce_clicks(broker, p.topic, 1, 20, seed=3)
+
+    # The topic's id changed since the plan was made: the plan is for the old log.
+    stopped = p.cli("run", "--json")
+    assert stopped.returncode == 1
+    error = last_json(stopped)["error"]
+    assert error.startswith(f"topic `{p.topic}` (id "), error
+    assert "when batch 1 was planned" in error
+    assert f"strata plan drop --pipeline {p.name} --batch 1" in error
+    assert "Traceback" not in stopped.stderr
+    # A broker that keeps no topic ids (or an older plan) leaves the watermarks to tell.
+    path = PlanStore(p.cfg()).describe(1)
+    body = json.loads(open(path).read())
+    body["topic_ids"] = {}
+    with open(path, "w") as out:
+        out.write(json.dumps(body))
+    stopped = p.cli("run", "--json")
+    assert stopped.returncode == 1
+    error = last_json(stopped)["error"]
+    assert error.startswith(
+        f"batch 1's saved plan can no longer be read: offsets [0, 501) of partition 0 of "
+        f"`{p.topic}`: Kafka now holds [0, 21)"
+    ), error
+    assert f"strata plan drop --pipeline {p.name} --batch 1" in error
+    assert read_ledger(p.cfg()).num_rows == 0
+
+    dropped = p.cli("plan", "drop", "--batch", "1", "--reason", "INC-11 topic re-created")
+    assert dropped.returncode == 0, dropped.stderr
+    [row] = read_ledger(p.cfg()).to_pylist()
+    assert (row["batch"], row["kind"], row["start_offset"], row["end_offset"]) == (
+        1,
+        "abandon",
+        0,
+        0,
+    )
+    assert "INC-11 topic re-created" in row["note"] and "it planned [0, 501)" in row["note"]
+    again = p.cli("run", "--json")
+    assert again.returncode == 0, again.stderr
+    assert last_json(again)["batch"] == 2
+    assert p.landed() == expected_offsets(fresh)
+    status = p.cli("status")
+    assert "EDIT: batch 1 abandon" in status.stdout
+
+
+def test_a_damaged_plan_file_is_named_and_can_be_dropped(make_pipeline, broker):
+    p = make_pipeline(partitions=1)
+    per = produce_clicks(broker, p.topic, 1, 300)
+    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    assert crashed.returncode == -signal.SIGKILL
+    store = PlanStore(p.cfg())
+    path = store.describe(1)
+    text = open(path).read()
+    with open(path, "w") as out:
+        out.write(text[: len(text) // 2])
+
+    stopped = p.cli("run", "--json")
+    assert stopped.returncode == 1
+    error = last_json(stopped)["error"]
+    assert error.startswith(f"{path}: the saved plan of batch 1 cannot be read"), error
+    assert "strata plan drop" in error
+    status = p.cli("status")
+    assert status.returncode == 0 and "UNFINISHED: batch 1: " in status.stdout
+
+    dropped = p.cli("plan", "drop", "--batch", "1", "--reason", "damaged by a bad deploy")
+    assert dropped.returncode == 0, dropped.stderr
+    assert ledger_state(p.cfg()).last_batch == 1
+    done = p.cli("run")
+    assert done.returncode == 0, done.stderr
+    assert p.landed() == expected_offsets(per)
+
+
+def test_a_recreated_topic_grown_past_the_committed_offset_stops_until_a_seek(
+    make_pipeline, broker
+):
+    p = make_pipeline(partitions=1)
+    first = produce_clicks(broker, p.topic, 1, 200)
+    assert p.cli("run").returncode == 0
+    recreate(broker, p.topic, 1)
+    # The new log has grown past the committed offset: by its watermarks alone it looks
+    # like 400 new messages after offset 201.
+    second = produce_clicks(broker, p.topic, 1, 600, seed=4)
+
+    stopped = p.cli("run", "--json")
+    assert stopped.returncode == 1
+    error = last_json(stopped)["error"]
+    assert error.startswith(f"topic `{p.topic}` (id "), error
+    assert "was deleted and created again under the same name" in error
+    assert "strata ledger seek" in error
+    assert [r["batch"] for r in read_ledger(p.cfg()).to_pylist()] == [1]
+    assert PlanStore(p.cfg()).load(2) is None
+
+    seek = p.cli("ledger", "seek", "--topic", p.topic, "--to", "earliest", "--reason", "INC-12")
+    assert seek.returncode == 0, seek.stderr
+    [row] = [r for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 2]
+    assert (row["kind"], row["start_offset"], row["end_offset"]) == ("seek", 0, 0)
+    assert "moved back from 201 to 0" in row["note"] and "INC-12" in row["note"]
+    done = p.cli("run", "--json")
+    assert done.returncode == 0, done.stderr
+    assert last_json(done)["batch"] == 3
+    ledger = read_ledger(p.cfg()).to_pylist()
+    assert [(r["start_offset"], r["end_offset"]) for r in ledger if r["batch"] == 3] == [
+        (0, second[0])
+    ]
+    # Both logs' messages are in the table: the old one's from batch 1, the new one's
+    # from batch 3 (the same offsets, other messages).
+    landed = p.table_rows("table", ["_offset", "_batch"]).to_pylist()
+    quarantined = p.table_rows("quarantine", ["_offset", "_batch"]).to_pylist()
+    by_batch: dict[int, list[int]] = {}
+    for r in landed + quarantined:
+        by_batch.setdefault(r["_batch"], []).append(r["_offset"])
+    assert sorted(by_batch[1]) == list(range(first[0]))
+    assert sorted(by_batch[3]) == list(range(second[0]))
+
+
+def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(make_pipeline, broker):
+    p = make_pipeline(partitions=1)
+    first = produce_clicks(broker, p.topic, 1, 100)
+    assert p.cli("run").returncode == 0
+    produce_clicks(broker, p.topic, 1, 300, seed=2)
+    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    assert crashed.returncode == -signal.SIGKILL
+
+    # A batch is unfinished: a seek now would let its plan run after the edit.
+    refused = p.cli("ledger", "seek", "--topic", p.topic, "--to", "350", "--reason", "skip")
+    assert refused.returncode == 1
+    assert "batch 2 is unfinished" in refused.stderr and "strata plan drop" in refused.stderr
+    assert p.cli("plan", "drop", "--batch", "2", "--reason", "poison range").returncode == 0
+    # Back over committed offsets of the same topic would land them twice.
+    back = p.cli("ledger", "seek", "--topic", p.topic, "--to", "10", "--reason", "again")
+    assert back.returncode == 1 and "strata backfill" in back.stderr
+    forward = p.cli("ledger", "seek", "--topic", p.topic, "--to", "350", "--reason", "skip")
+    assert forward.returncode == 0, forward.stderr
+    assert f"offsets [{first[0]}, 350) are skipped" in forward.stdout
+
+    more = produce_clicks(broker, p.topic, 1, 10, seed=3)
+    done = p.cli("run", "--json")
+    assert done.returncode == 0, done.stderr
+    summary = last_json(done)
+    assert summary["batch"] == 4
+    end = first[0] + 301 + more[0]
+    assert [(r["start"], r["end"]) for r in summary["ranges"]] == [(350, end)]
+    kinds = [(r["batch"], r["kind"]) for r in read_ledger(p.cfg()).to_pylist()]
+    assert sorted(kinds) == [(1, "ingest"), (2, "abandon"), (3, "seek"), (4, "ingest")]
+    landed = p.landed()
+    assert sorted(o for _, o in landed) == list(range(first[0])) + list(range(350, end))
+    assert set(landed.values()) == {1}
+    status = p.cli("status")
+    assert f"EDIT: batch 3 seek {p.topic}:0 [{first[0]}, 350)" in status.stdout
+    quality = p.cli("quality", "--batch", "4", "--json")
+    checks = {c["name"]: c["success"] for c in last_json(quality)["checks"]}
+    assert checks["reconcile: no unexplained holes"], quality.stdout

@@ -1,0 +1,134 @@
+"""Two runners of one pipeline at once, on two "hosts", against a real S3 endpoint.
+
+A zombie Airflow task, a cluster-mode driver whose client gave up, the ingest and
+backfill DAGs at once: runners that share no local lock. Each message still lands
+exactly once: a lease on the object store lets one runner work at a time, the saved
+plan is created only where none exists, and every table's commit of a batch is made
+once (the batch's app transaction is checked again inside the commit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from strata.run import STOP_ENV
+from tests.conftest import expected_offsets, produce_clicks, s3_landed, s3_pipeline
+
+pytestmark = pytest.mark.integration
+
+
+def second_host(p, tmp_path: Path):
+    """The same pipeline configured on another machine: its own copy of the conf dir.
+
+    The two share nothing local (no lock file, no directory): only the object store.
+    """
+    conf = tmp_path / "other-host" / "conf"
+    shutil.copytree(p.conf_dir, conf)
+    # The schema is found relative to the conf dir's parent.
+    shutil.copytree(p.conf_dir.parent / "schemas", conf.parent / "schemas")
+    return dataclasses.replace(p, conf_dir=conf)
+
+
+def start(p, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "strata"),
+            "run",
+            *args,
+            "--pipeline",
+            p.name,
+            "--conf-dir",
+            str(p.conf_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or p.env(),
+    )
+
+
+def delta(p, which: str, options: dict[str, str]) -> DeltaTable:
+    return DeltaTable(
+        p.cfg().location(which), storage_options={**options, "conditional_put": "etag"}
+    )
+
+
+def test_two_runs_at_once_on_s3_land_each_message_once(
+    make_pipeline, broker, s3_endpoint, tmp_path
+):
+    p, options = s3_pipeline(make_pipeline, s3_endpoint, tmp_path, "runners1")
+    other = second_host(p, tmp_path)
+    per = produce_clicks(broker, p.topic, 2, 20_000, malformed=5)
+    runs = [start(p), start(other)]
+    outcomes = [(proc.wait(300), *proc.communicate()) for proc in runs]
+    codes = sorted(code for code, _, _ in outcomes)
+    # One runs the batch; the other finds the lease held (3) or, if it started after
+    # the first finished, nothing new (0).
+    assert codes in ([0, 0], [0, 3]), outcomes
+    for code, _, err in outcomes:
+        if code == 3:
+            assert "another run is in flight" in err, err
+    assert s3_landed(p, options) == expected_offsets(per)
+    for which in ("table", "raw", "quarantine", "ledger"):
+        assert delta(p, which, options).transaction_version(p.name) == 1
+    ledger = delta(p, "ledger", options).to_pyarrow_table().to_pylist()
+    assert sorted((r["batch"], r["partition"]) for r in ledger) == [(1, 0), (1, 1)]
+
+
+def stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("T")
+
+
+def test_a_runner_paused_past_its_lease_commits_nothing_when_it_wakes(
+    make_pipeline, broker, s3_endpoint, tmp_path
+):
+    # Runner A freezes between its lease check and its first commit (a long pause of
+    # its host), long enough for its lease to run out. Runner B, on another host, takes
+    # the lease and commits the batch. When A wakes its commit must be a no-op and it
+    # must stop; every message lands once and no file A wrote is in any table.
+    p, options = s3_pipeline(make_pipeline, s3_endpoint, tmp_path, "runners2", lock_lease="4s")
+    other = second_host(p, tmp_path)
+    per = produce_clicks(broker, p.topic, 2, 3000, malformed=3)
+    a = start(p, env=p.env(**{STOP_ENV: "before_raw_commit"}))
+    deadline = time.monotonic() + 240
+    while not stopped(a.pid):
+        assert a.poll() is None, a.communicate()
+        assert time.monotonic() < deadline, "runner A never reached its first commit"
+        time.sleep(0.2)
+    try:
+        while True:
+            b = other.cli("run", "--json")
+            if b.returncode == 0:
+                break
+            assert b.returncode == 3 and "another run is in flight" in b.stderr, b.stderr
+            assert time.monotonic() < deadline, "the lease of the frozen runner never expired"
+            time.sleep(1)
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    out, err = a.communicate(timeout=300)
+    assert a.returncode == 3, (out, err)
+    assert "lost its lease" in err, err
+
+    assert s3_landed(p, options) == expected_offsets(per)
+    for which in ("table", "raw", "quarantine", "ledger"):
+        table = delta(p, which, options)
+        assert table.transaction_version(p.name) == 1
+        # One commit of batch 1 per table, whatever A did after waking.
+        commits = [c for c in table.history() if c.get("strata.batch") == 1]
+        assert len(commits) == 1, which
+    raw = delta(p, "raw", options)
+    assert raw.to_pyarrow_table(columns=["_offset"]).num_rows == sum(per.values())
+    paths = pa.table(raw.get_add_actions(flatten=True)).column("path").to_pylist()
+    runs = {path.split("-")[-2] for path in paths}
+    assert len(runs) == 1, paths  # every committed raw file was written by runner B

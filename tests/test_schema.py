@@ -1,0 +1,198 @@
+"""Avro schemas to columns: logical types, what each table format can hold, SQL types."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from strata.config import EventTimeConfig, PipelineConfig
+from strata.metastore import MetastoreError
+from strata.publish import hive_type
+from strata.schema import SchemaError, load_pipeline_schema, load_topic_schema
+from strata.sql import trino_type
+
+
+def schema_file(tmp_path: Path, *fields: dict, name: str = "t.avsc") -> Path:
+    path = tmp_path / name
+    body = [{"name": "ts", "type": "long"}, *fields]
+    path.write_text(json.dumps({"type": "record", "name": "T", "fields": body}))
+    return path
+
+
+def pipeline(path: Path, **over) -> PipelineConfig:
+    return PipelineConfig(
+        name="t",
+        topics=["t"],
+        schema_file=path.name,
+        schemas_dir=str(path.parent),
+        event_time=EventTimeConfig(field="ts"),
+        **over,
+    )
+
+
+LOGICAL = [
+    (
+        {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2},
+        pa.decimal128(10, 2),
+    ),
+    (
+        {"type": "fixed", "name": "F", "size": 16, "logicalType": "decimal", "precision": 38},
+        pa.decimal128(38, 0),
+    ),
+    (
+        {"type": "bytes", "logicalType": "decimal", "precision": 39, "scale": 3},
+        pa.decimal256(39, 3),
+    ),
+    ({"type": "int", "logicalType": "date"}, pa.date32()),
+    ({"type": "int", "logicalType": "time-millis"}, pa.int32()),
+    ({"type": "long", "logicalType": "time-micros"}, pa.int64()),
+    ({"type": "long", "logicalType": "timestamp-millis"}, pa.timestamp("ms", tz="UTC")),
+    ({"type": "long", "logicalType": "timestamp-micros"}, pa.timestamp("us", tz="UTC")),
+    ({"type": "long", "logicalType": "local-timestamp-millis"}, pa.timestamp("ms")),
+    ({"type": "long", "logicalType": "local-timestamp-micros"}, pa.timestamp("us")),
+    ({"type": "string", "logicalType": "uuid"}, pa.string()),
+    # Unknown logical types, and known ones on another underlying type, are read as
+    # the underlying type, as the Avro specification says.
+    ({"type": "long", "logicalType": "timestamp-nanos"}, pa.int64()),
+    ({"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}, pa.binary()),
+    ({"type": "fixed", "name": "U", "size": 16, "logicalType": "uuid"}, pa.binary()),
+    ({"type": "string", "logicalType": "timestamp-millis"}, pa.string()),
+    ({"type": "int", "logicalType": "no-such-type"}, pa.int32()),
+]
+
+
+@pytest.mark.parametrize(("avro", "arrow"), LOGICAL, ids=[str(a) for a, _ in LOGICAL])
+def test_each_logical_type_maps_to_its_column_type(tmp_path, avro, arrow):
+    topic = load_topic_schema(schema_file(tmp_path, {"name": "x", "type": avro}))
+    assert topic.arrow.field("x").type == arrow
+    nested = {
+        "type": "array",
+        "items": {"type": "record", "name": "R", "fields": [{"name": "y", "type": ["null", avro]}]},
+    }
+    topic = load_topic_schema(schema_file(tmp_path, {"name": "x", "type": nested}))
+    assert topic.arrow.field("x").type == pa.list_(pa.struct([("y", arrow)]))
+
+
+@pytest.mark.parametrize(
+    ("avro", "message"),
+    [
+        ({"type": "bytes", "logicalType": "decimal"}, "a decimal with no precision"),
+        ({"type": "bytes", "logicalType": "decimal", "precision": 4, "scale": 5}, "scale 5"),
+        ({"type": "bytes", "logicalType": "decimal", "precision": 77}, "from 1 to 76"),
+        (
+            {"type": "fixed", "name": "F", "size": 4, "logicalType": "decimal", "precision": 10},
+            "from 1 to 9",
+        ),
+    ],
+)
+def test_an_invalid_decimal_is_refused_naming_file_field_and_fix(tmp_path, avro, message):
+    path = schema_file(tmp_path, {"name": "price", "type": ["null", avro]})
+    with pytest.raises(SchemaError) as err:
+        load_topic_schema(path)
+    text = str(err.value)
+    assert str(path) in text and "field `price`" in text and message in text
+    assert "declare an integer precision" in text
+
+
+def test_an_array_of_items_that_take_no_bytes_is_refused(tmp_path):
+    # Such an array is a memory bomb: a few bytes can claim billions of items.
+    path = schema_file(tmp_path, {"name": "xs", "type": {"type": "array", "items": "null"}})
+    with pytest.raises(SchemaError, match=r"field `xs`: an array of \"null\" takes no bytes"):
+        load_topic_schema(path)
+    empty = {"type": "record", "name": "E", "fields": []}
+    path = schema_file(tmp_path, {"name": "xs", "type": {"type": "array", "items": empty}})
+    with pytest.raises(SchemaError, match="takes no bytes per item"):
+        load_topic_schema(path)
+
+
+def test_defaults_are_checked_and_a_decimal_default_is_read_as_avro_bytes(tmp_path):
+    decimal = {"type": "bytes", "logicalType": "decimal", "precision": 6, "scale": 2}
+    # Avro writes a bytes default as code points 0-255: "\u0004\u00d2" is 1234.
+    topic = load_topic_schema(
+        schema_file(tmp_path, {"name": "price", "type": decimal, "default": "\u0004\u00d2"})
+    )
+    assert topic.defaults == {"price": Decimal("12.34")}
+    path = schema_file(tmp_path, {"name": "n", "type": "int", "default": "seven"})
+    with pytest.raises(
+        SchemaError, match=r"field `n`: default \"seven\" is not a value of its type"
+    ):
+        load_topic_schema(path)
+
+
+def test_what_a_table_format_cannot_hold_is_refused_with_the_fix(tmp_path):
+    local = {"name": "seen", "type": {"type": "long", "logicalType": "local-timestamp-millis"}}
+    wide = {"name": "big", "type": {"type": "bytes", "logicalType": "decimal", "precision": 50}}
+    path = schema_file(tmp_path, local, wide)
+
+    with pytest.raises(SchemaError) as err:
+        load_pipeline_schema(pipeline(path))
+    text = str(err.value)
+    assert text.startswith(f"{path}: ")
+    assert "field `seen` is a local timestamp" in text and "timestampNtz" in text
+    assert "field `big` is decimal(50, 0), but Delta decimals hold at most 38 digits" in text
+
+    # Plain Parquet files hold both; a metastore cannot declare the wide decimal.
+    topic = load_pipeline_schema(pipeline(path, table_format="parquet"))
+    assert topic.arrow.field("big").type == pa.decimal256(50, 0)
+    registered = pipeline(
+        path, table_format="parquet", metastore={"uri": "thrift://127.0.0.1:9083"}
+    )
+    with pytest.raises(SchemaError, match="but Hive and Trino decimals hold at most 38 digits"):
+        load_pipeline_schema(registered)
+
+
+def test_a_map_field_is_refused_for_json_but_read_from_avro(tmp_path):
+    attrs = {
+        "name": "ctx",
+        "type": {
+            "type": "record",
+            "name": "C",
+            "fields": [{"name": "attrs", "type": {"type": "map", "values": "string"}}],
+        },
+    }
+    path = schema_file(tmp_path, attrs)
+    with pytest.raises(SchemaError, match=r"field `ctx.attrs` is a map, and JSON objects cannot"):
+        load_pipeline_schema(pipeline(path))
+    topic = load_pipeline_schema(pipeline(path, format="avro"))
+    assert pa.types.is_map(topic.arrow.field("ctx").type.field("attrs").type)
+
+
+SQL_TYPES = [
+    (pa.decimal128(10, 2), "decimal(10,2)", "decimal(10, 2)"),
+    (pa.decimal128(38, 0), "decimal(38,0)", "decimal(38, 0)"),
+    (pa.date32(), "date", "date"),
+    (pa.timestamp("ms", tz="UTC"), "timestamp", "timestamp(3)"),
+    (pa.timestamp("us", tz="UTC"), "timestamp", "timestamp(6)"),
+    (pa.timestamp("ms"), "timestamp", "timestamp(3)"),
+    (pa.timestamp("us"), "timestamp", "timestamp(6)"),
+    (pa.int32(), "int", "integer"),  # time-millis
+    (pa.int64(), "bigint", "bigint"),  # time-micros
+    (pa.string(), "string", "varchar"),  # uuid
+    (
+        pa.list_(pa.struct([("price", pa.decimal128(6, 2)), ("at", pa.timestamp("ms", tz="UTC"))])),
+        "array<struct<price:decimal(6,2),at:timestamp>>",
+        'array(row("price" decimal(6, 2), "at" timestamp(3)))',
+    ),
+    (
+        pa.map_(pa.string(), pa.date32()),
+        "map<string,date>",
+        "map(varchar, date)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("arrow", "hive", "trino"), SQL_TYPES, ids=[str(t[0]) for t in SQL_TYPES])
+def test_metastore_and_trino_types_of_every_decoded_column(arrow, hive, trino):
+    assert hive_type(arrow) == hive
+    assert trino_type(arrow) == trino
+
+
+def test_a_decimal_above_38_digits_has_no_hive_or_trino_type():
+    with pytest.raises(MetastoreError, match="Hive decimals hold at most 38 digits"):
+        hive_type(pa.decimal256(39, 2))
+    with pytest.raises(ValueError, match="Trino decimals hold at most 38 digits"):
+        trino_type(pa.decimal256(39, 2))
