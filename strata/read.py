@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from strata.faults import SKIP_ENV
 from strata.plan import OffsetRange
 from strata.schema import RAW_SCHEMA
 
@@ -69,9 +70,6 @@ _VERIFY_TUNING: dict[str, Any] = {
     "receive.message.max.bytes": 2_147_483_647,
 }
 
-# Fault injection for the tests: `topic:partition:offset` of one message the read
-# drops as if the consumer had never delivered it, which gap verification must catch.
-SKIP_ENV = "STRATA_READ_SKIP"
 
 # Messages are always consume()d and never built by hand; headers() is read through
 # the method itself so a failure can be pinned on one message (see `_headers`).

@@ -17,8 +17,6 @@ ledger commit, which is last and marks the batch done.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -43,6 +41,7 @@ from strata.delta import (
     range_filter,
     without_ranges,
 )
+from strata.faults import crash_point
 from strata.kafka import partition_states, publish_group_offsets, topic_ids
 from strata.ledger import (
     LedgerState,
@@ -78,15 +77,6 @@ from strata.write import WrittenFile, is_batch_file
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-# Fault injection for the crash tests: the process kills itself with SIGKILL at the
-# named step, exactly as an OOM killer or a lost node would. FAIL_ONCE_ENV instead
-# raises once (a marker file remembers), as a task attempt that fails and is retried.
-# STOP_ENV freezes the process with SIGSTOP, as a long pause of its host or VM would,
-# until something sends it SIGCONT.
-CRASH_ENV = "STRATA_CRASH_AT"
-STOP_ENV = "STRATA_STOP_AT"
-FAIL_ONCE_ENV = "STRATA_FAIL_ONCE_AT"
-FAIL_ONCE_MARKER_ENV = "STRATA_FAIL_ONCE_MARKER"
 RANGES_KEY = "strata.ranges"
 TABLES = ("raw", "quarantine", "table")
 
@@ -128,20 +118,6 @@ class RunOutcome:
     warnings: list[str] = field(default_factory=list)
     published: str | None = None
     publish_error: str | None = None
-
-
-def crash_point(step: str) -> None:
-    """Die by SIGKILL here, fail once, or freeze, if the crash tests asked for it."""
-    if os.environ.get(CRASH_ENV) == step:
-        os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(STOP_ENV) == step:
-        os.kill(os.getpid(), signal.SIGSTOP)
-    if os.environ.get(FAIL_ONCE_ENV) == step:
-        marker = os.environ.get(FAIL_ONCE_MARKER_ENV, "")
-        if marker and not os.path.exists(marker):
-            with open(marker, "w") as out:
-                out.write(step)
-            raise RuntimeError(f"injected failure at {step}")
 
 
 def run_batch(

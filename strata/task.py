@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from strata.config import PipelineConfig
 from strata.decode import DecodeRules, decode_chunk, partition_stats
+from strata.faults import crash_point
 from strata.kafka import client_conf
 from strata.plan import OffsetRange
 from strata.read import RangeProgress, RawChunk, read_ranges, read_raw_copy
@@ -221,6 +222,7 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
         res.offset_sum, res.redelivered = p.offset_sum, p.redelivered
         res.gap_runs, res.gap_runs_verified = p.gap_runs, p.gap_runs_verified
     files = {name: w.close() for name, w in writers.items()}
+    crash_point("task_files_closed")
     yield SplitResult(job.task, list(results.values()), files, time.monotonic() - began)
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from strata.faults import FAIL_ONCE_ENV, FAIL_ONCE_MARKER_ENV
 from strata.ledger import read_ledger
-from strata.run import FAIL_ONCE_ENV, FAIL_ONCE_MARKER_ENV
 from tests.conftest import ROOT, START_MS, expected_offsets, produce_clicks
 
 DAGS = ROOT / "airflow_dags"

@@ -8,9 +8,10 @@ import signal
 import pytest
 
 from strata.backfill import BackfillError, backfill
+from strata.faults import CRASH_ENV
 from strata.ledger import ledger_state, read_ledger
 from strata.plan import OffsetRange
-from strata.run import CRASH_ENV, run_batch
+from strata.run import run_batch
 from tests.conftest import expected_offsets, produce_clicks
 
 pytestmark = pytest.mark.integration
@@ -101,10 +102,12 @@ def test_backfills_that_cannot_be_done_say_why_and_change_nothing(make_pipeline,
     assert read_ledger(p.cfg()).num_rows == ledger_before
 
 
-def test_a_backfill_killed_midway_finishes_exactly_once_when_run_again(make_pipeline, broker):
+def test_a_backfill_killed_midway_finishes_exactly_once_when_run_again(
+    make_pipeline, broker, spark
+):
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 1500, malformed=3)
-    assert p.cli("run").returncode == 0
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
     args = [
         "backfill",
         "--topic",
@@ -145,7 +148,7 @@ def group_offsets(p) -> dict[int, int]:
 
 @pytest.mark.parametrize("kind", ["backfill", "replay"])
 def test_an_interrupted_backfill_or_replay_is_finished_as_such_by_the_scheduled_run(
-    make_pipeline, broker, kind
+    make_pipeline, broker, spark, kind
 ):
     # The on-call engineer's backfill dies after its files are written; the next
     # scheduled `strata run` finds its saved plan. It must finish it as a backfill
@@ -153,7 +156,7 @@ def test_an_interrupted_backfill_or_replay_is_finished_as_such_by_the_scheduled_
     # and move the committed offsets and the consumer group back.
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 1500, malformed=3)
-    assert p.cli("run").returncode == 0
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
     committed = ledger_state(p.cfg()).committed
     assert group_offsets(p) == {q: per[q] for q in range(2)}
     if kind == "backfill":
@@ -177,6 +180,6 @@ def test_an_interrupted_backfill_or_replay_is_finished_as_such_by_the_scheduled_
     assert group_offsets(p) == {q: per[q] for q in range(2)}
     # The schedule goes on from where the ingests ended.
     more = produce_clicks(broker, p.topic, 2, 200, seed=5)
-    assert p.cli("run").returncode == 0
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 3
     total = {q: per[q] + more[q] for q in range(2)}
     assert p.landed() == expected_offsets(total)

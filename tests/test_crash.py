@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from strata.faults import CRASH_ENV, FAIL_ONCE_ENV, FAIL_ONCE_MARKER_ENV
 from strata.ledger import read_ledger
-from strata.run import CRASH_ENV
 from tests.conftest import START_MS, expected_offsets, produce_clicks
 
 pytestmark = pytest.mark.integration
@@ -102,5 +102,29 @@ def test_a_plain_parquet_rerun_removes_what_the_crashed_attempt_wrote(make_pipel
     rerun = p.cli("run")
     assert rerun.returncode == 0, rerun.stderr
     assert not list(table_dir.rglob("part-b0000000001-r*.parquet"))
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+
+
+def test_a_plain_parquet_task_retried_in_a_run_leaves_no_file_of_its_failed_attempt(
+    make_pipeline, broker, tmp_path
+):
+    # On a cluster a task attempt can fail after its files are complete (a lost executor);
+    # Spark retries it. Plain Parquet readers see every file in a directory, so the
+    # failed attempt's files must be gone once the batch is committed.
+    p = make_pipeline(partitions=2, overrides={"table_format": "parquet"})
+    per = produce_clicks(broker, p.topic, 2, 2000, malformed=3)
+    marker = tmp_path / "failed-once"
+    env = p.env(**{FAIL_ONCE_ENV: "task_files_closed", FAIL_ONCE_MARKER_ENV: str(marker)})
+    done = p.cli("run", env=env)
+    assert done.returncode == 0, done.stderr
+    assert marker.exists(), "no task attempt failed: the test proves nothing"
+    attempts: dict[str, set[str]] = {}
+    for name in ("table", "raw", "quarantine"):
+        for path in Path(p.cfg().location(name)).rglob("*"):
+            if path.is_file() and not path.name.startswith("."):
+                task, attempt = path.name.split("-")[2:4]
+                attempts.setdefault(task, set()).add(attempt)
+    assert attempts and all(len(a) == 1 for a in attempts.values()), attempts
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)

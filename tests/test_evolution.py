@@ -11,9 +11,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from strata.faults import CRASH_ENV
 from strata.ledger import read_ledger
 from strata.plan import PlanStore
-from strata.run import CRASH_ENV, run_batch
+from strata.run import run_batch
 from strata.schema import schema_changes
 from tests.conftest import expected_offsets, produce_clicks
 

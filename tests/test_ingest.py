@@ -310,14 +310,17 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     from strata.plan import BatchPlan, OffsetRange, PlanStore, decode_fingerprint, split_ranges
     from strata.status import pipeline_status, render_status
 
-    p = make_pipeline(partitions=1)
+    # The first batch records where reading starts (an empty topic, read from its end);
+    # then retention deletes offsets [0, 120) before batch 2 reads them.
+    p = make_pipeline(partitions=1, overrides={"starting_offsets": "latest"})
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
     per = produce_clicks(broker, p.topic, 1, 300)
     cfg = p.cfg()
     kept = OffsetRange(p.topic, 0, 120, per[0])
-    PlanStore(cfg).save(
+    PlanStore(cfg).create(
         BatchPlan(
             cfg.name,
-            1,
+            2,
             [kept],
             split_ranges([kept], 2, 10_000),
             fingerprint=decode_fingerprint(cfg),
@@ -327,7 +330,7 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     )
     outcome = run_batch(cfg, session=lambda _: spark)
     assert "120 messages were deleted by retention" in outcome.warnings[0]
-    rows = {r["kind"]: r for r in read_ledger(cfg).to_pylist()}
+    rows = {r["kind"]: r for r in read_ledger(cfg).to_pylist() if r["batch"] == 2}
     assert (rows["loss"]["start_offset"], rows["loss"]["end_offset"], rows["loss"]["gaps"]) == (
         0,
         120,
@@ -337,7 +340,7 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     assert (rows["ingest"]["start_offset"], rows["ingest"]["end_offset"]) == (120, per[0])
     status = pipeline_status(cfg)
     assert status["losses"][0]["messages_lost"] == 120
-    assert "LOSS: batch 1: offsets [0, 120)" in render_status(status)
+    assert "LOSS: batch 2: offsets [0, 120)" in render_status(status)
     assert status["partitions"][0]["committed"] == per[0]
     # The quality report shows the loss, and the loss explains the ledger's gap.
     from strata.quality import render_quality, run_quality

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Producer
 
 from strata.demo import HOUR_MS, click_events, produce
-from strata.read import SKIP_ENV
+from strata.faults import SKIP_ENV
 from tests.conftest import START_MS, expected_offsets, produce_clicks
 from tests.kafka_wire import WireRecord
 from tests.kafka_wire import produce as wire_produce

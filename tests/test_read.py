@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from strata.faults import SKIP_ENV
 from strata.plan import OffsetRange
 from strata.read import (
     GAP_RUNS_VERIFIED,
-    SKIP_ENV,
     RangeProgress,
     ReadError,
     _keep_in_range,

@@ -7,9 +7,10 @@ import signal
 
 import pytest
 
+from strata.faults import CRASH_ENV
 from strata.ledger import ledger_state, read_ledger
 from strata.plan import PlanStore
-from strata.run import CRASH_ENV
+from strata.run import run_batch
 from tests.conftest import expected_offsets, produce_clicks
 
 pytestmark = pytest.mark.integration
@@ -25,7 +26,7 @@ def recreate(broker, topic: str, partitions: int) -> None:
 
 
 def test_a_batch_whose_raw_copy_stands_is_finished_from_it_when_kafka_lost_its_offsets(
-    make_pipeline, broker
+    make_pipeline, broker, spark
 ):
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 1500, malformed=4)
@@ -34,18 +35,16 @@ def test_a_batch_whose_raw_copy_stands_is_finished_from_it_when_kafka_lost_its_o
     # The log the plan was made from is gone before the re-run (retention, or a topic
     # deleted by mistake and created again): the committed raw copy holds the batch.
     recreate(broker, p.topic, 2)
-    rerun = p.cli("run", "--json")
-    assert rerun.returncode == 0, rerun.stderr
-    summary = last_json(rerun)
-    assert summary["status"] == "resumed"
-    assert any("read from it" in w for w in summary["warnings"]), summary["warnings"]
+    rerun = run_batch(p.cfg(), session=lambda _: spark)
+    assert rerun.status == "resumed"
+    assert any("read from it" in w for w in rerun.warnings), rerun.warnings
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)
     assert sum(r["quarantined"] for r in read_ledger(p.cfg()).to_pylist()) == 4
 
 
 def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_frees_it(
-    make_pipeline, broker
+    make_pipeline, broker, spark
 ):
     p = make_pipeline(partitions=1)
     produce_clicks(broker, p.topic, 1, 500)
@@ -88,15 +87,13 @@ def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_free
         0,
     )
     assert "INC-11 topic re-created" in row["note"] and "it planned [0, 501)" in row["note"]
-    again = p.cli("run", "--json")
-    assert again.returncode == 0, again.stderr
-    assert last_json(again)["batch"] == 2
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 2
     assert p.landed() == expected_offsets(fresh)
     status = p.cli("status")
     assert "EDIT: batch 1 abandon" in status.stdout
 
 
-def test_a_damaged_plan_file_is_named_and_can_be_dropped(make_pipeline, broker):
+def test_a_damaged_plan_file_is_named_and_can_be_dropped(make_pipeline, broker, spark):
     p = make_pipeline(partitions=1)
     per = produce_clicks(broker, p.topic, 1, 300)
     crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
@@ -118,17 +115,16 @@ def test_a_damaged_plan_file_is_named_and_can_be_dropped(make_pipeline, broker):
     dropped = p.cli("plan", "drop", "--batch", "1", "--reason", "damaged by a bad deploy")
     assert dropped.returncode == 0, dropped.stderr
     assert ledger_state(p.cfg()).last_batch == 1
-    done = p.cli("run")
-    assert done.returncode == 0, done.stderr
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 2
     assert p.landed() == expected_offsets(per)
 
 
 def test_a_recreated_topic_grown_past_the_committed_offset_stops_until_a_seek(
-    make_pipeline, broker
+    make_pipeline, broker, spark
 ):
     p = make_pipeline(partitions=1)
     first = produce_clicks(broker, p.topic, 1, 200)
-    assert p.cli("run").returncode == 0
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
     recreate(broker, p.topic, 1)
     # The new log has grown past the committed offset: by its watermarks alone it looks
     # like 400 new messages after offset 201.
@@ -148,9 +144,7 @@ def test_a_recreated_topic_grown_past_the_committed_offset_stops_until_a_seek(
     [row] = [r for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 2]
     assert (row["kind"], row["start_offset"], row["end_offset"]) == ("seek", 0, 0)
     assert "moved back from 201 to 0" in row["note"] and "INC-12" in row["note"]
-    done = p.cli("run", "--json")
-    assert done.returncode == 0, done.stderr
-    assert last_json(done)["batch"] == 3
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 3
     ledger = read_ledger(p.cfg()).to_pylist()
     assert [(r["start_offset"], r["end_offset"]) for r in ledger if r["batch"] == 3] == [
         (0, second[0])
@@ -166,10 +160,12 @@ def test_a_recreated_topic_grown_past_the_committed_offset_stops_until_a_seek(
     assert sorted(by_batch[3]) == list(range(second[0]))
 
 
-def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(make_pipeline, broker):
+def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(
+    make_pipeline, broker, spark
+):
     p = make_pipeline(partitions=1)
     first = produce_clicks(broker, p.topic, 1, 100)
-    assert p.cli("run").returncode == 0
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
     produce_clicks(broker, p.topic, 1, 300, seed=2)
     crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
     assert crashed.returncode == -signal.SIGKILL
@@ -187,12 +183,10 @@ def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(make_pi
     assert f"offsets [{first[0]}, 350) are skipped" in forward.stdout
 
     more = produce_clicks(broker, p.topic, 1, 10, seed=3)
-    done = p.cli("run", "--json")
-    assert done.returncode == 0, done.stderr
-    summary = last_json(done)
-    assert summary["batch"] == 4
+    done = run_batch(p.cfg(), session=lambda _: spark)
+    assert done.batch == 4
     end = first[0] + 301 + more[0]
-    assert [(r["start"], r["end"]) for r in summary["ranges"]] == [(350, end)]
+    assert [(r.start, r.end) for r in done.ranges] == [(350, end)]
     kinds = [(r["batch"], r["kind"]) for r in read_ledger(p.cfg()).to_pylist()]
     assert sorted(kinds) == [(1, "ingest"), (2, "abandon"), (3, "seek"), (4, "ingest")]
     landed = p.landed()

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from strata.run import STOP_ENV
+from strata.faults import STOP_ENV
 from tests.conftest import expected_offsets, produce_clicks, s3_landed, s3_pipeline
 
 pytestmark = pytest.mark.integration

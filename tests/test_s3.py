@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from strata.run import CRASH_ENV, run_batch
+from strata.faults import CRASH_ENV
+from strata.run import run_batch
 from tests.conftest import expected_offsets, produce_clicks, s3_client, s3_landed, s3_pipeline
 
 pytestmark = pytest.mark.integration
