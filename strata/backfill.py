@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from strata.config import PipelineConfig
-from strata.kafka import KafkaUnavailable, partition_states
-from strata.ledger import LedgerState, ledger_state, read_ledger
+from strata.kafka import KafkaUnavailable, partition_states, topic_ids
+from strata.ledger import LedgerState, committed_topic_ids, ledger_state, read_ledger
 from strata.lock import run_lock
 from strata.plan import BatchPlan, OffsetRange, PlanStore, decode_fingerprint, split_ranges
 from strata.run import (
@@ -150,10 +150,13 @@ def _reprocess(
             from strata.spark import default_tasks
 
             check_schema(cfg)
+            for target in targets:
+                _one_log(cfg, target)
+            ids: dict[str, str] = {}
             if kind == "replay":
                 source = _raw_source(cfg, targets)
             else:
-                source = _source(cfg, targets[0], state)
+                source, ids = _source(cfg, targets[0], state)
             made = BatchPlan(
                 pipeline=cfg.name,
                 batch=batch,
@@ -164,6 +167,7 @@ def _reprocess(
                 kind=kind,
                 note=reason,
                 source=source,
+                topic_ids=ids,
             )
             plan = store.create(made)
             resumed = plan is not made
@@ -210,24 +214,73 @@ def _check_committed(state: LedgerState, target: OffsetRange) -> None:
         )
 
 
-def _source(cfg: PipelineConfig, target: OffsetRange, state: LedgerState) -> str:
-    """`kafka` if the broker still holds the range, else `raw` if the raw copy does."""
+def _source(
+    cfg: PipelineConfig, target: OffsetRange, state: LedgerState
+) -> tuple[str, dict[str, str]]:
+    """`kafka` if the broker still holds the range's log, else `raw` if the raw copy does.
+
+    Kafka holds the range only if it holds its offsets *and* the topic is the one they
+    were read from: a topic deleted and created again keeps its name, and its offsets
+    are other messages.
+
+    Returns:
+        The source, and the topics' ids when it is Kafka (the plan keeps them).
+    """
     kafka_says = ""
     try:
-        for s in partition_states(cfg, state.committed):
-            if (s.topic, s.partition) == (target.topic, target.partition):
-                if s.low <= target.start and target.end <= s.high:
-                    return "kafka"
-                kafka_says = f"Kafka holds [{s.low}, {s.high})"
-        kafka_says = kafka_says or "Kafka has no such partition"
+        current = topic_ids(cfg)
+        recorded = committed_topic_ids(cfg)
+        was = recorded[1].get(target.topic) if recorded else None
+        now = current.get(target.topic)
+        if was is not None and now != was:
+            kafka_says = (
+                f"`{target.topic}` was created again since (id {was}, now {now})"
+                if now is not None
+                else f"the id of `{target.topic}` could not be read to check it is the same log"
+            )
+        else:
+            for s in partition_states(cfg, state.committed):
+                if (s.topic, s.partition) == (target.topic, target.partition):
+                    if s.low <= target.start and target.end <= s.high:
+                        return "kafka", current
+                    kafka_says = f"Kafka holds [{s.low}, {s.high})"
+            kafka_says = kafka_says or "Kafka has no such partition"
     except KafkaUnavailable as exc:
         kafka_says = f"Kafka is unreachable ({exc})"
     if raw_covers(cfg, target):
-        return "raw"
+        return "raw", {}
     raise BackfillError(
         f"{target.describe()} are held by neither Kafka ({kafka_says}) nor the raw copy "
         "(no committed ingest covers them); nothing was done"
     )
+
+
+def _one_log(cfg: PipelineConfig, target: OffsetRange) -> None:
+    """Refuse a range two logs cover: its rows could not be told apart.
+
+    After a topic was deleted, created again and read again from its start (a seek
+    back), the same offsets name messages of both logs, in the tables and in the raw
+    copy alike; replacing a range's rows would replace both logs' rows with one's.
+
+    Raises:
+        BackfillError: Naming the batches that read the range's offsets twice.
+    """
+    spans = sorted(
+        (max(r["start_offset"], target.start), min(r["end_offset"], target.end), r["batch"])
+        for r in read_ledger(cfg).to_pylist()
+        if r["kind"] == "ingest"
+        and (r["topic"], r["partition"]) == (target.topic, target.partition)
+        and r["start_offset"] < target.end
+        and r["end_offset"] > target.start
+    )
+    for (_, end0, b0), (start1, _, b1) in zip(spans, spans[1:], strict=False):
+        if start1 < end0:
+            raise BackfillError(
+                f"{target.describe()}: batches {b0} and {b1} both read offsets from {start1}: "
+                "two logs under one topic name (it was created again and read from its start). "
+                "Their rows cannot be told apart; nothing was done. Give a range only one log "
+                "covers."
+            )
 
 
 def _raw_source(cfg: PipelineConfig, targets: list[OffsetRange]) -> str:

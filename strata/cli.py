@@ -109,12 +109,18 @@ def build_parser() -> argparse.ArgumentParser:
         "finished (Kafka's retention deleted its offsets before its raw copy was committed, "
         "or its file is damaged). The batch is recorded in the ledger as abandoned, with who "
         "and why, and reads nothing; the next run plans afresh. A partly committed batch is "
-        "finished, never dropped.",
+        "finished, not dropped, unless --force removes the rows it committed.",
     )
     plan.add_argument("action", choices=["drop"])
     _common(plan)
     plan.add_argument("--batch", type=int, required=True, help="the unfinished batch")
     plan.add_argument("--reason", required=True, help="why; recorded in the ledger")
+    plan.add_argument(
+        "--force",
+        action="store_true",
+        help="drop a partly committed ingest batch too: the rows it committed are removed "
+        "and its offsets are read again by the next batch",
+    )
     ledger = sub.add_parser(
         "ledger",
         help="move where reading goes on in a partition, recorded (seek)",
@@ -253,11 +259,20 @@ def _fail(message: str, code: int, as_json: bool) -> int:
 
 
 def _root_cause(exc: BaseException) -> str:
-    """The meaningful line of an error, digging out a Python task error from Spark's."""
+    """The meaningful line of an error, digging out a Python task error from Spark's.
+
+    A failed task reaches the driver as Spark's exception whose text ends with the
+    worker's traceback: its last unindented line names the real error.
+    """
     text = str(exc)
     for marker in ("strata.read.ReadError: ", "strata.schema.SchemaError: "):
         if marker in text:
             return text.split(marker, 1)[1].splitlines()[0]
+    if "Traceback (most recent call last)" in text:
+        tail = text.rsplit("Traceback (most recent call last)", 1)[1].splitlines()
+        raised = [line for line in tail if line and not line[0].isspace() and ": " in line]
+        if raised:
+            return f"a task failed: {raised[-1]}"
     lines = [line for line in text.splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0] if lines else text}"
 
@@ -299,7 +314,7 @@ def _plan(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str,
 
     from strata.recovery import drop_plan, render_edit
 
-    edit = drop_plan(cfg, args.batch, args.reason, _who())
+    edit = drop_plan(cfg, args.batch, args.reason, _who(), args.force)
     return render_edit(edit), asdict(edit)
 
 

@@ -422,7 +422,8 @@ class PipelineConfig(_Strict):
     trino: TrinoConfig = Field(default_factory=TrinoConfig)
     airflow: AirflowConfig = Field(default_factory=AirflowConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
-    storage_options: dict[str, str] = Field(default_factory=dict)
+    # Kept out of the repr: it may hold keys (AWS_SECRET_ACCESS_KEY, ...).
+    storage_options: dict[str, str] = Field(default_factory=dict, repr=False)
     schemas_dir: str = "schemas"
 
     @field_validator("name")
@@ -452,6 +453,19 @@ class PipelineConfig(_Strict):
             raise ValueError(
                 f"schema_file {self.schema_file!r} not found in {self.schemas_dir!r}; "
                 "put the Avro schema (.avsc) there or fix the name"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _state_beside_the_tables(self) -> PipelineConfig:
+        remote = [w for w in ("table", "raw", "quarantine", "ledger") if "://" in self.location(w)]
+        if remote and "://" not in self.location("state"):
+            raise ValueError(
+                f"state_dir {self.location('state')!r} is local while the {remote[0]} table is "
+                "on an object store: runners on other hosts would neither see this host's "
+                "saved plans nor its run lease, and could commit two plans of one batch. "
+                "Remove state_dir (it defaults to <warehouse>/_strata/<name>) or put it on "
+                "the same store"
             )
         return self
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -160,6 +161,49 @@ def commit_files(
     return True
 
 
+def batch_removes(table: DeltaTable, batch: int) -> list[RemoveAction]:
+    """Remove actions for the files holding only rows of `batch` (an ingest's own files).
+
+    Files are told by their `_batch` statistics, which every file Strata writes carries
+    in full; a file whose statistics are missing is never picked.
+    """
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    now = int(time.time() * 1000)
+    partition_by = table.metadata().partition_columns
+    removes = []
+    for add in adds:
+        if add.get("min._batch") == batch == add.get("max._batch"):
+            values = {c: add[f"partition.{c}"] for c in partition_by}
+            removes.append(RemoveAction(add["path"], True, now, add["size_bytes"], values or None))
+    return removes
+
+
+def commit_removes(
+    table: DeltaTable,
+    schema: pa.Schema,
+    partition_by: list[str],
+    removes: list[RemoveAction],
+    batch: int,
+    metadata: dict[str, Any],
+) -> None:
+    """Commit removals of a batch's files alone, with no app transaction.
+
+    The batch's version already stands in the table (it was committed, then dropped),
+    so the removal cannot carry it again.
+    """
+    if not removes:
+        return
+    table.create_write_transaction(
+        list(removes),
+        mode="append",
+        schema=schema,
+        partition_by=partition_by or None,
+        commit_properties=CommitProperties(
+            custom_metadata={BATCH_KEY: batch, **{k: json.dumps(v) for k, v in metadata.items()}}
+        ),
+    )
+
+
 def batch_metadata(uri: str, batch: int, options: dict[str, str], key: str) -> Any:  # noqa: ANN401
     """A custom metadata value of the commit that recorded `batch`, or None."""
     table = open_table(uri, options)
@@ -194,6 +238,9 @@ def without_ranges(
     removes: list[RemoveAction] = []
     rewritten: list[WrittenFile] = []
     dropped = 0
+    # Rewritten files get names of this attempt's own: a second runner of the same
+    # backfill must never overwrite a file the first one committed.
+    token = uuid.uuid4().hex[:12]
     for number, add in enumerate(adds):
         bounds = [
             add.get(k) for k in ("min._partition", "max._partition", "min._offset", "max._offset")
@@ -204,6 +251,11 @@ def without_ranges(
         ):
             continue
         path = add["path"]
+        if path.startswith("/") or "://" in path or ".." in path.split("/"):
+            raise ValueError(
+                f"the table's log lists a file outside the table ({path!r}); it was written by "
+                "another tool. Nothing was changed."
+            )
         data = pq.read_table(f"{root}/{path}", filesystem=fs)
         hit = pa.repeat(pa.scalar(False), data.num_rows)
         for r in ranges:
@@ -227,6 +279,6 @@ def without_ranges(
         keep = data.filter(pc.invert(hit))
         if keep.num_rows:
             directory = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
-            rel = f"{directory}part-b{batch:010d}-x{number:05d}-f000.snappy.parquet"
+            rel = f"{directory}part-b{batch:010d}-x{number:05d}-{token}-f000.snappy.parquet"
             rewritten.append(write_file(fs, root, rel, keep, values))
     return removes, rewritten, dropped

@@ -18,7 +18,7 @@ seconds: when it was written plus `lock_lease`), and whether it is a release.
   in the hole left by a deletion sees a higher one when it lists, and knows its claim
   is stale.
 - **Check.** `Lease.check()` raises `LeaseLost` if a renewal was lost, or if the last
-  successful renewal is older, on this process's monotonic clock, than the holder
+  successful renewal is older, on the host's boot-time clock, than the holder
   trusts its lease for (`lock_lease` less a quarter, below). A paused process's
   renewal thread is paused too; after SIGCONT the main thread may reach a commit
   before that thread runs, and the clock tells it to stop.
@@ -207,6 +207,15 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def _elapsed_clock() -> float:
+    """Seconds on a clock that keeps counting while the host is suspended.
+
+    The monotonic clock stops during a suspend or hibernation: a host woken after
+    longer than the lease would still trust it. The boot-time clock does not stop.
+    """
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")
 
@@ -293,7 +302,7 @@ class Lease:
                 f"({self._lease_s:g} s). Nothing more was committed by it; the holder "
                 "finishes the batch."
             )
-        quiet = time.monotonic() - renewed
+        quiet = _elapsed_clock() - renewed
         if quiet > self._trust_s:
             raise LeaseLost(
                 f"pipeline {self._pipeline}: this run lost its lease: it has not renewed it "
@@ -358,7 +367,7 @@ class Lease:
 
     def _claim(self, number: int, *, release: bool) -> bool:
         """Create epoch `number`; True if this run now holds (or released) the lease."""
-        wall, mono = time.time(), time.monotonic()
+        wall, mono = time.time(), _elapsed_clock()
         record = Epoch(
             number=number,
             pipeline=self._pipeline,

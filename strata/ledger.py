@@ -101,14 +101,22 @@ def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerSta
         return LedgerState(last, {})
     last = max(last, pc.max(rows.column("batch")).as_py())
     committed: dict[tuple[str, int], int] = {}
-    positions = rows.filter(pc.is_in(rows.column("kind"), pa.array(POSITION_KINDS)))
+    kinds = (*POSITION_KINDS, "abandon")
+    positions = rows.filter(pc.is_in(rows.column("kind"), pa.array(kinds)))
     ordered = positions.sort_by([("batch", "ascending")])
-    for topic, partition, end in zip(
+    for kind, topic, partition, end in zip(
+        ordered.column("kind").to_pylist(),
         ordered.column("topic").to_pylist(),
         ordered.column("partition").to_pylist(),
         ordered.column("end_offset").to_pylist(),
         strict=True,
     ):
+        # An abandoned plan read nothing, but where it would have started a partition
+        # never read before is where that partition starts: the next plan must not
+        # start it elsewhere (at a log start moved by retention, or at `latest`) and
+        # skip offsets without a record.
+        if kind == "abandon" and (topic, partition) in committed:
+            continue
         committed[(topic, partition)] = end
     return LedgerState(last, committed)
 

@@ -104,24 +104,32 @@ def backfill_task(
 
 
 def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
-    """Delete Delta files removed longer ago than the pipeline's vacuum retention."""
+    """Delete Delta files removed, or never committed, longer ago than the retention.
+
+    Files a failed attempt or a runner that lost its lease wrote are never in the log
+    (every attempt writes files of its own names): vacuum's full mode deletes them too.
+    It runs under the pipeline's run lock, so no run's not-yet-committed files are
+    mistaken for such leftovers.
+    """
     from deltalake import DeltaTable
 
     from strata.config import parse_duration_ms
     from strata.delta import open_table
+    from strata.lock import run_lock
 
     cfg = load_pipeline(pipeline, conf_dir)
     hours = parse_duration_ms(cfg.airflow.vacuum_retention) // 3_600_000
     deleted: dict[str, int] = {}
     if cfg.table_format != "delta":
         return {"pipeline": pipeline, "deleted": deleted, "reason": "plain Parquet tables"}
-    for which in ("table", "raw", "quarantine", "ledger"):
-        uri = cfg.location(which)
-        table: DeltaTable | None = open_table(uri, cfg.storage_options)
-        if table is None:
-            continue
-        removed = table.vacuum(
-            retention_hours=hours, dry_run=False, enforce_retention_duration=False
-        )
-        deleted[which] = len(removed)
+    with run_lock(cfg):
+        for which in ("table", "raw", "quarantine", "ledger"):
+            uri = cfg.location(which)
+            table: DeltaTable | None = open_table(uri, cfg.storage_options)
+            if table is None:
+                continue
+            removed = table.vacuum(
+                retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True
+            )
+            deleted[which] = len(removed)
     return {"pipeline": pipeline, "retention_hours": hours, "deleted": deleted}

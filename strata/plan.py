@@ -196,8 +196,9 @@ def plan_ranges(
                     f"{where}: the high watermark {s.high} is below the committed offset "
                     f"{s.committed}. The log went backwards (unclean leader election, a deleted "
                     "and re-created topic, or the wrong cluster). Nothing was read. Check the "
-                    "cluster; if the topic was re-created on purpose, point the pipeline at new "
-                    "tables or reset its ledger."
+                    "cluster; if the topic was re-created on purpose, record where to read it "
+                    "from with `strata ledger seek --topic TOPIC --to earliest --reason TEXT`, "
+                    "or point the pipeline at new tables."
                 )
             if s.committed < s.low:
                 if not accept_loss:
@@ -296,12 +297,44 @@ class PlanStore:
         """Where a batch's plan is kept, for messages."""
         return f"{self._uri}/{self._name(batch)}"
 
-    def load(self, batch: int) -> BatchPlan | None:
+    def _drop_name(self, batch: int) -> str:
+        return f"plans/batch-{batch:010d}.dropped.json"
+
+    def mark_dropped(self, batch: int, record: dict[str, Any]) -> dict[str, Any]:
+        """Record that a batch's plan is being dropped, before anything is changed.
+
+        Returns:
+            The record that stands: this one, or that of a drop begun earlier.
+        """
+        uri = f"{self._uri}/{self._drop_name(batch)}"
+        put_if_absent(uri, self._options, json.dumps(record, sort_keys=True).encode())
+        return self.dropping(batch) or record
+
+    def dropping(self, batch: int) -> dict[str, Any] | None:
+        """The record of a drop of this batch's plan, if one was begun."""
+        data = read_bytes(self._fs, f"{self._root}/{self._drop_name(batch)}")
+        return None if data is None else dict(json.loads(data))
+
+    def load(self, batch: int, *, dropping_ok: bool = False) -> BatchPlan | None:
         """The persisted plan of a batch, if one was made.
 
+        Args:
+            batch: The batch.
+            dropping_ok: Load it even if a drop of it was begun (for the drop itself).
+
         Raises:
-            PlanError: Naming the file, if it cannot be read as a plan.
+            PlanError: Naming the file, if it cannot be read as a plan, or if a drop of
+                it was begun and not finished.
         """
+        if not dropping_ok:
+            record = self.dropping(batch)
+            if record is not None:
+                raise PlanError(
+                    f"batch {batch}'s plan is being dropped ({record.get('who')}: "
+                    f"{record.get('reason')}) and the drop did not finish. Nothing was read. "
+                    f"Run `strata plan drop --pipeline {self._pipeline} --batch {batch} "
+                    "--reason TEXT` again to finish it."
+                )
         data = read_bytes(self._fs, f"{self._root}/{self._name(batch)}")
         if data is None:
             return None

@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from strata.faults import SKIP_ENV
@@ -512,6 +513,9 @@ def _to_table(messages: list[Any], batch: int) -> tuple[pa.Table, dict[int, str]
             pa.array([m.value() for m in messages], pa.binary()),
             pa.array(header_rows, RAW_SCHEMA.field("_headers").type),
             pa.repeat(pa.scalar(batch, pa.int64()), n),
+            pa.array(
+                [unreadable.get(i) for i in range(n)] if unreadable else [None] * n, pa.string()
+            ),
         ],
         schema=RAW_SCHEMA,
     )
@@ -689,13 +693,17 @@ def read_raw_copy(
     ranges: list[OffsetRange],
     batch: int,
     progress: dict[tuple[str, int, int], RangeProgress],
+    only_batch: int | None = None,
 ) -> Iterator[RawChunk]:
     """Yield the raw copy's messages of the ranges, as `read_ranges` yields Kafka's.
 
     A backfill of offsets that Kafka's retention has deleted reads them here: the raw
-    copy holds every message ever read, with its key, value, headers and timestamp.
-    Its files come in no particular order, so offsets are summed but neither checked
-    for order nor split into gap runs, and there is no broker to confirm gaps with.
+    copy holds every message ever read, with its key, value, headers, timestamp and
+    whatever the client could not read of it. Its files come in no particular order,
+    so offsets are summed but neither checked for order nor split into gap runs, and
+    there is no broker to confirm gaps with. Each offset must appear once: after a
+    topic was re-created and read again from its start, the raw copy holds two
+    messages at one offset, and reading both would land both.
 
     Args:
         raw_uri: The raw copy's Delta table.
@@ -703,32 +711,61 @@ def read_raw_copy(
         ranges: Ranges to read.
         batch: Batch number stamped on each row.
         progress: Filled in place, keyed by (topic, partition, start).
+        only_batch: Read only the rows this batch wrote (a batch resumed from its own
+            committed raw copy).
 
     Yields:
         Chunks in `RAW_SCHEMA`.
+
+    Raises:
+        ReadError: If the raw copy holds an offset of a range more than once.
     """
     from deltalake import DeltaTable
 
     from strata.delta import range_filter
 
     dataset = DeltaTable(raw_uri, storage_options=storage_options).to_pyarrow_dataset()
+    present = [name for name in RAW_SCHEMA.names if name in dataset.schema.names]
     for r in ranges:
         state = progress.setdefault((r.topic, r.partition, r.start), RangeProgress(r))
-        for chunk in dataset.to_batches(filter=range_filter(r), columns=RAW_SCHEMA.names):
+        wanted = range_filter(r)
+        if only_batch is not None:
+            wanted = wanted & (ds.field("_batch") == only_batch)
+        seen: list[pa.Array] = []
+        for chunk in dataset.to_batches(filter=wanted, columns=present):
             if chunk.num_rows == 0:
                 continue
-            table = pa.Table.from_batches([chunk]).cast(RAW_SCHEMA)
+            table = pa.Table.from_batches([chunk])
+            for name in RAW_SCHEMA.names:
+                if name not in present:  # a raw copy written before the column existed
+                    table = table.append_column(name, pa.nulls(table.num_rows, pa.string()))
+            table = table.select(RAW_SCHEMA.names).cast(RAW_SCHEMA)
             table = table.set_column(
                 RAW_SCHEMA.get_field_index("_batch"),
                 RAW_SCHEMA.field("_batch"),
                 pa.repeat(pa.scalar(batch, pa.int64()), table.num_rows),
             )
             offsets = table.column("_offset")
+            seen.append(offsets.combine_chunks())
             state.messages += table.num_rows
             state.bytes += _length(table.column("_value")) + _length(table.column("_key"))
             state.offset_sum += pc.sum(offsets).as_py()
             low, high = pc.min(offsets).as_py(), pc.max(offsets).as_py()
             state.first_offset = low if state.first_offset is None else min(state.first_offset, low)
             state.last_offset = high if state.last_offset is None else max(state.last_offset, high)
-            yield RawChunk(table, {})
+            errors = table.column("_read_error")
+            rejected = {
+                int(i): errors[int(i)].as_py()
+                for i in pc.indices_nonzero(pc.is_valid(errors)).to_pylist()
+            }
+            yield RawChunk(table, rejected)
+        if seen and pc.count_distinct(pa.chunked_array(seen)).as_py() != state.messages:
+            counts = pa.chunked_array(seen).value_counts()
+            twice = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
+            raise ReadError(
+                f"{r.describe()}: the raw copy holds offset {twice[0].as_py()} (and "
+                f"{len(twice) - 1} more) more than once: two logs were read under these "
+                "offsets (a topic deleted and created again, then read from its start). "
+                "Nothing was committed; give a range only one log covers."
+            )
         state.done = True

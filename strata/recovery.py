@@ -19,11 +19,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.config import PipelineConfig
+from strata.delta import batch_metadata
 from strata.kafka import partition_states, publish_group_offsets, topic_ids
 from strata.ledger import commit_ledger, committed_topic_ids, ledger_state
 from strata.lock import run_lock
 from strata.plan import OffsetRange, PlanError, PlanStore
-from strata.run import TABLES, remove_batch_files, tables_done
+from strata.run import (
+    RANGES_KEY,
+    TABLES,
+    fence_table,
+    remove_batch_files,
+    remove_batch_rows,
+)
 
 
 class LedgerEditError(Exception):
@@ -49,21 +56,32 @@ class LedgerEdit:
     warnings: list[str]
 
 
-def drop_plan(cfg: PipelineConfig, batch: int, reason: str, who: str) -> LedgerEdit:
+def drop_plan(
+    cfg: PipelineConfig, batch: int, reason: str, who: str, force: bool = False
+) -> LedgerEdit:
     """Abandon the saved plan of the unfinished batch, recording who, why and what.
+
+    A drop is recorded before anything is changed (a marker beside the plan), so a
+    drop cut short is finished by running it again, and no run takes the batch for a
+    resumable one meanwhile. Each Delta table that does not hold the batch gets an
+    empty commit of its number (a fence): a runner still holding the old plan can then
+    commit nothing of it. The ledger commit of the `abandon` rows comes last.
 
     Args:
         cfg: The pipeline configuration.
         batch: The unfinished batch; it must be the one after the ledger's last batch.
         reason: Why; recorded in the ledger.
         who: Who drops it (user@host).
+        force: Drop an ingest batch that is partly committed too, removing the rows it
+            committed (they are read again by the next batch). Without it, such a batch
+            is refused: it can be finished.
 
     Returns:
         What was recorded.
 
     Raises:
         LedgerEditError: If the batch is not the unfinished one, has no plan, or is
-            partly committed (then it can be finished, and must be).
+            partly committed and `force` is not given.
     """
     _need_reason(reason)
     with run_lock(cfg) as lock:
@@ -75,28 +93,50 @@ def drop_plan(cfg: PipelineConfig, batch: int, reason: str, who: str) -> LedgerE
                 f"ledger's last batch is {state.last_batch}, so only batch {nxt} can be dropped"
             )
         store = PlanStore(cfg)
+        begun = store.dropping(batch)
         damage = ""
         try:
-            plan = store.load(batch)
+            plan = store.load(batch, dropping_ok=True)
         except PlanError as exc:
             plan, damage = None, str(exc)
-        if plan is None and not damage:
+        if plan is None and not damage and begun is None:
             raise LedgerEditError(
                 f"batch {batch} of pipeline {cfg.name} has no saved plan; nothing to drop"
             )
-        if cfg.table_format == "delta":
-            stood = [name for name, done in tables_done(cfg, TABLES, batch).items() if done]
-            if stood:
-                raise LedgerEditError(
-                    f"batch {batch} is partly committed ({', '.join(stood)}): its raw copy holds "
-                    "every message it planned, so it can be finished and is not dropped. Run "
-                    f"`strata run --pipeline {cfg.name}`; if it says the decode settings "
-                    "changed, restore the ones the batch began with, finish it, then change them"
-                )
+        delta = cfg.table_format == "delta"
+        stood = [name for name in TABLES if delta and _committed(cfg, name, batch)]
+        kind = plan.kind if plan is not None else _committed_kind(cfg, batch, stood)
+        if begun is not None:
+            force = bool(begun.get("force"))
+        elif stood and not force:
+            raise LedgerEditError(
+                f"batch {batch} is partly committed ({', '.join(stood)}): its raw copy holds "
+                "every message it planned, so it can be finished and is not dropped. Run "
+                f"`strata run --pipeline {cfg.name}`; if it says the decode settings changed, "
+                "restore the ones the batch began with, finish it, then change them. If it "
+                "cannot be finished, add --force: the rows it committed are removed and its "
+                "offsets are read again by the next batch"
+            )
+        store.mark_dropped(
+            batch,
+            {"who": who, "reason": reason, "force": force, "at": _now(), "kind": kind or "?"},
+        )
+        note = f"plan of batch {batch} abandoned by {who}: {reason}"
+        if delta:
+            for name in TABLES:
+                lock.check()
+                if name in stood and kind == "ingest":
+                    # An ingest's files hold only its own rows: removing them undoes it.
+                    removed = remove_batch_rows(cfg, name, batch, note)
+                    note_removed = f"; {removed} file(s) of it removed from {name}"
+                    note += note_removed if removed else ""
+                elif name not in stood:
+                    fence_table(cfg, name, batch, note)
+                # A backfill or replay that committed a table replaced its ranges' rows
+                # there: each offset is still held once, and that stays.
         else:
             # Plain Parquet files are visible as soon as written: the plan's go with it.
-            remove_batch_files(cfg, batch)
-        note = f"plan of batch {batch} abandoned by {who}: {reason}"
+            remove_batch_files(cfg, batch, lock=lock)
         if plan is not None:
             rows = [_abandon_row(r.topic, r.partition, r.start, note, r) for r in plan.ranges]
         else:
@@ -109,7 +149,32 @@ def drop_plan(cfg: PipelineConfig, batch: int, reason: str, who: str) -> LedgerE
             "the next `strata run` plans afresh from where the ledger goes on; if retention "
             "deleted offsets meanwhile, it stops until `strata run --accept-loss REASON`"
         ]
+        if damage:
+            warnings.insert(0, damage)
         return LedgerEdit(cfg.name, "abandon", batch, rows, warnings)
+
+
+def _committed(cfg: PipelineConfig, name: str, batch: int) -> bool:
+    """Whether a table holds a real commit of the batch (not a drop's empty fence)."""
+    uri = cfg.location(name)  # type: ignore[arg-type]
+    return batch_metadata(uri, batch, cfg.storage_options, RANGES_KEY) is not None
+
+
+def _committed_kind(cfg: PipelineConfig, batch: int, stood: list[str]) -> str | None:
+    """The kind of a batch whose plan cannot be read, from its tables' commits."""
+    for name in stood:
+        uri = cfg.location(name)  # type: ignore[arg-type]
+        for kind in ("backfill", "replay"):
+            if batch_metadata(uri, batch, cfg.storage_options, f"strata.{kind}") is not None:
+                return kind
+        return "ingest"
+    return None
+
+
+def _now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _abandon_row(
@@ -204,6 +269,11 @@ def seek(
                         f"{where}: offsets [{target}, {before}) will be read again; their rows "
                         "land twice unless the topic is a new log"
                     )
+        # A runner still holding a plan of this batch number commits nothing of it.
+        if cfg.table_format == "delta":
+            for name in TABLES:
+                lock.check()
+                fence_table(cfg, name, nxt, f"seek by {who}: {reason}")
         lock.check()
         commit_ledger(cfg, nxt, rows, None, ids)
         positions = [

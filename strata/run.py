@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -34,7 +35,9 @@ from strata.decode import DecodeRules
 from strata.delta import (
     add_missing_columns,
     batch_metadata,
+    batch_removes,
     commit_files,
+    commit_removes,
     committed_batch,
     ensure_table,
     open_table,
@@ -42,7 +45,7 @@ from strata.delta import (
     without_ranges,
 )
 from strata.faults import crash_point
-from strata.kafka import partition_states, publish_group_offsets, topic_ids
+from strata.kafka import KafkaUnavailable, partition_states, publish_group_offsets, topic_ids
 from strata.ledger import (
     LedgerState,
     commit_ledger,
@@ -51,7 +54,7 @@ from strata.ledger import (
     ledger_state,
     read_ledger,
 )
-from strata.lock import RunLock, run_lock
+from strata.lock import LeaseLost, RunLock, run_lock
 from strata.plan import (
     BatchPlan,
     OffsetRange,
@@ -78,6 +81,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 RANGES_KEY = "strata.ranges"
+# Commit metadata of the empty commits and removals a ledger edit makes in the tables.
+FENCE_KEY = "strata.fence"
 TABLES = ("raw", "quarantine", "table")
 
 
@@ -193,8 +198,8 @@ def _ingest(
     check_continues(cfg, plan, state)
     if resumed:
         check_schema(cfg)
-    results = write_and_commit(cfg, plan, TABLES, session, outcome, lock, resumed)
-    outcome.ranges = results
+    written = write_and_commit(cfg, plan, TABLES, session, outcome, lock, resumed)
+    results = outcome.ranges = written.results
     ledger_rows = [ledger_row(r, plan.watermarks) for r in results]
     ledger_rows += [loss_row(lost, plan.note) for lost in plan.losses]
     for lost in plan.losses:
@@ -202,9 +207,25 @@ def _ingest(
             f"{lost.describe()}: {lost.count} messages were deleted by retention before "
             f"they were read; the loss is recorded in the ledger ({plan.note})"
         )
-    lock.check()
-    commit_ledger(cfg, plan.batch, ledger_rows, data_columns(cfg), plan.topic_ids)
+    with own_files_on_loss(cfg, plan.batch, written.run_id):
+        lock.check()
+        landed = commit_ledger(cfg, plan.batch, ledger_rows, data_columns(cfg), plan.topic_ids)
     crash_point("after_ledger")
+    if not landed:
+        # Another runner committed the batch first; this run's commits were no-ops.
+        if cfg.table_format == "parquet":
+            remove_batch_files(cfg, plan.batch, only_run=written.run_id)
+        outcome.warnings.append(
+            f"batch {plan.batch} was committed by another run first; this run committed "
+            "nothing and left the consumer group as it was"
+        )
+        return outcome
+    if cfg.table_format == "parquet":
+        # The ledger holds the batch with this run's files: any other file of it (an
+        # attempt of a runner that lost its lease) is not the batch's.
+        kept = {f.path for fs in written.files.values() for f in fs}
+        if kept:
+            remove_batch_files(cfg, plan.batch, keep=kept)
     _publish(cfg, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome)
     try:
         after = partition_states(cfg, {(r.topic, r.partition): r.end for r in results})
@@ -237,8 +258,9 @@ def execute_reprocess(
             "read from the raw copy"
         )
     tables = ("quarantine", "table") if plan.source == "raw" else TABLES
-    results = write_and_commit(cfg, plan, tables, session, outcome, lock, resumed)
-    outcome.ranges = results
+    results = outcome.ranges = write_and_commit(
+        cfg, plan, tables, session, outcome, lock, resumed
+    ).results
     lock.check()
     commit_ledger(
         cfg,
@@ -320,6 +342,15 @@ def check_topic_ids(cfg: PipelineConfig, planned: BatchPlan | None = None) -> di
         if newest is None:
             return current
         recorded, since = newest[1], f"batch {newest[0]} was committed"
+    unknown = sorted(t for t in recorded if t in cfg.topics and t not in current)
+    if unknown:
+        # Fail closed: a topic once read with an id is only read again once it is known
+        # to be the same topic.
+        raise KafkaUnavailable(
+            f"the brokers at {cfg.kafka.bootstrap_servers} did not give the id of "
+            f"{', '.join(f'`{t}`' for t in unknown)}, recorded when {since}; nothing was "
+            "read. Run again once the brokers answer"
+        )
     changed = sorted(t for t, uid in current.items() if recorded.get(t, uid) != uid)
     if changed:
         names = ", ".join(
@@ -431,6 +462,9 @@ def new_plan(
 
     if accept_loss is None and cfg.on_data_loss == "accept":
         accept_loss = "pipeline policy on_data_loss: accept"
+    # A topic taken out of `topics` keeps its rows in the ledger; it is no longer read,
+    # and its partitions are not missing from the brokers' answer.
+    committed = {key: end for key, end in committed.items() if key[0] in cfg.topics}
     ranges, new, losses = plan_ranges(
         states,
         cfg.starting_offsets,
@@ -467,7 +501,7 @@ def write_and_commit(
     outcome: RunOutcome,
     lock: RunLock,
     resumed: bool,
-) -> list[RangeResult]:
+) -> BatchWrite:
     """Run the batch's tasks, reconcile what they wrote, and commit each table once.
 
     Tables whose commit of the batch already stands are neither rewritten nor
@@ -475,41 +509,52 @@ def write_and_commit(
     read, and the tables are read back before the ledger commit.
 
     Returns:
-        One result per planned range, empty ones included.
+        One result per planned range (empty ones included), the files written, and
+        this run's id (part of every file name).
     """
     parquet = cfg.table_format == "parquet"
     replacing = None if plan.kind == "ingest" else plan.ranges
     # Plain Parquet tables have no commits of their own: the ledger decides.
     done = {name: False for name in tables} if parquet else tables_done(cfg, tables, plan.batch)
+    run_id = uuid.uuid4().hex[:8]
+    nothing: dict[str, list[WrittenFile]] = {name: [] for name in TABLES}
     if all(done.values()):
         results = planned_results(plan, stored_results(cfg, plan.batch))
         reconcile_tables(cfg, plan, results, tables)
-        return results
+        return BatchWrite(results, nothing, run_id)
     if plan.offsets == 0:
-        return planned_results(plan, [])
+        return BatchWrite(planned_results(plan, []), nothing, run_id)
     fingerprint = decode_fingerprint(cfg)
     if plan.fingerprint and plan.fingerprint != fingerprint and any(done.values()):
         raise PlanError(
             f"batch {plan.batch} was begun with other decode settings (schema, format, event "
             "time or partitioning) and is partly committed; restore the settings it began "
-            "with, finish it, then change them"
+            "with, finish it, then change them. If it must not be finished, `strata plan drop "
+            f"--pipeline {cfg.name} --batch {plan.batch} --force --reason TEXT` removes what "
+            "it committed, and the next batch reads its offsets again with the new settings"
         )
     source = _source_for(cfg, plan, done, resumed, outcome)
+    # A batch whose own raw commit stands reads back exactly the rows it wrote there.
+    raw_batch = plan.batch if done.get("raw") else None
     if parquet and resumed:
         # Plain Parquet readers see every file in a directory: a crashed attempt's files
         # must go before this attempt writes, or rows could show twice.
-        _guard_parquet_cleanup(cfg, plan.batch, lock, {})
-        remove_batch_files(cfg, plan.batch)
+        remove_batch_files(cfg, plan.batch, lock=lock)
     write = frozenset(name for name, d in done.items() if not d)
-    split_results = run_tasks(cfg, plan, write, session, outcome, source)
+    split_results = run_tasks(cfg, plan, write, session, outcome, source, raw_batch, run_id)
     crash_point("after_files")
     results = batch_results(plan, split_results)
     written = {name: [f for s in split_results for f in s.files.get(name, [])] for name in TABLES}
     reconcile_files(plan, results, written, write)
+    if any(done.values()):
+        reconcile_resumed(cfg, plan, results, done)
     if parquet:
-        # Files of failed task attempts are not the batch's: readers must not see them.
-        _guard_parquet_cleanup(cfg, plan.batch, lock, written)
-        remove_batch_files(cfg, plan.batch, keep={f.path for fs in written.values() for f in fs})
+        # Files of this run's failed task attempts are not the batch's: readers must not
+        # see them. Only this run's: other runs' files went at resume, or go once the
+        # batch is committed, by the run that commits it.
+        kept = {f.path for fs in written.values() for f in fs}
+        with own_files_on_loss(cfg, plan.batch, run_id):
+            remove_batch_files(cfg, plan.batch, keep=kept, only_run=run_id, lock=lock)
     meta: dict[str, Any] = {RANGES_KEY: [vars(r) for r in results]}
     if plan.kind != "ingest":
         meta[f"strata.{plan.kind}"] = plan.note
@@ -525,33 +570,36 @@ def write_and_commit(
                     "has the new column(s) from this batch on; earlier rows read them as null"
                 )
     reconcile_tables(cfg, plan, results, tables, written if parquet else None)
-    return results
+    return BatchWrite(results, written, run_id)
 
 
-def _guard_parquet_cleanup(
-    cfg: PipelineConfig, batch: int, lock: RunLock, mine: dict[str, list[WrittenFile]]
-) -> None:
-    """Delete a plain Parquet batch's stray files only while it is this run's to finish.
+class BatchWrite(NamedTuple):
+    """What a batch's tasks wrote, once reconciled (and, for Delta, committed).
 
-    Without a table log, the files in the directories are the table: a runner that lost
-    the pipeline to another one must not delete what that one committed.
-
-    Raises:
-        LeaseLost: If this run no longer holds the lease.
-        PlanError: If another run committed the batch meanwhile (this run's own files
-            are removed first).
+    Attributes:
+        results: One result per planned range.
+        files: The files written, per table.
+        run_id: This run's id, part of every file name it wrote.
     """
-    lock.check()
-    if (committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0) >= batch:
-        for name, files in mine.items():
-            fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
-            for f in files:
-                if fs.get_file_info(f"{root}/{f.path}").type == pafs.FileType.File:
-                    fs.delete_file(f"{root}/{f.path}")
-        raise PlanError(
-            f"batch {batch} was committed by another run while this one ran; this run's "
-            "files were removed and nothing of it was committed"
-        )
+
+    results: list[RangeResult]
+    files: dict[str, list[WrittenFile]]
+    run_id: str
+
+
+@contextmanager
+def own_files_on_loss(cfg: PipelineConfig, batch: int, run_id: str) -> Iterator[None]:
+    """On a lost lease, delete this run's own plain Parquet files of the batch, then stop.
+
+    They are not committed and never will be by this run; their names carry its id, so
+    they are told from the files of the run that took over.
+    """
+    try:
+        yield
+    except LeaseLost:
+        if cfg.table_format == "parquet":
+            remove_batch_files(cfg, batch, only_run=run_id)
+        raise
 
 
 def _source_for(
@@ -706,6 +754,35 @@ def commit_table(
     return added
 
 
+def fence_table(cfg: PipelineConfig, name: str, batch: int, note: str) -> bool:
+    """Commit the batch's number to a Delta table with no files: a fence.
+
+    A ledger edit (a dropped plan, a seek) takes a batch number. A runner still holding
+    a plan of that number, woken from a pause, would otherwise commit it to tables the
+    ledger will never account for; with the fence its commits are no-ops.
+
+    Returns:
+        True if this call committed the fence, False if the table held the batch.
+    """
+    uri = cfg.location(name)  # type: ignore[arg-type]
+    schema, partition_by = table_layout(cfg, name)
+    table = ensure_table(
+        uri, schema, partition_by, cfg.storage_options, cfg.name + TABLE_SUFFIXES[name]
+    )
+    return commit_files(table, schema, partition_by, [], cfg.name, batch, {FENCE_KEY: note})
+
+
+def remove_batch_rows(cfg: PipelineConfig, name: str, batch: int, note: str) -> int:
+    """Remove an ingest batch's own files from a Delta table; how many were removed."""
+    table = open_table(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+    if table is None:
+        return 0
+    removes = batch_removes(table, batch)
+    schema, partition_by = table_layout(cfg, name)
+    commit_removes(table, schema, partition_by, removes, batch, {FENCE_KEY: note})
+    return len(removes)
+
+
 def run_tasks(
     cfg: PipelineConfig,
     plan: BatchPlan,
@@ -713,15 +790,16 @@ def run_tasks(
     session: Callable[[PipelineConfig], SparkSession] | None,
     outcome: RunOutcome,
     source: str,
+    raw_batch: int | None,
+    run_id: str,
 ) -> list[SplitResult]:
     """Start Spark and run one task per split of the plan, writing the given tables.
 
     Every file name carries this run's id, so files of another runner, or of an
     earlier attempt, are never overwritten: only the commit decides which count.
     """
-    run_id = uuid.uuid4().hex[:8]
     jobs = [
-        SplitJob(cfg, plan.batch, i, split, write, source, run_id)
+        SplitJob(cfg, plan.batch, i, split, write, source, run_id, raw_batch)
         for i, split in enumerate(plan.splits)
     ]
     if session is None:
@@ -733,6 +811,13 @@ def run_tasks(
     t0 = time.monotonic()
     spark = session(cfg)
     outcome.spark_seconds = time.monotonic() - t0
+    if cfg.table_format == "parquet" and spark.conf.get("spark.speculation", "false") == "true":
+        # A speculative copy still writing after the batch's files were settled would
+        # leave files in directories whose every file is the table.
+        raise PlanError(
+            "spark.speculation is on; plain Parquet tables need it off (every file in their "
+            "directories is read). Set spark.speculation=false for this job."
+        )
     t1 = time.monotonic()
     reducers = default_tasks(cfg) if cfg.layout == "shuffle" else 0
     results = execute(spark, jobs, f"{cfg.name} batch {plan.batch}", reducers)
@@ -740,18 +825,34 @@ def run_tasks(
     return results
 
 
-def remove_batch_files(cfg: PipelineConfig, batch: int, keep: Collection[str] = ()) -> int:
-    """Delete the files of `batch` from the plain Parquet tables, but those in `keep`.
+def remove_batch_files(
+    cfg: PipelineConfig,
+    batch: int,
+    keep: Collection[str] = (),
+    only_run: str | None = None,
+    lock: RunLock | None = None,
+) -> int:
+    """Delete files of `batch` from the plain Parquet tables, but those in `keep`.
+
+    Without a table log the files in the directories are the table, so a runner must
+    never delete what another one committed: with a `lock`, the files are listed first,
+    the ledger is then checked not to hold the batch, and the lease is checked before
+    each deletion.
 
     Args:
         cfg: The pipeline configuration.
         batch: The batch.
         keep: Paths relative to their table's root that stay (the batch's own files).
+        only_run: Delete only files this run (by its id) wrote.
+        lock: The run's lock, when files of other runs may be deleted.
 
     Returns:
         How many files were deleted.
+
+    Raises:
+        PlanError: If the ledger holds the batch: another run committed it meanwhile.
     """
-    removed = 0
+    doomed: list[tuple[pafs.FileSystem, str]] = []
     for name in TABLES:
         fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
         if fs.get_file_info(root).type == pafs.FileType.NotFound:
@@ -761,9 +862,21 @@ def remove_batch_files(cfg: PipelineConfig, batch: int, keep: Collection[str] = 
                 continue
             if info.path[len(root) :].lstrip("/") in keep:
                 continue
-            fs.delete_file(info.path)
-            removed += 1
-    return removed
+            if only_run is not None and f"-{only_run}-" not in info.base_name:
+                continue
+            doomed.append((fs, info.path))
+    if lock is not None and doomed:
+        lock.check()
+        if (committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0) >= batch:
+            raise PlanError(
+                f"batch {batch} was committed by another run while this one ran; nothing of "
+                "this run was committed, and that run's files were left as they are"
+            )
+    for fs, path in doomed:
+        if lock is not None:
+            lock.check()
+        fs.delete_file(path)
+    return len(doomed)
 
 
 _COUNTERS = (
@@ -865,8 +978,8 @@ def reconcile_files(
     for r in results:
         key = f"{r.topic}:{r.partition}"
         where = f"partition {r.partition} of `{r.topic}` [{r.start}, {r.end})"
-        if r.end - r.start != r.messages + r.gaps:
-            problems.append(f"{where}: read {r.messages} and {r.gaps} gaps")
+        if r.end - r.start != r.messages + r.gaps or r.gaps < 0:
+            problems.append(f"{where}: read {r.messages} messages and {r.gaps} gaps")
         if r.rows + r.quarantined != r.messages:
             problems.append(
                 f"{where}: read {r.messages} messages but decoded {r.rows} rows and "
@@ -892,6 +1005,50 @@ def reconcile_files(
         raise ReconcileError(
             f"batch {plan.batch} does not reconcile; nothing was committed:\n  "
             + "\n  ".join(problems)
+        )
+
+
+def reconcile_resumed(
+    cfg: PipelineConfig, plan: BatchPlan, results: list[RangeResult], done: dict[str, bool]
+) -> None:
+    """A resumed batch decides as the attempt whose commits already stand did.
+
+    Tables committed by an earlier attempt recorded what it read and decoded, per
+    partition. This attempt writes the other tables; if it read or decoded otherwise
+    (the decode settings or Strata's decoder changed since, or the raw copy does not
+    hold the batch), its commits would put a message in both tables or in neither.
+
+    Raises:
+        ReconcileError: Naming the partition, before anything more is committed.
+    """
+    name = next(n for n in TABLES if done.get(n))
+    stored = batch_metadata(cfg.location(name), plan.batch, cfg.storage_options, RANGES_KEY)  # type: ignore[arg-type]
+    if stored is None:
+        return
+    before = {(r["topic"], r["partition"]): r for r in stored}
+    problems = []
+    for r in results:
+        earlier = before.get((r.topic, r.partition))
+        if earlier is None:
+            if r.messages:
+                problems.append(f"partition {r.partition} of `{r.topic}`: not in that commit")
+            continue
+        for field_name in ("messages", "gaps", "rows", "quarantined", "offset_sum"):
+            was, now = earlier.get(field_name), getattr(r, field_name)
+            # Commits made before a counter existed carry none of it.
+            if was is not None and was != now:
+                problems.append(
+                    f"partition {r.partition} of `{r.topic}`: {field_name} {was} then, {now} now"
+                )
+    if problems:
+        raise ReconcileError(
+            f"batch {plan.batch} does not decide as the attempt whose {name} commit stands; "
+            "nothing more was committed:\n  " + "\n  ".join(problems) + "\nThe decode "
+            "settings or Strata's decoder changed since that commit, or the raw copy does not "
+            "hold the batch. Finish the batch with the settings and Strata version it began "
+            f"with, or drop it with `strata plan drop --pipeline {cfg.name} --batch "
+            f"{plan.batch} --force --reason TEXT` (its committed rows are removed and its "
+            "offsets read again by the next batch)."
         )
 
 

@@ -36,6 +36,10 @@ RAW_SCHEMA = pa.schema(
         pa.field("_value", pa.binary()),
         pa.field("_headers", HEADERS_TYPE),
         pa.field("_batch", pa.int64(), nullable=False),
+        # Why the Kafka client could not read the message whole (its headers), if it
+        # could not: kept so a replay or a resume from the raw copy decides as the
+        # read did.
+        pa.field("_read_error", pa.string()),
     ]
 )
 QUARANTINE_SCHEMA = pa.schema(list(RAW_SCHEMA) + [pa.field("reason", pa.string(), nullable=False)])

@@ -40,6 +40,8 @@ class SplitJob:
             Kafka no longer holds).
         run_id: The run's id, part of every file name (with the task's attempt
             number), so no two runs or attempts ever write the same file.
+        raw_batch: With `raw`, read only the raw rows this batch wrote (a batch
+            resumed from its own committed raw copy); None reads every batch's.
     """
 
     cfg: PipelineConfig
@@ -49,6 +51,7 @@ class SplitJob:
     write: frozenset[str]
     source: str = "kafka"
     run_id: str = ""
+    raw_batch: int | None = None
 
 
 @dataclass
@@ -177,7 +180,12 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
     if job.source == "raw":
         raw_uri = cfg.location("raw")
         chunks = read_raw_copy(
-            raw_uri, delta_options(raw_uri, cfg.storage_options), job.ranges, job.batch, progress
+            raw_uri,
+            delta_options(raw_uri, cfg.storage_options),
+            job.ranges,
+            job.batch,
+            progress,
+            job.raw_batch,
         )
     else:
         conf = client_conf(cfg, **{"group.id": cfg.group_id})

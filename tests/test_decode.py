@@ -65,6 +65,7 @@ def raw(values: list[bytes | None], kafka_ts: list[int] | None = None) -> pa.Tab
             pa.array(values, pa.binary()),
             pa.array([None] * n, RAW_SCHEMA.field("_headers").type),
             pa.array([1] * n, pa.int64()),
+            pa.nulls(n, pa.string()),
         ],
         schema=RAW_SCHEMA,
     )

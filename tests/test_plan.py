@@ -157,3 +157,17 @@ def test_an_accepted_loss_on_an_emptied_partition_moves_reading_to_the_log_start
     assert plan.splits == []
     after = [PartitionState("clicks", 0, 500, 500, 500)]
     assert new_plan(_cfg(), 4, after, None, "oncall@host: INC-9", {("clicks", 0): 500}) is None
+
+
+def test_a_topic_taken_out_of_the_pipeline_does_not_stop_the_plan():
+    from strata.run import new_plan
+
+    # `gone` was read once and then removed from `topics`: its ledger rows stay, but it
+    # is not a committed partition the brokers stopped listing.
+    committed = {("clicks", 0): 100, ("gone", 0): 7}
+    plan = new_plan(_cfg(), 2, [PartitionState("clicks", 0, 0, 150, 100)], None, None, committed)
+    assert plan is not None and plan.ranges == [OffsetRange("clicks", 0, 100, 150)]
+    # A configured topic's partition that vanished still stops it.
+    with pytest.raises(PlanError, match="partition 0 of `views`"):
+        new_plan(_cfg(), 2, [PartitionState("clicks", 0, 0, 150, 100)], None, None,
+                 {**committed, ("views", 0): 3})  # fmt: skip

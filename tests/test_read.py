@@ -179,6 +179,7 @@ def test_redelivered_offsets_are_dropped_and_counted_and_gap_runs_recorded():
                 "_value": pa.array([b"vv"] * n),
                 "_headers": pa.array([None] * n, RAW_SCHEMA.field("_headers").type),
                 "_batch": pa.array([1] * n, pa.int64()),
+                "_read_error": pa.nulls(n, pa.string()),
             },
             schema=RAW_SCHEMA,
         )

@@ -87,6 +87,12 @@ def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_free
         0,
     )
     assert "INC-11 topic re-created" in row["note"] and "it planned [0, 501)" in row["note"]
+    # Every table holds batch 1's number (fences): a runner still holding the dropped
+    # plan commits nothing of it.
+    from deltalake import DeltaTable
+
+    for which in ("raw", "quarantine", "table", "ledger"):
+        assert DeltaTable(p.cfg().location(which)).transaction_version(p.name) == 1
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 2
     assert p.landed() == expected_offsets(fresh)
     status = p.cli("status")
@@ -158,6 +164,13 @@ def test_a_recreated_topic_grown_past_the_committed_offset_stops_until_a_seek(
         by_batch.setdefault(r["_batch"], []).append(r["_offset"])
     assert sorted(by_batch[1]) == list(range(first[0]))
     assert sorted(by_batch[3]) == list(range(second[0]))
+    # Offsets both logs cover cannot be backfilled: their rows cannot be told apart.
+    refused = p.cli(
+        "backfill", "--topic", p.topic, "--partition", "0", "--from", "0", "--to", "50",
+        "--reason", "x",
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert "batches 1 and 3 both read offsets from 0: two logs" in refused.stderr
 
 
 def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(
@@ -197,3 +210,83 @@ def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(
     quality = p.cli("quality", "--batch", "4", "--json")
     checks = {c["name"]: c["success"] for c in last_json(quality)["checks"]}
     assert checks["reconcile: no unexplained holes"], quality.stdout
+
+
+def test_a_saved_plan_the_schema_now_refuses_stops_before_reading_and_resumes_once_fixed(
+    make_pipeline, broker, spark
+):
+    import json as _json
+    from pathlib import Path
+
+    p = make_pipeline(partitions=1)
+    first = produce_clicks(broker, p.topic, 1, 100)
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
+    second = produce_clicks(broker, p.topic, 1, 200, seed=3)
+    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    assert crashed.returncode == -signal.SIGKILL
+    # Between the crash and the re-run, someone changes `user_id`'s type: the saved
+    # plan of batch 2 cannot be written into the table any more.
+    path = Path(p.cfg().schema_path)
+    original = path.read_text()
+    avro = _json.loads(original)
+    for field in avro["fields"]:
+        if field["name"] == "user_id":
+            field["type"] = "string"
+    path.write_text(_json.dumps(avro))
+
+    stopped = p.cli("run", "--json")
+    assert stopped.returncode == 2
+    error = last_json(stopped)["error"]
+    assert "schema changed since batch 1 in a way its tables cannot take; nothing was read" in error
+    assert "field `user_id` changed type from int64 to string" in error
+    assert [r["batch"] for r in read_ledger(p.cfg()).to_pylist()] == [1]
+    # The way on: the schema the tables hold; the saved plan then finishes as planned.
+    path.write_text(original)
+    done = run_batch(p.cfg(), session=lambda _: spark)
+    assert (done.batch, done.status) == (2, "resumed")
+    assert p.landed() == expected_offsets({0: first[0] + second[0]})
+
+
+def test_a_batch_whose_raw_copy_lost_a_file_stops_and_a_forced_drop_reads_it_again(
+    make_pipeline, broker, spark
+):
+    from pathlib import Path
+
+    from deltalake import DeltaTable
+
+    p = make_pipeline(partitions=2)
+    per = produce_clicks(broker, p.topic, 2, 1200, malformed=3)
+    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_raw_commit"}))
+    assert crashed.returncode == -signal.SIGKILL
+    # A lifecycle rule (or a hand) deletes one of the committed raw files: the raw copy
+    # no longer holds the batch the rest of it would be read from.
+    raw_dir = Path(p.cfg().location("raw"))
+    victim = sorted(raw_dir.glob("part-b0000000001-*.parquet"))[0]
+    victim.unlink()
+
+    stopped = p.cli("run", "--json")
+    assert stopped.returncode == 1
+    error = last_json(stopped)["error"]
+    # The task's own error, not Spark's wrapper: the missing file is named.
+    assert error.startswith("a task failed: ") and victim.name in error, error
+    for which in ("quarantine", "table"):
+        table = (
+            DeltaTable(p.cfg().location(which))
+            if (Path(p.cfg().location(which)) / "_delta_log").exists()
+            else None
+        )
+        assert table is None or (table.transaction_version(p.name) or 0) == 0
+
+    refused = p.cli("plan", "drop", "--batch", "1", "--reason", "raw file lost")
+    assert refused.returncode == 1 and "--force" in refused.stderr
+    dropped = p.cli("plan", "drop", "--batch", "1", "--force", "--reason", "raw file lost")
+    assert dropped.returncode == 0, dropped.stderr
+    # Every table holds the batch's number now (the raw copy's own commit, fences on the
+    # others): a runner still holding the plan commits nothing of it.
+    for which in ("raw", "quarantine", "table", "ledger"):
+        assert DeltaTable(p.cfg().location(which)).transaction_version(p.name) == 1
+    assert p.raw_copies() == {}
+
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 2
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
