@@ -121,6 +121,34 @@ def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerSta
     return LedgerState(last, committed)
 
 
+def unread_row(
+    kind: str, topic: str, partition: int, start: int, end: int, gaps: int, note: str
+) -> dict[str, object]:
+    """A ledger row for a range nothing was read from: a loss, a seek, an abandoned plan.
+
+    Offsets that are gone or skipped count as gaps, so offsets = rows + quarantined +
+    gaps holds for it as for every row.
+    """
+    return {
+        "kind": kind,
+        "note": note,
+        "topic": topic,
+        "partition": partition,
+        "start_offset": start,
+        "end_offset": end,
+        "messages": 0,
+        "rows": 0,
+        "quarantined": 0,
+        "gaps": gaps,
+        "bytes": 0,
+        "late_rows": 0,
+        "max_lateness_ms": 0,
+        "min_event_time": None,
+        "max_event_time": None,
+        "high_watermark": None,
+    }
+
+
 def commit_ledger(
     cfg: PipelineConfig,
     batch: int,

@@ -174,6 +174,26 @@ class RawChunk:
     rejected: Mapping[int, str]
 
 
+def range_consumer(conf: dict[str, Any]) -> Consumer:
+    """A consumer that reads assigned offsets exactly: committed records only, no group.
+
+    The group is never joined (assign, not subscribe) and never committed to; an offset
+    out of range is an error rather than a silent jump, and each partition's end is
+    reported, so a range ends on position.
+    """
+    return Consumer(
+        {
+            **conf,
+            "group.id": conf.get("group.id", "strata-reader"),
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "error",
+        }
+    )
+
+
 def read_ranges(
     conf: dict[str, Any],
     ranges: list[OffsetRange],
@@ -206,19 +226,7 @@ def read_ranges(
         ReadError: If a range stops advancing, the broker reports an error, or a run
             of missing offsets turns out to hold a message the read skipped.
     """
-    consumer = Consumer(
-        {
-            **READ_TUNING,
-            **conf,
-            # The group is never joined (assign, not subscribe) and never committed to.
-            "group.id": conf.get("group.id", "strata-reader"),
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "error",
-        }
-    )
+    consumer = range_consumer({**READ_TUNING, **conf})
     active: dict[tuple[str, int], RangeProgress] = {}
     for r in ranges:
         tracked = progress.setdefault((r.topic, r.partition, r.start), RangeProgress(r))
@@ -371,18 +379,7 @@ def verify_gaps(conf: dict[str, Any], states: list[RangeProgress], stall_s: floa
     todo = [(s, run) for s in states for run in s.runs_to_verify()]
     if not todo:
         return
-    verifier = Consumer(
-        {
-            **conf,
-            **_VERIFY_TUNING,
-            "group.id": conf.get("group.id", "strata-reader"),
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "error",
-        }
-    )
+    verifier = range_consumer({**conf, **_VERIFY_TUNING})
     try:
         for state, (start, end) in todo:
             r = state.range

@@ -21,7 +21,7 @@ from typing import Any
 from strata.config import PipelineConfig
 from strata.delta import batch_metadata
 from strata.kafka import partition_states, publish_group_offsets, topic_ids
-from strata.ledger import commit_ledger, committed_topic_ids, ledger_state
+from strata.ledger import commit_ledger, committed_topic_ids, ledger_state, unread_row
 from strata.lock import run_lock
 from strata.plan import OffsetRange, PlanError, PlanStore
 from strata.run import (
@@ -181,7 +181,7 @@ def _abandon_row(
     topic: str, partition: int, at: int, note: str, planned: OffsetRange | None
 ) -> dict[str, object]:
     what = f"; it planned [{planned.start}, {planned.end})" if planned is not None else ""
-    return _edit_row("abandon", topic, partition, at, at, 0, note + what)
+    return unread_row("abandon", topic, partition, at, at, 0, note + what)
 
 
 def seek(
@@ -260,10 +260,10 @@ def seek(
                         f"{where}: offsets [{start}, {target}) are skipped: {skipped} messages "
                         "will not be read (recorded in the ledger)"
                     )
-                rows.append(_edit_row("seek", topic, s.partition, start, target, skipped, note))
+                rows.append(unread_row("seek", topic, s.partition, start, target, skipped, note))
             else:
                 note = f"{note_base}; moved back from {before} to {target}"
-                rows.append(_edit_row("seek", topic, s.partition, target, target, 0, note))
+                rows.append(unread_row("seek", topic, s.partition, target, target, 0, note))
                 if not new_log:
                     warnings.append(
                         f"{where}: offsets [{target}, {before}) will be read again; their rows "
@@ -315,30 +315,6 @@ def _refuse_unfinished(cfg: PipelineConfig, batch: int) -> None:
             f"changed. Finish it with `strata run --pipeline {cfg.name}`, or drop it with "
             f"`strata plan drop --pipeline {cfg.name} --batch {batch} --reason TEXT`, then seek"
         )
-
-
-def _edit_row(
-    kind: str, topic: str, partition: int, start: int, end: int, skipped: int, note: str
-) -> dict[str, object]:
-    return {
-        "kind": kind,
-        "note": note,
-        "topic": topic,
-        "partition": partition,
-        "start_offset": start,
-        "end_offset": end,
-        "messages": 0,
-        "rows": 0,
-        "quarantined": 0,
-        # Skipped offsets count as gaps, so offsets = rows + quarantined + gaps holds.
-        "gaps": skipped,
-        "bytes": 0,
-        "late_rows": 0,
-        "max_lateness_ms": 0,
-        "min_event_time": None,
-        "max_event_time": None,
-        "high_watermark": None,
-    }
 
 
 def _need_reason(reason: str) -> None:

@@ -53,6 +53,7 @@ from strata.ledger import (
     committed_topic_ids,
     ledger_state,
     read_ledger,
+    unread_row,
 )
 from strata.lock import LeaseLost, RunLock, run_lock
 from strata.plan import (
@@ -1154,24 +1155,7 @@ def count_by_partition(data: pa.Table) -> dict[tuple[str, int], int]:
 
 def loss_row(lost: OffsetRange, note: str) -> dict[str, object]:
     """The ledger's record of a range deleted by retention before it was read."""
-    return {
-        "kind": "loss",
-        "note": note,
-        "topic": lost.topic,
-        "partition": lost.partition,
-        "start_offset": lost.start,
-        "end_offset": lost.end,
-        "messages": 0,
-        "rows": 0,
-        "quarantined": 0,
-        "gaps": lost.count,
-        "bytes": 0,
-        "late_rows": 0,
-        "max_lateness_ms": 0,
-        "min_event_time": None,
-        "max_event_time": None,
-        "high_watermark": None,
-    }
+    return unread_row("loss", lost.topic, lost.partition, lost.start, lost.end, lost.count, note)
 
 
 def ledger_row(

@@ -14,6 +14,7 @@ import pytest
 
 from strata.faults import CRASH_ENV, FAIL_ONCE_ENV, FAIL_ONCE_MARKER_ENV
 from strata.ledger import read_ledger
+from strata.run import run_batch
 from tests.conftest import START_MS, expected_offsets, produce_clicks
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,7 @@ STEPS = [
     + [("after_raw_commit", "shuffle", "delta"), ("after_files", "shuffle", "parquet")],
 )
 def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(
-    make_pipeline, broker, step, layout, table_format
+    make_pipeline, broker, spark, step, layout, table_format
 ):
     p = make_pipeline(partitions=3, overrides={"layout": layout, "table_format": table_format})
     per = produce_clicks(broker, p.topic, 3, 3000, malformed=5, late=5)
@@ -41,8 +42,13 @@ def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(
     crashed = p.cli("run", env=p.env(**{CRASH_ENV: step}))
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
 
-    rerun = p.cli("run", "--json")
-    assert rerun.returncode == 0, rerun.stderr
+    # The re-run in this process, on the shared Spark session: the kill is what must be
+    # a real process.
+    rerun = run_batch(p.cfg(), session=lambda _: spark)
+    # After the ledger commit the batch is done: the re-run only catches up publishing.
+    assert (rerun.status, rerun.batch) == (
+        ("idle", None) if step == "after_ledger" else ("resumed", 1)
+    )
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)
     ledger = read_ledger(p.cfg()).to_pylist()
@@ -89,7 +95,7 @@ def test_kills_at_random_moments_in_a_row_still_land_each_message_once(make_pipe
     assert len(batches) == 2 * len(set(batches)), "each batch once per partition in the ledger"
 
 
-def test_a_plain_parquet_rerun_removes_what_the_crashed_attempt_wrote(make_pipeline, broker):
+def test_a_plain_parquet_rerun_removes_what_the_crashed_attempt_wrote(make_pipeline, broker, spark):
     p = make_pipeline(partitions=2, overrides={"layout": "shuffle", "table_format": "parquet"})
     per = produce_clicks(broker, p.topic, 2, 2000, malformed=3)
     crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
@@ -99,8 +105,7 @@ def test_a_plain_parquet_rerun_removes_what_the_crashed_attempt_wrote(make_pipel
     # The re-run writes other file names (per-task layout): only the clean-up prevents doubles.
     conf = p.conf_dir / "pipelines" / f"{p.name}.yaml"
     conf.write_text(conf.read_text().replace("layout: shuffle", "layout: per_task"))
-    rerun = p.cli("run")
-    assert rerun.returncode == 0, rerun.stderr
+    assert run_batch(p.cfg(), session=lambda _: spark).status == "resumed"
     assert not list(table_dir.rglob("part-b0000000001-r*.parquet"))
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)
