@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help setup check-java chromium demo test test-unit lint format bench lock clean report-screenshot
+.PHONY: help setup check-java chromium demo test test-unit lint format bench dist lock clean report-screenshot
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
@@ -45,7 +45,7 @@ test-unit: setup ## Run the fast unit tier only
 lint: setup ## ruff and mypy, both must be clean
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy strata jobs bench
+	$(BIN)/mypy strata bench
 
 format: setup ## Apply ruff's formatting and import order
 	$(BIN)/ruff check --fix .
@@ -61,6 +61,19 @@ report-screenshot: demo chromium ## Run the demo, then screenshot its quality su
 	  --screenshot=$(CURDIR)/quality-report.png file://$(CURDIR)/demo-warehouse/clicks_quality/index.html 2>/dev/null
 	@echo "wrote quality-report.png (the page: demo-warehouse/clicks_quality/index.html)"
 
+DIST ?= dist
+EXECUTOR_ENV ?= build/executor-env
+dist: setup ## Build the wheel and the executors' packed environment (spark-submit --archives)
+	rm -rf $(EXECUTOR_ENV) $(DIST)/strata-*.whl $(DIST)/strata-executor-env.tar.gz
+	mkdir -p $(DIST)
+	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(DIST) .
+	$(BIN)/python -m venv $(EXECUTOR_ENV)
+	$(EXECUTOR_ENV)/bin/pip install --quiet -c requirements.lock $$($(BIN)/python -c \
+	  'from importlib.metadata import requires; print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("strata") if "extra == \"executor\"" in r))')
+	$(EXECUTOR_ENV)/bin/pip install --quiet --no-deps $(DIST)/strata-*.whl
+	$(BIN)/venv-pack --quiet --force -p $(EXECUTOR_ENV) -o $(DIST)/strata-executor-env.tar.gz
+	@echo "built $(DIST)/strata-executor-env.tar.gz (executors: --archives ...#environment) and the wheel"
+
 lock: ## Regenerate requirements.lock from setup.cfg (needs the registry)
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install --quiet -e '.[dev]'
 	(echo "# Exact pins for every dependency, dev tools included. Regenerate with 'make lock'."; \
@@ -68,4 +81,4 @@ lock: ## Regenerate requirements.lock from setup.cfg (needs the registry)
 	rm -rf .lock-venv
 
 clean: ## Remove the virtualenv, caches and local warehouses
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-warehouse bench-warehouse spark-warehouse *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-warehouse bench-warehouse spark-warehouse *.egg-info build dist

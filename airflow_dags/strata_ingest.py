@@ -25,7 +25,6 @@ from strata.config import PipelineConfig, list_pipelines, load_pipeline, parse_d
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF_DIR = os.environ.get("STRATA_CONF_DIR") or str(PROJECT / "conf")
-INGEST_JOB = str(PROJECT / "jobs" / "ingest.py")
 
 
 def ingest_dag(cfg: PipelineConfig) -> DAG:
@@ -56,9 +55,15 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
                 SparkSubmitOperator,
             )
 
+            from strata.jobs import job_path
+
             ingest = SparkSubmitOperator(
                 task_id="ingest",
-                application=INGEST_JOB,
+                # The job installed with the package, wherever this file was copied.
+                application=job_path("ingest"),
+                # The pipeline's Spark properties, `spark.archives` (the executors'
+                # packed environment) and `spark.pyspark.python` among them.
+                conf=dict(cfg.spark.conf),
                 application_args=[
                     "--pipeline",
                     name,

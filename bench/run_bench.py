@@ -20,6 +20,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,37 +32,60 @@ from deltalake import DeltaTable
 
 from strata.demo import HOUR_MS, click_events, produce
 from strata.local_broker import LocalBroker
+from strata.local_cluster import LocalSparkCluster
+from strata.local_service import free_port, port_open
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
+S3_OPTIONS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_REGION": "us-east-1",
+    "AWS_ALLOW_HTTP": "true",
+}
 START_MS = 1_763_805_600_000
 
 
-def measure(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run a command; return wall time, CPU of its process tree, peak tree RSS, last JSON line."""
+def measure(
+    cmd: list[str],
+    env: dict[str, str] | None = None,
+    executors: Callable[[], list[psutil.Process]] | None = None,
+) -> dict[str, Any]:
+    """Run a command; return wall time, CPU of its process tree, peak tree RSS, last JSON line.
+
+    `executors` lists processes outside the command's tree that work for it (a
+    cluster's executors and their Python workers): their CPU is added, and their peak
+    memory reported apart as `executor_peak_rss`.
+    """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.monotonic()
     proc = psutil.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    peak = 0
+    peak = executor_peak = 0
     cpu_seen: dict[int, float] = {}
+    executor_cpu: dict[int, float] = {}
     done = threading.Event()
 
+    def tally(tree: list[psutil.Process], cpu: dict[int, float]) -> int:
+        rss = 0
+        for p in tree:
+            try:
+                rss += p.memory_info().rss
+                t = p.cpu_times()
+                cpu[p.pid] = t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return rss
+
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, executor_peak
         while not done.is_set():
             try:
                 tree = [proc, *proc.children(recursive=True)]
             except psutil.NoSuchProcess:
                 break
-            rss = 0
-            for p in tree:
-                try:
-                    rss += p.memory_info().rss
-                    t = p.cpu_times()
-                    cpu_seen[p.pid] = t.user + t.system
-                except psutil.NoSuchProcess:
-                    pass
-            peak = max(peak, rss)
+            peak = max(peak, tally(tree, cpu_seen))
+            if executors is not None:
+                executor_peak = max(executor_peak, tally(executors(), executor_cpu))
             done.wait(0.1)
 
     watcher = threading.Thread(target=sample, daemon=True)
@@ -77,8 +102,9 @@ def measure(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]
     # Reaped children count exactly; sampling catches processes reaped by no one.
     return {
         "wall": wall,
-        "cpu": max(reaped, sum(cpu_seen.values())),
+        "cpu": max(reaped, sum(cpu_seen.values())) + sum(executor_cpu.values()),
         "peak_rss": peak,
+        "executor_peak_rss": executor_peak,
         "result": last,
     }
 
@@ -97,24 +123,164 @@ def seed(broker: LocalBroker, topic: str, count: int) -> int:
     return count
 
 
-def strata_project(work: Path, topic: str, bootstrap: str, layout: str) -> Path:
-    """A throw-away project directory (conf + schemas) for the bench pipeline."""
+def strata_project(
+    work: Path,
+    topic: str,
+    bootstrap: str,
+    layout: str,
+    master: str = "local[2,4]",
+    s3: str | None = None,
+) -> Path:
+    """A throw-away project directory (conf + schemas) for the bench pipeline.
+
+    With `s3` (an endpoint URL) the warehouse is a bucket there instead of local disk.
+    """
     (work / "conf" / "pipelines").mkdir(parents=True)
     shutil.copytree(ROOT / "schemas", work / "schemas")
-    body = {
+    body: dict[str, Any] = {
         "topics": [topic],
         "format": "json",
         "schema_file": "clicks.avsc",
         "warehouse": str(work / "warehouse"),
         "event_time": {"field": "ts", "unit": "ms"},
         "kafka": {"bootstrap_servers": bootstrap},
-        "spark": {"master": "local[2,4]"},
+        "spark": {"master": master},
         "layout": layout,
         # The ingest is measured; the quality suite is its own step (`strata quality`).
         "quality": {"gate": "off"},
     }
+    if s3:
+        body["warehouse"] = f"s3://bench/{work.name}"
+        body["storage_options"] = S3_OPTIONS | {"AWS_ENDPOINT_URL": s3}
     (work / "conf" / "pipelines" / "bench.yaml").write_text(yaml.safe_dump(body))
     return work / "conf"
+
+
+@contextmanager
+def moto_s3() -> Iterator[str]:
+    """An S3 endpoint (moto_server) on loopback with a `bench` bucket; yields its URL."""
+    import boto3
+
+    port = free_port()
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not port_open(port):
+            if time.monotonic() > deadline:
+                raise RuntimeError("moto_server did not start")
+            time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}"
+        boto3.client(
+            "s3",
+            endpoint_url=url,
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="bench")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def executor_archive(work: Path) -> Path:
+    """The executors' packed environment, built by `make dist` as a user builds it."""
+    out = work / "dist"
+    subprocess.run(
+        ["make", "-s", "dist", f"DIST={out}", f"EXECUTOR_ENV={out / 'env'}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    return out / "strata-executor-env.tar.gz"
+
+
+def submit_command(cluster: LocalSparkCluster, archive: Path, conf: Path) -> list[str]:
+    """spark-submit of the installed job to the cluster, as the README shows it."""
+    from strata.jobs import job_path
+
+    return [
+        str(Path(sys.executable).parent / "spark-submit"),
+        "--master",
+        cluster.url,
+        "--archives",
+        f"{archive}#environment",
+        "--conf",
+        "spark.pyspark.python=./environment/bin/python",
+        "--conf",
+        f"spark.pyspark.driver.python={sys.executable}",
+        "--conf",
+        "spark.executor.memory=1g",
+        job_path("ingest"),
+        "--pipeline",
+        "bench",
+        "--conf-dir",
+        str(conf),
+        "--json",
+    ]
+
+
+def executor_processes(cluster: LocalSparkCluster) -> list[psutil.Process]:
+    """The cluster's executors and their Python workers (children of the workers)."""
+    found: list[psutil.Process] = []
+    for pid in cluster.worker_pids():
+        try:
+            found.extend(psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def placements(broker: LocalBroker, work: Path, one_m: dict[str, Any]) -> list[str]:
+    """The 1M load with local[1], local[2] (disk and S3) and a standalone cluster on S3.
+
+    A cluster's executors cannot write the driver's disk, so the cluster writes to the
+    S3 endpoint, and local[2] is measured on the same endpoint beside it.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    env.pop("PYSPARK_PYTHON", None)
+    strata = str(Path(sys.executable).parent / "strata")
+    runs: dict[str, dict[str, Any]] = {"local[2], disk": one_m}
+    conf = strata_project(work / "p-local1", "bench1m", broker.bootstrap, "per_task", "local[1,4]")
+    runs["local[1], disk"] = measure(
+        [strata, "run", "--pipeline", "bench", "--conf-dir", str(conf), "--json"], env
+    )
+    print("  strata 1M local[1] done", flush=True)
+    archive = executor_archive(work)
+    with moto_s3() as url:
+        conf = strata_project(work / "p-local2-s3", "bench1m", broker.bootstrap, "per_task", s3=url)
+        runs["local[2], S3"] = measure(
+            [strata, "run", "--pipeline", "bench", "--conf-dir", str(conf), "--json"], env
+        )
+        print("  strata 1M local[2] on S3 done", flush=True)
+        with LocalSparkCluster(work / "cluster", workers=1, cores=2) as cluster:
+            conf = strata_project(
+                work / "p-cluster-s3", "bench1m", broker.bootstrap, "per_task", s3=url
+            )
+            runs["cluster 1x2 cores, S3"] = measure(
+                submit_command(cluster, archive, conf), env, lambda: executor_processes(cluster)
+            )
+        print("  strata 1M on the standalone cluster done", flush=True)
+    lines = [
+        "",
+        "Where the job runs (1M events, per_task layout; CPU includes executors):",
+        f"{'':<26} {'whole msgs/s':>12} {'task msgs/s':>12} {'CPU s/GB':>9} "
+        f"{'driver MB':>10} {'executors MB':>13}",
+    ]
+    for label, m in runs.items():
+        r = m["result"]
+        gb = r["bytes"] / 1e9
+        lines.append(
+            f"{label:<26} {r['messages'] / m['wall']:>12,.0f} "
+            f"{r['messages'] / r['read_seconds']:>12,.0f} {m['cpu'] / gb:>9.1f} "
+            f"{m['peak_rss'] / 2**20:>10,.0f} {m.get('executor_peak_rss', 0) / 2**20:>13,.0f}"
+        )
+    return lines
 
 
 def files_per_hour(table_uri: str) -> tuple[int, int, float]:
@@ -199,6 +365,8 @@ def main() -> int:
                     f"(Spark start {r['spark_start_seconds']:.1f}s)",
                     flush=True,
                 )
+
+            where = placements(broker, work, runs["1M"])
 
         bare, naive = refs["bare"], refs["naive"]
         n, b = bare["result"]["messages"], bare["result"]["bytes"]
@@ -286,6 +454,7 @@ def main() -> int:
             f"shuffle layout vs per-task layout, steady state: {figures['shuffle_vs_per_task']}x "
             "(fewer files per hour, rows moved once more)",
             json.dumps(figures),
+            *where,
         ]
         print("\n".join(lines))
         return 0

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from strata.config import ConfigError, PipelineConfig, load_pipeline
+from strata.config import ConfigError, PipelineConfig, load_pipeline, redact
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_pipeline(args.pipeline, args.conf_dir)
     except ConfigError as exc:
-        print(f"strata: {exc}", file=sys.stderr)
+        print(f"strata: {redact(str(exc))}", file=sys.stderr)
         return 2
     handler: Callable[[PipelineConfig, argparse.Namespace], tuple[str, dict[str, Any]]] = {
         "run": _run,
@@ -207,6 +207,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool) -> int:
+    """Run a command, print its text (and JSON line), and map its errors to exit codes.
+
+    Everything printed goes through `redact`: a message of ours or of a client
+    library (librdkafka, delta-rs, Spark) may quote a credential of the configuration.
+
+    Args:
+        action: The command; returns the text for people and the JSON-ready body.
+        as_json: End the output with the body (or the error) as one JSON line.
+
+    Returns:
+        The exit code.
+    """
     from strata.backfill import BackfillError
     from strata.kafka import KafkaUnavailable
     from strata.lock import LeaseLost, LeaseUnavailable, LockBusy
@@ -240,18 +252,34 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
         return _fail(str(exc), 1, as_json)
     except Exception as exc:  # noqa: BLE001 - Spark wraps task errors; surface their cause
         return _fail(_root_cause(exc), 1, as_json)
-    print(text, flush=True)
+    print(redact(text), flush=True)
     # A run whose batch committed but whose tables could not be registered still fails:
     # the data is safe, and the exit code makes the scheduler retry the registration.
     error = body.get("publish_error") or body.get("gate_error")
     if error:
-        print(f"strata: error: {error}", file=sys.stderr, flush=True)
+        print(f"strata: error: {redact(error)}", file=sys.stderr, flush=True)
     if as_json:
-        print(json.dumps(body, sort_keys=True), flush=True)
+        print(json.dumps(_redacted(body), sort_keys=True), flush=True)
     return 1 if error else 0
 
 
+def _redacted(value: Any) -> Any:  # noqa: ANN401 - a JSON-ready body
+    """A JSON-ready body with `redact` applied to every string in it.
+
+    Before serialising, since JSON escapes a secret's quotes or backslashes and the
+    escaped form would no longer match.
+    """
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(v) for v in value]
+    return value
+
+
 def _fail(message: str, code: int, as_json: bool) -> int:
+    message = redact(message)
     print(f"strata: error: {message}", file=sys.stderr, flush=True)
     if as_json:
         print(json.dumps({"status": "failed", "error": message, "exit_code": code}), flush=True)

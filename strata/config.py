@@ -9,12 +9,21 @@ overrides and secrets. String values may reference environment variables as
 Two environment variables override the config, so the same files run locally and in
 production: `STRATA_KAFKA_BOOTSTRAP` (the broker list) and `STRATA_WAREHOUSE` (the
 warehouse root that relative table locations hang from).
+
+Secrets are never printed. The resolved configuration is pickled to every Spark task
+and shows up in logs, tracebacks and error messages, so one rule decides what is a
+credential (`is_secret_key`: a key naming a password, secret, token, key or
+credential, at any depth; and the password of any `scheme://user:password@` URL),
+and everything that shows configuration values goes through it: the models' reprs,
+`ConfigError` texts, the command line's output (`redact`).
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +33,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -37,12 +47,107 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-# Kafka client properties whose values must never be printed.
-_SECRET_HINTS = ("password", "secret", "token", "key")
+# Parts of a key (lower-cased) whose value is a credential. Substrings, so every
+# spelling in use is caught: sasl.password, ssl.key.password, ssl.keystore.password,
+# sasl.oauthbearer.client.secret, AWS_SECRET_ACCESS_KEY, AWS_ACCESS_KEY_ID,
+# AWS_SESSION_TOKEN, spark.hadoop.fs.s3a.secret.key, GOOGLE_APPLICATION_CREDENTIALS.
+# `sasl.oauthbearer.config` and JAAS configs name no secret but carry one inside.
+_SECRET_HINTS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "key",
+    "credential",
+    "sasl.oauthbearer.config",
+    "jaas",
+)
+REDACTED = "***"
+# The password of a URL (thrift://user:password@host), whatever key holds the URL.
+_URL_PASSWORD = re.compile(
+    r"(?P<user>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)(?P<password>[^\s/@]+)@"
+)
+# Shorter secret values are not searched for in free text: they would blank out
+# ordinary words and numbers. Reprs still hide them, by their key.
+_MIN_SCRUBBED = 6
+# Every secret value this process has loaded; `redact` removes them from any text, so
+# a client library's message that echoes one is caught at the command line too.
+_loaded_secrets: set[str] = set()
 
 
 class ConfigError(Exception):
     """A configuration file is missing or invalid; the message names file, key and fix."""
+
+
+def is_secret_key(key: object) -> bool:
+    """Whether a configuration key (at any depth) holds a credential.
+
+    Args:
+        key: A key of the configuration: a model field, a Kafka property, a storage
+            option, a Spark property.
+
+    Returns:
+        True if its value must never be shown.
+    """
+    return isinstance(key, str) and any(hint in key.lower() for hint in _SECRET_HINTS)
+
+
+def _secrets_in(value: Any, secret: bool = False) -> Iterator[str]:  # noqa: ANN401 - YAML
+    """The credentials inside parsed YAML or a model dump: values of secret keys, URL passwords."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _secrets_in(item, secret or is_secret_key(key))
+    elif isinstance(value, list):
+        for item in value:
+            yield from _secrets_in(item, secret)
+    elif secret and value is not None and not isinstance(value, bool):
+        yield str(value)
+    elif isinstance(value, str):
+        yield from (m.group("password") for m in _URL_PASSWORD.finditer(value))
+
+
+def remember_secrets(data: Any) -> None:  # noqa: ANN401 - parsed YAML or a model dump
+    """Record the credentials in configuration data, so `redact` removes them from any text.
+
+    Args:
+        data: Parsed (and environment-expanded) YAML, or a model dump.
+    """
+    _loaded_secrets.update(s for s in _secrets_in(data) if len(s) >= _MIN_SCRUBBED)
+
+
+def redact(text: str) -> str:
+    """Text with every credential replaced by `***`, ready to print or log.
+
+    Removes the password of any `scheme://user:password@` URL, and every secret value
+    of a configuration this process loaded (see `is_secret_key`), wherever it appears:
+    in a message of ours or of a client library.
+
+    Args:
+        text: Any text bound for a terminal, a log, an exception or a JSON summary.
+
+    Returns:
+        The text without credentials.
+    """
+    text = _URL_PASSWORD.sub(rf"\g<user>{REDACTED}@", text)
+    # Longest first, so a secret that contains another is removed whole.
+    for secret in sorted(_loaded_secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def _masked(key: object, value: Any) -> Any:  # noqa: ANN401 - any field's value
+    """A field's value as reprs show it: credentials replaced by `***`, nested maps too."""
+    if value is None:
+        return None
+    if is_secret_key(key):
+        return REDACTED
+    if isinstance(value, dict):
+        return {k: _masked(k, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(key, v) for v in value]
+    if isinstance(value, str):
+        return redact(value)
+    return value
 
 
 def parse_duration_ms(value: str | int) -> int:
@@ -77,7 +182,14 @@ Duration = Annotated[str, AfterValidator(_valid_duration)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # pydantic's error text quotes the offending input (`input_value=...`), which may be
+    # a secret, or a mapping holding some: errors name the key and the rule, never the value.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        # pydantic builds repr(), str() and rich/devtools output from these pairs.
+        for name, value in super().__repr_args__():
+            yield name, _masked(name, value)
 
 
 class KafkaConfig(_Strict):
@@ -94,15 +206,6 @@ class KafkaConfig(_Strict):
     properties: dict[str, str | int | float | bool] = Field(default_factory=dict)
     group_id: str | None = None
     timeout_s: float = Field(default=15.0, gt=0)
-
-    def __repr__(self) -> str:
-        shown = {
-            k: ("***" if any(h in k.lower() for h in _SECRET_HINTS) else v)
-            for k, v in self.properties.items()
-        }
-        return f"KafkaConfig(bootstrap_servers={self.bootstrap_servers!r}, properties={shown!r})"
-
-    __str__ = __repr__
 
 
 class EventTimeConfig(_Strict):
@@ -212,7 +315,10 @@ class MetastoreConfig(_Strict):
     @classmethod
     def _uri(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^thrift://[A-Za-z0-9.-]+:\d+$", value):
-            raise ValueError(f"{value!r} is not a metastore uri; write thrift://host:9083")
+            raise ValueError(
+                f"{redact(value)!r} is not a metastore uri; write thrift://host:9083 "
+                "(the thrift protocol carries no password)"
+            )
         return value
 
     @field_validator("database")
@@ -343,7 +449,8 @@ class SparkConfig(_Strict):
 
     Attributes:
         master: Spark master URL.
-        tasks: How many tasks to spread a batch over; 0 means Spark's default parallelism.
+        tasks: How many tasks to spread a batch over; 0 means the cores of a local
+            master, or the cluster's default parallelism (its executors' cores).
         conf: Extra Spark properties.
     """
 
@@ -396,6 +503,8 @@ class PipelineConfig(_Strict):
         schemas_dir: Directory holding `schema_file`; set by the loader.
     """
 
+    _schema_text: str | None = PrivateAttr(default=None)
+
     name: str
     topics: list[str] = Field(min_length=1)
     format: Literal["json", "avro", "confluent_avro"] = "json"
@@ -422,8 +531,8 @@ class PipelineConfig(_Strict):
     trino: TrinoConfig = Field(default_factory=TrinoConfig)
     airflow: AirflowConfig = Field(default_factory=AirflowConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
-    # Kept out of the repr: it may hold keys (AWS_SECRET_ACCESS_KEY, ...).
-    storage_options: dict[str, str] = Field(default_factory=dict, repr=False)
+    # Its keys (AWS_SECRET_ACCESS_KEY, ...) show as *** in every repr, by the one rule.
+    storage_options: dict[str, str] = Field(default_factory=dict)
     schemas_dir: str = "schemas"
 
     @field_validator("name")
@@ -454,6 +563,9 @@ class PipelineConfig(_Strict):
                 f"schema_file {self.schema_file!r} not found in {self.schemas_dir!r}; "
                 "put the Avro schema (.avsc) there or fix the name"
             )
+        # Read once, where the configuration is loaded: the text travels with the
+        # configuration to every Spark task, whose host need not have the file.
+        self._schema_text = self.schema_path.read_text()
         return self
 
     @model_validator(mode="after")
@@ -467,6 +579,38 @@ class PipelineConfig(_Strict):
                 "Remove state_dir (it defaults to <warehouse>/_strata/<name>) or put it on "
                 "the same store"
             )
+        return self
+
+    def local_tables(self) -> list[Literal["table", "raw", "quarantine", "ledger", "state"]]:
+        """The tables and state that live on this host's file system (no URL scheme)."""
+        return [
+            w
+            for w in ("table", "raw", "quarantine", "ledger", "state")
+            if "://" not in self.location(w) or self.location(w).startswith("file://")
+        ]
+
+    def shared_storage_error(self, master: str) -> str | None:
+        """Why this pipeline's tables cannot be written by executors of `master`, or None.
+
+        Executors on other hosts write the tables' files: a path on the driver's disk
+        would scatter them over the executors' disks, where no commit and no reader
+        finds them.
+        """
+        local = self.local_tables()
+        if master.startswith("local") or not local:
+            return None
+        return (
+            f"the {local[0]} location {self.location(local[0])!r} is a local path, but Spark "
+            f"master {master!r} runs executors on other hosts, which cannot write it. Put "
+            "`warehouse` on shared storage (s3://bucket/prefix, or STRATA_WAREHOUSE), or use "
+            "a local[N] master"
+        )
+
+    @model_validator(mode="after")
+    def _executors_reach_the_tables(self) -> PipelineConfig:
+        error = self.shared_storage_error(self.spark.master)
+        if error:
+            raise ValueError(f"spark.master: {error}")
         return self
 
     @model_validator(mode="after")
@@ -485,7 +629,7 @@ class PipelineConfig(_Strict):
     def _quality_columns(self) -> PipelineConfig:
         import json
 
-        fields = {f["name"] for f in json.loads(self.schema_path.read_text()).get("fields", [])}
+        fields = {f["name"] for f in json.loads(self.schema_text).get("fields", [])}
         for key, columns in (
             ("ranges", self.quality.ranges),
             ("value_sets", self.quality.value_sets),
@@ -500,8 +644,15 @@ class PipelineConfig(_Strict):
 
     @property
     def schema_path(self) -> Path:
-        """The Avro schema file."""
+        """The Avro schema file (on the host that loaded the configuration)."""
         return Path(self.schemas_dir) / self.schema_file
+
+    @property
+    def schema_text(self) -> str:
+        """The Avro schema as loaded with the configuration, wherever this copy runs."""
+        if self._schema_text is None:
+            self._schema_text = self.schema_path.read_text()
+        return self._schema_text
 
     @property
     def group_id(self) -> str:
@@ -585,14 +736,66 @@ def _expand_env(value: Any, source: Path, key: str) -> Any:  # noqa: ANN401 - YA
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}: line {line} is not UTF-8 text; save the file as UTF-8"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc}); fix the syntax") from exc
+        # `from None`: the YAML error's own text, shown in any traceback of its cause,
+        # quotes the broken line.
+        raise ConfigError(_yaml_error(path, text, exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level")
     return _expand_env(data, path, "")
+
+
+# A quoted fragment of PyYAML's problem text: one character ('\t') or file content.
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+
+
+def _one_character(fragment: re.Match[str]) -> str:
+    """Keep a quoted single character (a tab, a stray ':'); hide longer file content."""
+    try:
+        shown = ast.literal_eval(fragment.group())
+    except (ValueError, SyntaxError):
+        shown = None
+    return fragment.group() if isinstance(shown, str) and len(shown) == 1 else "'...'"
+
+
+def _yaml_error(path: Path, text: str, exc: yaml.YAMLError) -> str:
+    """Where and why a file is not valid YAML, without showing the line.
+
+    PyYAML's own message quotes the offending line, and a line of a config file may
+    hold a password: this names the file, the line, the column and the problem only.
+    """
+    line: int | None = None
+    column: int | None = None
+    problem = type(exc).__name__
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        line, column = exc.problem_mark.line + 1, exc.problem_mark.column + 1
+        problem = exc.problem or problem
+        start = exc.context_mark
+        if exc.context and start is not None:
+            # An unclosed quote is found at the end of the file: say where it began.
+            where = f"line {start.line + 1}, column {start.column + 1}"
+            problem += f" ({exc.context} begun at {where})"
+    elif isinstance(exc, yaml.reader.ReaderError):
+        line = text[: exc.position].count("\n") + 1
+        problem = "a control character is not allowed in YAML"
+    where = f" at line {line}" if line else ""
+    where += f", column {column}" if column else ""
+    return (
+        f"{path}: not valid YAML{where}: {_QUOTED.sub(_one_character, problem)}. "
+        "Fix the syntax there (a value holding ': ', ' #', or starting with a special "
+        "character such as *, &, !, %, @ or a quote needs quotes around it); the line is "
+        "not shown, since it may hold a secret"
+    )
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -650,12 +853,16 @@ def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
             layers.append((extra, _read_yaml(extra)))
     merged: dict[str, Any] = {}
     for _, data in layers:
+        # Every layer's, as a secret a later file overrides may still sit in a message.
+        remember_secrets(data)
         merged = _merge(merged, data)
     merged.setdefault("name", name)
     if merged["name"] != name:
         raise ConfigError(
-            f"{pipeline_file}: key `name` is {merged['name']!r} but the file is named {name!r}; "
-            "make them match or drop the key"
+            redact(
+                f"{pipeline_file}: key `name` is {merged['name']!r} but the file is named "
+                f"{name!r}; make them match or drop the key"
+            )
         )
     # Relative paths in config are relative to the project root (conf's parent).
     root = conf.parent
@@ -669,6 +876,7 @@ def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
     if os.environ.get(ENV_BOOTSTRAP):
         merged.setdefault("kafka", {})
         merged["kafka"] = {**merged["kafka"], "bootstrap_servers": os.environ[ENV_BOOTSTRAP]}
+    remember_secrets(merged)  # the overrides' too
     try:
         return PipelineConfig.model_validate(merged)
     except ValidationError as exc:
@@ -678,7 +886,8 @@ def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
             key = ".".join(str(p) for p in loc) or "(top level)"
             origin = _origin(loc, layers)
             fix = _fix_hint(err)
-            lines.append(f"{origin}: key `{key}`: {err['msg']}{fix}")
+            # A validator's message may quote the value it refused (a URL with a password).
+            lines.append(redact(f"{origin}: key `{key}`: {err['msg']}{fix}"))
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 

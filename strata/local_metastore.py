@@ -3,6 +3,13 @@
 It runs on Derby in a directory of its own, on a loopback port. Production points
 `metastore.uri` at its existing metastore (whose database would be PostgreSQL or
 MySQL); nothing else changes.
+
+The wheel's metastore is Hive 2.3, whose server has no bind-host setting: its
+`HiveMetaStore` main binds the thrift socket to every interface. So the service is
+started by a small launcher that builds the same server (handler, processor and
+protocols as Hive 2.3's non-Kerberos path) on a socket bound to loopback only. The
+launcher is compiled at start with Janino, the Java compiler the wheel ships for
+Spark's code generation, so a Java runtime without a JDK suffices.
 """
 
 from __future__ import annotations
@@ -10,14 +17,55 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
 from strata.local_service import LocalService, port_open
 
-MAIN_CLASS = "org.apache.hadoop.hive.metastore.HiveMetaStore"
+LAUNCHER_CLASS = "StrataLocalMetastore"
 STATE_FILE = "metastore.json"
+LOOPBACK = "127.0.0.1"
+# Janino's javac-compatible command line.
+JANINO_MAIN = "org.codehaus.commons.compiler.samples.CompilerDemo"
+
+# Hive 2.3's `HiveMetaStore.startMetaStore` without SASL, SSL, framed transport or the
+# compact protocol (none of which a local Derby metastore uses), on a socket bound to
+# the address given. Janino erases generics, so the server's arguments are set one
+# call at a time rather than chained through their self-typed builders.
+LAUNCHER_SOURCE = """\
+import java.net.InetSocketAddress;
+import org.apache.hadoop.hive.common.LogUtils;
+import org.apache.hadoop.hive.conf.HiveConf;
+import org.apache.hadoop.hive.metastore.HiveMetaStore;
+import org.apache.hadoop.hive.metastore.IHMSHandler;
+import org.apache.hadoop.hive.metastore.TSetIpAddressProcessor;
+import org.apache.thrift.protocol.TBinaryProtocol;
+import org.apache.thrift.server.TThreadPoolServer;
+import org.apache.thrift.transport.TServerSocket;
+import org.apache.thrift.transport.TTransportFactory;
+
+public class StrataLocalMetastore {
+    public static void main(String[] args) throws Throwable {
+        InetSocketAddress address = new InetSocketAddress(args[0], Integer.parseInt(args[1]));
+        LogUtils.initHiveLog4j();
+        HiveConf conf = new HiveConf(HiveMetaStore.HMSHandler.class);
+        long maxMessage = conf.getLongVar(HiveConf.ConfVars.METASTORESERVERMAXMESSAGESIZE);
+        IHMSHandler handler = HiveMetaStore.newRetryingHMSHandler(
+            new HiveMetaStore.HMSHandler("new db based metaserver", conf, false), conf);
+        TThreadPoolServer.Args server = new TThreadPoolServer.Args(new TServerSocket(address));
+        server.processor(new TSetIpAddressProcessor(handler));
+        server.transportFactory(new TTransportFactory());
+        server.protocolFactory(new TBinaryProtocol.Factory());
+        server.inputProtocolFactory(
+            new TBinaryProtocol.Factory(true, true, maxMessage, maxMessage));
+        server.minWorkerThreads(conf.getIntVar(HiveConf.ConfVars.METASTORESERVERMINTHREADS));
+        server.maxWorkerThreads(conf.getIntVar(HiveConf.ConfVars.METASTORESERVERMAXTHREADS));
+        new TThreadPoolServer(server).serve();
+    }
+}
+"""
 
 
 def pyspark_jars() -> Path:
@@ -47,8 +95,43 @@ def hive_site(directory: Path) -> str:
     return f'<?xml version="1.0"?>\n<configuration>\n{body}\n</configuration>\n'
 
 
+def compile_launcher(java: str, directory: Path) -> Path:
+    """Compile the loopback launcher into `directory`, once per version of its source.
+
+    Args:
+        java: The `java` executable.
+        directory: Where the source and its class file go.
+
+    Returns:
+        The directory, to put on the service's classpath.
+
+    Raises:
+        RuntimeError: With Janino's output, if the source does not compile against
+            the wheel's jars (a pyspark whose Hive or Thrift API changed).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    source = directory / f"{LAUNCHER_CLASS}.java"
+    compiled = directory / f"{LAUNCHER_CLASS}.class"
+    if compiled.exists() and source.exists() and source.read_text() == LAUNCHER_SOURCE:
+        return directory
+    source.write_text(LAUNCHER_SOURCE)
+    compiled.unlink(missing_ok=True)
+    jars = sorted(pyspark_jars().glob("*.jar"))
+    janino = [str(j) for j in jars if j.name.startswith(("janino-", "commons-compiler-"))]
+    # Janino's command line reads a plain list of jars; it expands no `dir/*`.
+    command = [java, "-cp", ":".join(janino), JANINO_MAIN, "-d", str(directory)]
+    command += ["-classpath", ":".join(map(str, jars)), str(source)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or not compiled.exists():
+        raise RuntimeError(
+            f"could not compile the local metastore's launcher ({source}) against the "
+            f"pyspark jars in {pyspark_jars()}: {(done.stdout + done.stderr).strip()[-2000:]}"
+        )
+    return directory
+
+
 class LocalMetastore(LocalService):
-    """The Hive Metastore thrift service on a loopback port; a context manager."""
+    """The Hive Metastore thrift service, bound to loopback only; a context manager."""
 
     name = "metastore"
 
@@ -61,7 +144,7 @@ class LocalMetastore(LocalService):
         """
         self.directory = directory.resolve()
         super().__init__(port, self.directory / "metastore.log")
-        self.uri = f"thrift://127.0.0.1:{self.port}"
+        self.uri = f"thrift://{LOOPBACK}:{self.port}"
 
     def start(self, timeout: float = 120.0, detach: bool = False) -> LocalMetastore:
         """Start the service and wait until it accepts connections.
@@ -78,8 +161,12 @@ class LocalMetastore(LocalService):
         (conf / "hive-site.xml").write_text(hive_site(self.directory))
         home = os.environ.get("JAVA_HOME")
         java = os.path.join(home, "bin", "java") if home else "java"
-        classpath = f"{pyspark_jars()}/*:{conf}"
-        command = [java, "-Xmx512m", "-cp", classpath, MAIN_CLASS, "-p", str(self.port)]
+        launcher = compile_launcher(java, self.directory / "launcher")
+        classpath = f"{pyspark_jars()}/*:{conf}:{launcher}"
+        # An IPv4 socket: Java's default dual-stack socket would show the address as
+        # `::ffff:127.0.0.1`, which is the same loopback but reads as IPv6 in `ss`.
+        command = [java, "-Xmx512m", "-Djava.net.preferIPv4Stack=true", "-cp", classpath]
+        command += [LAUNCHER_CLASS, LOOPBACK, str(self.port)]
         # Derby writes derby.log to the working directory.
         self._spawn(command, cwd=self.directory, detach=detach)
         self._wait(timeout)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from strata.config import load_pipeline
+from strata.config import load_pipeline, redact
 from strata.plan import OffsetRange
 
 
@@ -49,11 +49,13 @@ def publish_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
         return {"pipeline": pipeline, "published": None, "reason": "no metastore configured"}
     outcome = RunOutcome(pipeline, "publish")
     register(cfg, outcome)
+    # What Airflow keeps (XCom, task logs) must not hold a URL's password.
     if outcome.publish_error:
         from strata.metastore import MetastoreError
 
-        raise MetastoreError(outcome.publish_error)
-    return {"pipeline": pipeline, "published": outcome.published}
+        raise MetastoreError(redact(outcome.publish_error))
+    published = redact(outcome.published) if outcome.published else outcome.published
+    return {"pipeline": pipeline, "published": published}
 
 
 def quality_gate_task(pipeline: str, conf_dir: str, batch: int | None) -> dict[str, Any]:

@@ -264,7 +264,7 @@ def decode_fingerprint(cfg: PipelineConfig) -> str:
     body = {
         "format": cfg.format,
         "schema_id": cfg.schema_id,
-        "schema": cfg.schema_path.read_text(),
+        "schema": cfg.schema_text,
         "event_time": cfg.event_time.model_dump(),
         "partitioning": cfg.partitioning,
     }

@@ -10,10 +10,17 @@ the driver, and Spark has no Delta or S3 connector in this deployment. A batch o
 Reconciliation runs beside the suite and needs no sample: it counts every row.
 Each run writes one JSON result per batch, the batch's Data Docs page, and the
 pipeline's summary page, all under `quality.location`.
+
+Great Expectations 1.x escapes the parameters of its sentences but writes unexpected
+values, observed values and exception tracebacks into Data Docs as raw HTML, and those
+hold message text. The docs are therefore built from a copy of each validation result
+in which that text is escaped (`_inert_for_docs`); the JSON result keeps it as it is.
 """
 
 from __future__ import annotations
 
+import copy
+import html
 import json
 import logging
 import re
@@ -39,7 +46,9 @@ from strata.schema import load_topic_schema, partition_columns, table_layout
 from strata.storage import filesystem, read_bytes, write_bytes_atomically
 
 if TYPE_CHECKING:
-    pass
+    from great_expectations.core.expectation_validation_result import (
+        ExpectationSuiteValidationResult,
+    )
 
 COORDINATES = ["_topic", "_partition", "_offset"]
 # Upper bounds of the late-arrival buckets (Kafka time minus event time), in seconds.
@@ -469,7 +478,7 @@ def _suite_expectations(cfg: PipelineConfig, committed_at: datetime) -> list[Any
     """The pipeline's expectations on the batch's rows: defaults, then the config's."""
     import great_expectations.expectations as gxe
 
-    topic = load_topic_schema(cfg.schema_path)
+    topic = load_topic_schema(cfg.schema_path, cfg.schema_text)
     schema = table_layout(cfg, "table")[0]
     quality = cfg.quality
     oldest = committed_at - timedelta(milliseconds=parse_duration_ms(quality.max_lateness))
@@ -529,6 +538,9 @@ def _expectations(
         InMemoryStoreBackendDefaults,
         ProgressBarsConfig,
     )
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+    )
 
     # In memory, with no docs site of its own (GX's default one is a stray temp dir).
     context = gx.get_context(
@@ -560,20 +572,25 @@ def _expectations(
     run_id = gx.RunIdentifier(run_name=f"batch-{batch:010d}")
     checks: list[Check] = []
     page = None
+    # What the docs are built from: each suite's page and each validation result.
+    documented: list[Any] = [ExpectationSuiteIdentifier(name=s.name) for s in (suite, unique)]
     for suite_, definition, frame in ((suite, rows_def, data), (unique, coords_def, neighbours)):
         validation = context.validation_definitions.add(
             gx.ValidationDefinition(data=definition, suite=suite_, name=f"{suite_.name}-{batch}")
         )
+        # No UpdateDataDocsAction: it would render the stored result as it is, message
+        # text included; the docs are built below from an escaped copy.
         checkpoint = context.checkpoints.add(
             gx.Checkpoint(
                 name=f"{suite_.name}-{batch}",
                 validation_definitions=[validation],
-                actions=[gx.checkpoint.UpdateDataDocsAction(name="docs")],
                 result_format={"result_format": "SUMMARY"},
             )
         )
         outcome = checkpoint.run(batch_parameters={"dataframe": frame.to_pandas()}, run_id=run_id)
         for key, result in outcome.run_results.items():
+            context.validation_results_store.set(key, _inert_for_docs(result))
+            documented.append(key)
             if page is None:
                 page = "validations/" + "/".join(key.to_tuple()) + ".html"
             for r in result.results:
@@ -593,7 +610,52 @@ def _expectations(
                     )
                     detail = f"{unexpected:,} unexpected; e.g. {_short(sample)}"
                 checks.append(Check(config.type, bool(r.success), column, detail, unexpected))
+    context.build_data_docs(site_names=["strata"], resource_identifiers=documented)
     return checks, page
+
+
+def _inert_for_docs(result: ExpectationSuiteValidationResult) -> ExpectationSuiteValidationResult:
+    """A copy of a suite's validation result that Data Docs can render safely.
+
+    GX 1.x puts unexpected values, observed values (and the tables some expectations
+    draw from them) and exception tracebacks into its pages without escaping them; its
+    Jinja templates are `.j2` files, which its `select_autoescape(["html", "xml"])`
+    leaves unescaped. Those values come from the messages, so they are escaped here,
+    once. Exception messages are left alone: GX passes them as sentence parameters,
+    which it escapes itself.
+
+    Args:
+        result: A suite's validation result; it is left unchanged.
+
+    Returns:
+        The copy, for the validation results store that the docs are built from.
+    """
+    from great_expectations.util import convert_to_json_serializable
+
+    inert = copy.deepcopy(result)
+    for one in inert.results:
+        # The store keeps results as JSON; converting first makes bytes, dates and
+        # numpy values the strings and numbers the renderers will see.
+        one.result = _escaped(convert_to_json_serializable(one.result))
+        info = one.exception_info
+        # Either one exception, or one per metric that raised (keyed by metric id).
+        for raised in [info] if "exception_traceback" in info else list(info.values()):
+            if isinstance(raised, dict) and raised.get("exception_traceback"):
+                raised["exception_traceback"] = html.escape(str(raised["exception_traceback"]))
+    return inert
+
+
+def _escaped(value: Any) -> Any:  # noqa: ANN401 - any JSON value
+    """`value` with every string in it (keys too) HTML-escaped; numbers are kept."""
+    if isinstance(value, str):
+        return html.escape(value, quote=True)
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(v) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return html.escape(str(value), quote=True)
 
 
 def _short(sample: Any) -> str:  # noqa: ANN401 - GX's result values are untyped

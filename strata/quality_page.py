@@ -2,6 +2,11 @@
 
 The page is self-contained (inline SVG and CSS, no scripts, nothing fetched), so it
 opens from object storage, a file share or an Airflow link alike.
+
+Much of what it shows comes from outside Strata's control: quarantine reasons can
+quote the messages they reject, topics and notes are typed by people. Every such value goes
+into the HTML through `_text` (or `_href` for a link), never as it is, so a payload
+such as `<script>` is shown, not run.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import html
 from collections import Counter
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -52,8 +58,8 @@ def write_summary_page(
     reasons = _quarantine_reasons(cfg, batches[0] if batches else 0)
     labels = [str(b) for b in batches]
     body = [
-        f"<h1>{html.escape(cfg.name)}: data quality</h1>",
-        f"<p class=sub>{len(batches)} recent batches; gate <b>{cfg.quality.gate}</b>. "
+        f"<h1>{_text(cfg.name)}: data quality</h1>",
+        f"<p class=sub>{len(batches)} recent batches; gate <b>{_text(cfg.quality.gate)}</b>. "
         "Numbers from the ledger; checks from each batch's result.</p>",
         _section("Rows per batch", _bars(labels, rows, "rows")),
         _section("MB per batch", _bars(labels, mbytes, "MB")),
@@ -72,7 +78,7 @@ def write_summary_page(
         _section("Offsets lost to retention", _losses(ledger)),
         _section("Batches", _batch_table(batches, per_batch, by_batch)),
     ]
-    page = _PAGE.format(title=html.escape(f"{cfg.name} quality"), body="\n".join(body))
+    page = _PAGE.format(title=_text(f"{cfg.name} quality"), body="\n".join(body))
     fs, root = filesystem(cfg.location("quality"), cfg.storage_options)
     write_bytes_atomically(fs, f"{root}/index.html", page.encode())
     return f"{root}/index.html"
@@ -105,7 +111,7 @@ def _quarantine_reasons(cfg: PipelineConfig, first_batch: int) -> dict[str, int]
 
 
 def _section(title: str, content: str) -> str:
-    return f"<section><h2>{html.escape(title)}</h2>{content}</section>"
+    return f"<section><h2>{_text(title)}</h2>{content}</section>"
 
 
 def _bars(labels: list[str], values: list[float], unit: str, horizontal: bool = False) -> str:
@@ -121,9 +127,9 @@ def _bars(labels: list[str], values: list[float], unit: str, horizontal: bool = 
             w = (WIDTH - 330) * value / top
             y = 5 + i * bar_h
             parts.append(
-                f'<text x="0" y="{y + 15}" class=lab>{html.escape(label)}</text>'
+                f'<text x="0" y="{y + 15}" class=lab>{_text(label)}</text>'
                 f'<rect x="300" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}">'
-                f"<title>{html.escape(label)}: {_fmt(value)} {unit}</title></rect>"
+                f"<title>{_text(f'{label}: {_fmt(value)} {unit}')}</title></rect>"
                 f'<text x="{305 + w:.1f}" y="{y + 15}" class=val>{_fmt(value)}</text>'
             )
         return f'<svg viewBox="0 0 {WIDTH} {height}" width="{WIDTH}">{"".join(parts)}</svg>'
@@ -134,14 +140,14 @@ def _bars(labels: list[str], values: list[float], unit: str, horizontal: bool = 
         bar = min(slot * 0.8, 56)
         parts.append(
             f'<rect x="{x + (slot - bar) / 2:.1f}" y="{HEIGHT - PAD - h:.1f}" width="{bar:.1f}" '
-            f'height="{h:.1f}"><title>{html.escape(label)}: {_fmt(value)} {unit}</title></rect>'
+            f'height="{h:.1f}"><title>{_text(f"{label}: {_fmt(value)} {unit}")}</title></rect>'
         )
         if len(values) <= 24:
             parts.append(
                 f'<text x="{x + slot / 2:.1f}" y="{HEIGHT - PAD - h - 4:.1f}" class=val '
                 f'text-anchor="middle">{_fmt(value)}</text>'
                 f'<text x="{x + slot / 2:.1f}" y="{HEIGHT - PAD + 14}" class=lab '
-                f'text-anchor="middle">{html.escape(label)}</text>'
+                f'text-anchor="middle">{_text(label)}</text>'
             )
     axis = f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH}" y2="{HEIGHT - PAD}" class=axis />'
     return f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}">{axis}{"".join(parts)}</svg>'
@@ -160,8 +166,8 @@ def _hours(hours: Counter[str], incomplete: dict[str, list[int]]) -> str:
             else ""
         )
         cells.append(
-            f'<div class="hour{" bad" if marked else ""}" title="{html.escape(title)}">'
-            f"<span>{html.escape(name)}</span><b>{hours[name]:,}</b></div>"
+            f'<div class="hour{" bad" if marked else ""}" title="{_text(title)}">'
+            f"<span>{_text(name)}</span><b>{hours[name]:,}</b></div>"
         )
     return f"<div class=hours>{''.join(cells)}</div>"
 
@@ -173,8 +179,8 @@ def _losses(ledger: list[dict[str, Any]]) -> str:
         return "<p>None recorded.</p>"
     items = "".join(
         f"<li>batch {r['batch']}: offsets [{r['start_offset']:,}, {r['end_offset']:,}) of "
-        f"partition {r['partition']} of <code>{html.escape(r['topic'])}</code> "
-        f"({r['end_offset'] - r['start_offset']:,} messages); {html.escape(r['note'] or '')}</li>"
+        f"partition {r['partition']} of <code>{_text(r['topic'])}</code> "
+        f"({r['end_offset'] - r['start_offset']:,} messages); {_text(r['note'] or '')}</li>"
         for r in lost
     )
     return f"<ul class=losses>{items}</ul>"
@@ -197,10 +203,10 @@ def _batch_table(
         else:
             verdict = "passed" if result["success"] else "failed"
             if result.get("docs"):
-                verdict = f'<a href="{html.escape(result["docs"])}">{verdict}</a>'
+                verdict = f'<a href="{_href(result["docs"])}">{verdict}</a>'
         failed = (
             ", ".join(
-                html.escape(c["name"] + (f" ({c['column']})" if c.get("column") else ""))
+                _text(c["name"] + (f" ({c['column']})" if c.get("column") else ""))
                 for c in result["checks"]
                 if not c["success"]
             )
@@ -209,7 +215,7 @@ def _batch_table(
         )
         cls = "" if result is None or result["success"] else ' class="bad"'
         lines.append(
-            f"<tr{cls} id=batch-{b}><td>{b}</td><td>{'/'.join(kinds)}</td>"
+            f"<tr{cls} id=batch-{b}><td>{b}</td><td>{_text('/'.join(kinds))}</td>"
             + "".join(
                 f"<td class=num>{sum(r[k] for r in recs):,}</td>"
                 for k in ("messages", "rows", "quarantined", "gaps")
@@ -218,6 +224,25 @@ def _batch_table(
             f"<td>{verdict}</td><td>{failed}</td></tr>"
         )
     return f"<table>{head}{''.join(lines)}</table>"
+
+
+def _text(value: object) -> str:
+    """`value` as HTML text, safe in element content and in a quoted attribute alike.
+
+    Quotes are escaped too, so one helper serves both places: a value that closes an
+    attribute (`"><img onerror=...>`) stays inside it.
+    """
+    return html.escape(str(value), quote=True)
+
+
+def _href(path: str) -> str:
+    """A relative link to `path` under the quality location, for an `href` attribute.
+
+    Percent-encoding every character a path does not need (`:` included) keeps the link
+    relative, so no stored path can turn into a `javascript:` or other-site URL; the
+    result is then escaped like any attribute value.
+    """
+    return _text(quote(path, safe="/"))
 
 
 def _fmt(value: float) -> str:

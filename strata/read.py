@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from strata.faults import SKIP_ENV
+from strata.faults import SKIP_ENV, crash_point
 from strata.plan import OffsetRange
 from strata.schema import RAW_SCHEMA
 
@@ -40,12 +40,19 @@ from strata.schema import RAW_SCHEMA
 # returned whole so the consumer can make progress; librdkafka refuses responses above
 # `receive.message.max.bytes`, so that is raised to its maximum: a message the broker
 # accepted is never one the task cannot read.
+#
+# A broker that drops out (a restart, a network blip) is what the read retries: the
+# consumer keeps its position and reconnects, backing off from half a second to two,
+# so a restarting broker is not hammered and one that is back is found within seconds,
+# well inside `limits.read_stall_s`, after which the task fails and Spark retries it.
 READ_TUNING: dict[str, Any] = {
     "queued.min.messages": 1_000_000,
     "queued.max.messages.kbytes": 65_536,
     "fetch.max.bytes": 104_857_600,
     "max.partition.fetch.bytes": 26_214_400,
     "receive.message.max.bytes": 2_147_483_647,
+    "reconnect.backoff.ms": 500,
+    "reconnect.backoff.max.ms": 2_000,
 }
 
 # A chunk goes to decode and write once it holds this many messages (or the
@@ -79,6 +86,32 @@ _HEADERS = Message.headers
 
 class ReadError(Exception):
     """A planned range could not be read."""
+
+
+class _BrokerTrouble:
+    """What the client last reported about reaching the brokers; its `error_cb`.
+
+    librdkafka reports a refused or dropped connection here, not as a message, and
+    keeps retrying: the read only needs it to say why it is stuck if it gives up.
+    """
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        servers = str(conf.get("bootstrap.servers", ""))
+        self.several = "," in servers
+        self.brokers = f"the broker{'s' if self.several else ''} at {servers}"
+        self.last: str | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        # "1/1 brokers are down" follows each refusal: keep the refusal, which says why.
+        if err.code() != KafkaError._ALL_BROKERS_DOWN or self.last is None:
+            self.last = err.str()
+
+    def why_stuck(self) -> str:
+        """The brokers, named, and what is known of why they serve nothing."""
+        if self.last is None:
+            serve = "serve" if self.several else "serves"
+            return f"{self.brokers} no longer {serve} the planned offsets"
+        return f"{self.brokers} cannot be reached ({self.last})"
 
 
 @dataclass
@@ -226,7 +259,8 @@ def read_ranges(
         ReadError: If a range stops advancing, the broker reports an error, or a run
             of missing offsets turns out to hold a message the read skipped.
     """
-    consumer = range_consumer({**READ_TUNING, **conf})
+    trouble = _BrokerTrouble(conf)
+    consumer = range_consumer({**READ_TUNING, **conf, "error_cb": trouble})
     active: dict[tuple[str, int], RangeProgress] = {}
     for r in ranges:
         tracked = progress.setdefault((r.topic, r.partition, r.start), RangeProgress(r))
@@ -244,6 +278,7 @@ def read_ranges(
     pending = _Chunker(chunk_messages, chunk_bytes)
     last_progress = time.monotonic()
     last_log = last_progress
+    reading = False
     try:
         while active:
             # librdkafka messages are typed Optional throughout; inside a range they are set.
@@ -272,14 +307,28 @@ def read_ranges(
                 del data, messages
                 if table.num_rows:
                     yield from pending.add(table, sizes, unreadable)
+                    if not reading:
+                        # Where the broker-restart test freezes a task: part of its
+                        # ranges read, the rest still on the broker.
+                        crash_point("mid_read")
+                        reading = True
                     advanced = True
                 for key in finished:
                     _finish(consumer, active, key)
                     advanced = True
-            if events and _handle_errors(consumer, events, active):
+            if events and _handle_errors(consumer, events, active, trouble.brokers):
                 advanced = True
             now = time.monotonic()
             if advanced:
+                if trouble.last is not None:
+                    # The outage is over (or the client's queue bridged it): say so, since
+                    # its refusals were logged and the batch still lands whole.
+                    sys.stderr.write(
+                        f"strata: batch {batch}: reading on after {now - last_progress:.1f}s "
+                        f"without progress, while {trouble.brokers} could not be reached "
+                        f"({trouble.last})\n"
+                    )
+                    trouble.last = None
                 last_progress = now
             elif now - last_progress > stall_s:
                 stuck = ", ".join(
@@ -288,15 +337,20 @@ def read_ranges(
                     for (t, p), s in active.items()
                 )
                 raise ReadError(
-                    f"no progress for {stall_s:.0f}s: {stuck}; the broker no longer serves "
-                    "the planned offsets or is unreachable"
+                    f"no progress for {stall_s:.0f}s: {stuck}; {trouble.why_stuck()}. Nothing "
+                    "of the batch is committed, and the next run reads the same offsets"
                 )
             if now - last_log > 10:
                 last_log = now
+                waiting = (
+                    f" ({trouble.why_stuck()}; retrying for up to {stall_s:.0f}s)"
+                    if trouble.last is not None
+                    else ""
+                )
                 for (t, p), st in active.items():
                     sys.stderr.write(
                         f"strata: batch {batch} reading `{t}` p{p}: {st.messages:,} of "
-                        f"{st.range.count:,} offsets\n"
+                        f"{st.range.count:,} offsets{waiting}\n"
                     )
     finally:
         consumer.close()
@@ -379,11 +433,12 @@ def verify_gaps(conf: dict[str, Any], states: list[RangeProgress], stall_s: floa
     todo = [(s, run) for s in states for run in s.runs_to_verify()]
     if not todo:
         return
-    verifier = range_consumer({**conf, **_VERIFY_TUNING})
+    trouble = _BrokerTrouble(conf)
+    verifier = range_consumer({**conf, **_VERIFY_TUNING, "error_cb": trouble})
     try:
         for state, (start, end) in todo:
             r = state.range
-            found = _first_offset_from(verifier, r, start, stall_s)
+            found = _first_offset_from(verifier, r, start, stall_s, trouble)
             if found < end:
                 raise ReadError(
                     f"partition {r.partition} of `{r.topic}`: offset {found} holds a message "
@@ -396,7 +451,9 @@ def verify_gaps(conf: dict[str, Any], states: list[RangeProgress], stall_s: floa
         verifier.close()
 
 
-def _first_offset_from(consumer: Consumer, r: OffsetRange, offset: int, stall_s: float) -> int:
+def _first_offset_from(
+    consumer: Consumer, r: OffsetRange, offset: int, stall_s: float, trouble: _BrokerTrouble
+) -> int:
     """The offset of the first message (or the log end) at or after `offset`."""
     consumer.assign([TopicPartition(r.topic, r.partition, offset)])
     deadline = time.monotonic() + stall_s
@@ -410,11 +467,12 @@ def _first_offset_from(consumer: Consumer, r: OffsetRange, offset: int, stall_s:
                 return int(m.offset())
             raise ReadError(
                 f"partition {r.partition} of `{r.topic}`: {err.str()} while confirming that "
-                f"offset {offset} of [{r.start}, {r.end}) holds no message"
+                f"offset {offset} of [{r.start}, {r.end}) holds no message ({trouble.brokers})"
             )
     raise ReadError(
         f"no answer for {stall_s:.0f}s while confirming that offset {offset} of partition "
-        f"{r.partition} of `{r.topic}` holds no message; the broker is unreachable"
+        f"{r.partition} of `{r.topic}` holds no message; {trouble.why_stuck()}. Nothing of "
+        "the batch is committed, and the next run reads the same offsets"
     )
 
 
@@ -422,6 +480,7 @@ def _handle_errors(
     consumer: Consumer,
     events: list[tuple[Any, Any]],
     active: dict[tuple[str, int], RangeProgress],
+    brokers: str,
 ) -> bool:
     """Act on error events; True if a range finished. Other errors fail the task."""
     finished = False
@@ -440,7 +499,7 @@ def _handle_errors(
             continue
         raise ReadError(
             f"partition {key[1]} of `{key[0]}`: {err.str()} while reading "
-            f"[{state.range.start}, {state.range.end})"
+            f"[{state.range.start}, {state.range.end}) from {brokers}"
         )
     return finished
 

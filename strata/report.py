@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from strata.config import redact
 from strata.decode import human_duration
 from strata.kafka import client_version
 from strata.run import RunOutcome
@@ -17,7 +18,11 @@ def _iso(us: int | None) -> str | None:
 
 
 def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
-    """The outcome as JSON-ready values."""
+    """The outcome as JSON-ready values.
+
+    Its free text (warnings, the publish result or error) may quote a client library's
+    message, so it goes through `redact`: this dict is also an Airflow task's XCom.
+    """
     total_bytes = sum(r.bytes for r in outcome.ranges)
     messages = sum(r.messages for r in outcome.ranges)
     busy = outcome.read_seconds or outcome.seconds
@@ -58,11 +63,11 @@ def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
             }
             for r in outcome.ranges
         ],
-        "warnings": outcome.warnings,
+        "warnings": [redact(w) for w in outcome.warnings],
         # Old clients make brokers down-convert every fetch; say which one read the data.
         "kafka_client": client_version(),
-        "published": outcome.published,
-        "publish_error": outcome.publish_error,
+        "published": outcome.published and redact(outcome.published),
+        "publish_error": outcome.publish_error and redact(outcome.publish_error),
     }
 
 
@@ -74,9 +79,9 @@ def render_summary(outcome: RunOutcome) -> str:
         lines = [
             f"pipeline {outcome.pipeline}: nothing new to read (lag {lag:,} messages); no batch run"
         ]
-        lines.extend(f"warning: {w}" for w in outcome.warnings)
-        if outcome.published:
-            lines.append(outcome.published)
+        lines.extend(f"warning: {w}" for w in s["warnings"])
+        if s["published"]:
+            lines.append(s["published"])
         return "\n".join(lines)
     head = (
         f"pipeline {outcome.pipeline}: batch {outcome.batch} {outcome.status}: "
@@ -132,7 +137,7 @@ def render_summary(outcome: RunOutcome) -> str:
                 f"{t}:{p} offset {starts.get((t, p), '?')}" for t, p in outcome.new_partitions
             )
         )
-    out.extend(f"warning: {w}" for w in outcome.warnings)
-    if outcome.published:
-        out.append(outcome.published)
+    out.extend(f"warning: {w}" for w in s["warnings"])
+    if s["published"]:
+        out.append(s["published"])
     return "\n".join(out)

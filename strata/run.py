@@ -812,6 +812,10 @@ def run_tasks(
     t0 = time.monotonic()
     spark = session(cfg)
     outcome.spark_seconds = time.monotonic() - t0
+    # Under spark-submit the submitted master wins over the pipeline's.
+    shared = cfg.shared_storage_error(spark.sparkContext.master or cfg.spark.master)
+    if shared:
+        raise PlanError(shared)
     if cfg.table_format == "parquet" and spark.conf.get("spark.speculation", "false") == "true":
         # A speculative copy still writing after the batch's files were settled would
         # leave files in directories whose every file is the table.

@@ -98,11 +98,12 @@ class TopicSchema:
     defaults: dict[str, Any]
 
 
-def load_topic_schema(path: Path) -> TopicSchema:
+def load_topic_schema(path: Path, text: str | None = None) -> TopicSchema:
     """Read an Avro schema file and derive its Arrow schema.
 
     Args:
-        path: An `.avsc` file holding one record schema.
+        path: An `.avsc` file holding one record schema (named in errors).
+        text: The file's content, when already read; the file is read otherwise.
 
     Returns:
         The topic schema.
@@ -111,7 +112,7 @@ def load_topic_schema(path: Path) -> TopicSchema:
         SchemaError: If the file is not a record schema Strata can map to columns.
     """
     try:
-        avro = json.loads(path.read_text())
+        avro = json.loads(path.read_text() if text is None else text)
     except (OSError, json.JSONDecodeError) as exc:
         raise SchemaError(f"{path}: cannot read the Avro schema ({exc})") from exc
     if not isinstance(avro, dict) or avro.get("type") != "record":
@@ -304,7 +305,7 @@ def load_pipeline_schema(cfg: PipelineConfig) -> TopicSchema:
     Raises:
         SchemaError: Naming the file, each field that cannot be held, and the fix.
     """
-    topic = load_topic_schema(cfg.schema_path)
+    topic = load_topic_schema(cfg.schema_path, cfg.schema_text)
     problems: list[str] = []
     for f in topic.arrow:
         problems.extend(_format_problems(f.type, f.name, cfg))

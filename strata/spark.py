@@ -58,46 +58,98 @@ def require_java() -> str:
 
 
 def default_tasks(cfg: PipelineConfig) -> int:
-    """Tasks per batch: the configured number, or the cores of a local master."""
+    """Tasks per batch: the configured number, the cores of a local master, or the cluster's.
+
+    For any other master the session is started here (the batch needs it next) and
+    Spark's default parallelism, its executors' cores, decides.
+    """
     if cfg.spark.tasks:
         return cfg.spark.tasks
-    match = re.match(r"local\[(\d+|\*)", cfg.spark.master)
+    master = submitted_master() or cfg.spark.master
+    match = re.match(r"local(?:\[(\d+|\*)|$)", master)
     if match:
-        return os.cpu_count() or 2 if match.group(1) == "*" else int(match.group(1))
-    return 2
+        cores = match.group(1)
+        if cores is None:
+            return 1
+        return (os.cpu_count() or 2) if cores == "*" else int(cores)
+    return cluster_parallelism(build_session(cfg))
+
+
+def cluster_parallelism(spark: SparkSession, wait_s: float = 60.0) -> int:
+    """The cores of the session's executors, once the first of them has registered.
+
+    Spark's `defaultParallelism` counts registered executors' cores (at least 2), and
+    right after the session starts none may have registered yet: the count is read once
+    it has not grown for a few seconds, or `spark.default.parallelism` when set.
+    """
+    sc = spark.sparkContext
+    if sc.getConf().contains("spark.default.parallelism"):
+        return sc.defaultParallelism
+    deadline = time.monotonic() + wait_s
+    seen, steady_since = 0, time.monotonic()
+    while time.monotonic() < deadline:
+        # The driver is listed among the executors; the others carry the cores.
+        executors = len(sc.statusTracker().getExecutorInfos()) - 1
+        if executors != seen:
+            seen, steady_since = executors, time.monotonic()
+        elif executors > 0 and time.monotonic() - steady_since >= 3:
+            break
+        time.sleep(0.5)
+    return max(sc.defaultParallelism, 1)
+
+
+def submitted_master() -> str | None:
+    """The master spark-submit was given, when this process runs under it."""
+    # spark-submit starts the JVM first and hands its properties to the Python driver
+    # through the gateway; a session built here starts one of its own.
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return None
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM
+    return SparkConf().get("spark.master")
 
 
 def build_session(cfg: PipelineConfig) -> SparkSession:
     """The active Spark session, or a new one built from the pipeline's settings.
 
-    Under spark-submit the session already exists and its settings win.
+    Under spark-submit the submitted settings win: the pipeline's `spark.master` and
+    `spark.conf` fill in only what was not submitted.
     """
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
     require_java()
-    # Workers must run the same interpreter (the virtualenv's) as the driver.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if cfg.spark.master.startswith("local"):
+    submitted = submitted_master()
+    master = submitted or cfg.spark.master
+    # Workers of a local master run the driver's interpreter; on a cluster the
+    # executors' Python is the shipped environment's (`spark.pyspark.python`).
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         # A local session needs no network beyond loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (
-        SparkSession.builder.master(cfg.spark.master)
-        .appName(f"strata-{cfg.name}")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.memory", "1g")
-        .config("spark.ui.showConsoleProgress", "false")
+    given = SparkConf() if submitted else None
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.python.worker.reuse": "true",
+        "spark.driver.memory": "1g",
+        "spark.ui.showConsoleProgress": "false",
         # A speculative copy of a task would read its ranges from Kafka a second time
         # for nothing: each attempt writes files of its own names, and only the
         # successful attempt's files are committed, so it buys no safety either.
-        .config("spark.speculation", "false")
-    )
-    for key, value in cfg.spark.conf.items():
-        builder = builder.config(key, value)
+        "spark.speculation": "false",
+        **cfg.spark.conf,
+    }
+    builder = SparkSession.builder.appName(f"strata-{cfg.name}")
+    if not submitted:
+        builder = builder.master(master)
+    for key, value in settings.items():
+        if given is None or not given.contains(key):
+            builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,10 @@ from tests.conftest import ROOT, START_MS, expected_offsets, produce_clicks
 DAGS = ROOT / "airflow_dags"
 
 
-def load_dags(conf_dir: Path | str):
+def load_dags(conf_dir: Path | str, folder: Path = DAGS):
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(DAGS))
+    bag = DagBag(dag_folder=str(folder))
     assert bag.import_errors == {}
     return bag
 
@@ -162,7 +163,11 @@ def test_the_spark_submit_path_ships_the_job_to_spark(
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.chdir(tmp_path)  # nothing may rely on the driver's working directory
-    dag = load_dags(p.conf_dir).dags[f"strata_ingest_{p.name}"]
+    # A deployment copies the DAG files into its own DAGs folder, away from the project.
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    shutil.copy(DAGS / "strata_ingest.py", folder)
+    dag = load_dags(p.conf_dir, folder).dags[f"strata_ingest_{p.name}"]
     ingest = dag.get_task("ingest")
     assert type(ingest).__name__ == "SparkSubmitOperator"
     run = dag.test()

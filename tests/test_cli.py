@@ -13,6 +13,7 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 
 from strata.cli import build_parser
+from strata.jobs import job_path
 from strata.local_service import free_port
 from tests.conftest import ROOT, expected_offsets, produce_clicks
 
@@ -114,7 +115,7 @@ def test_the_spark_submit_job_runs_a_batch(make_pipeline, broker):
             str(submit),
             "--master",
             "local[2]",
-            str(ROOT / "jobs" / "ingest.py"),
+            job_path("ingest"),
             "--pipeline",
             p.name,
             "--conf-dir",

@@ -99,3 +99,28 @@ def test_durations():
     assert parse_duration_ms("90s") == 90_000 and parse_duration_ms("2d") == 172_800_000
     with pytest.raises(ValueError):
         parse_duration_ms("1 fortnight")
+
+
+def test_a_local_warehouse_with_a_cluster_master_is_refused_at_load(tmp_path, monkeypatch):
+    body = {**GOOD, "warehouse": str(tmp_path / "wh"), "spark": {"master": "spark://h:7077"}}
+    with pytest.raises(ConfigError) as err:
+        load_pipeline("clicks", _project(tmp_path, body))
+    text = str(err.value)
+    assert "clicks.yaml" in text and "spark.master" in text and "s3://" in text
+    # On shared storage, or with a local master, the same file loads.
+    monkeypatch.setenv("STRATA_WAREHOUSE", "s3://lake/wh")
+    assert load_pipeline("clicks", tmp_path / "conf").spark.master == "spark://h:7077"
+    monkeypatch.delenv("STRATA_WAREHOUSE")
+    assert load_pipeline("clicks", _project(tmp_path / "b", GOOD)).spark.master.startswith("local")
+
+
+def test_the_schema_travels_with_the_configuration_to_hosts_without_the_file(tmp_path):
+    import pickle
+
+    from strata.decode import DecodeRules
+
+    cfg = load_pipeline("clicks", _project(tmp_path, GOOD))
+    shipped = pickle.dumps(cfg)
+    (tmp_path / "schemas" / "clicks.avsc").unlink()  # as on an executor's host
+    rules = DecodeRules.from_config(pickle.loads(shipped))
+    assert "user_id" in rules.out_schema.names

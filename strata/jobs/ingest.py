@@ -1,8 +1,15 @@
 """spark-submit entry point: run one batch of a pipeline.
 
-    spark-submit --py-files strata.zip jobs/ingest.py --pipeline clicks --conf-dir conf
+    spark-submit --master spark://master:7077 \
+      --archives strata-executor-env.tar.gz#environment \
+      --conf spark.pyspark.python=./environment/bin/python \
+      --conf spark.pyspark.driver.python="$(which python)" \
+      "$(python -m strata.jobs ingest)" --pipeline clicks --conf-dir conf --json
 
-The session comes from spark-submit; everything else is the `strata` package.
+The file is the one installed with the package (`python -m strata.jobs ingest` prints
+it). The driver runs in the Python environment where Strata is installed; the
+executors run the packed environment `make dist` builds. Settings given to
+spark-submit win over the pipeline's `spark` section.
 """
 
 from __future__ import annotations

@@ -1,0 +1,302 @@
+"""Secrets on a cluster: a credential set through the environment is never printed.
+
+Each test plants canaries, distinct secrets set through the environment (as a
+deployment does) or written into the git-ignored `conf/local/`, and then does what a
+user does: prints the configuration, runs `strata`, breaks the YAML on the secret's
+line, breaks another key, and lets Airflow parse the DAG folder. No canary may appear
+in any output, error message, traceback or repr.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from strata.config import ConfigError, PipelineConfig, load_pipeline
+from strata.local_service import free_port
+from tests.conftest import ROOT, expected_offsets, produce_clicks, s3_landed, s3_pipeline
+
+STRATA = str(Path(sys.executable).parent / "strata")
+
+# One canary per secret, so a failure names the secret that leaked.
+CANARIES = {
+    "KAFKA_PASSWORD": "canary-kafka-password-5Yq",
+    "KAFKA_KEY_PASSWORD": "canary-ssl-key-password-Hw2",
+    "OAUTH_CLIENT_SECRET": "canary-oauth-client-secret-Lm9",
+    "OAUTH_CONFIG_SECRET": "canary-oauth-config-Zt4",
+    "S3_ACCESS_KEY": "canary-s3-access-key-Pe7",
+    "S3_SECRET": "canary-s3-secret-Xc3",
+    "S3_TOKEN": "canary-s3-session-token-Rb8",
+    "SPARK_S3A_SECRET": "canary-spark-s3a-secret-Gk1",
+    "METASTORE_PASSWORD": "canary-metastore-password-Vd6",
+    "TRINO_PASSWORD": "canary-trino-password-Jn5",
+}
+
+KAFKA_SECRETS = {
+    "sasl.password": "${KAFKA_PASSWORD}",
+    "ssl.key.password": "${KAFKA_KEY_PASSWORD}",
+    "sasl.oauthbearer.client.secret": "${OAUTH_CLIENT_SECRET}",
+    "sasl.oauthbearer.config": "principal=strata extension_secret=${OAUTH_CONFIG_SECRET}",
+}
+S3_SECRETS = {
+    "AWS_ACCESS_KEY_ID": "${S3_ACCESS_KEY}",
+    "AWS_SECRET_ACCESS_KEY": "${S3_SECRET}",
+    "AWS_SESSION_TOKEN": "${S3_TOKEN}",
+}
+SECRETS: dict[str, Any] = {
+    "kafka": {"properties": {"security.protocol": "PLAINTEXT", **KAFKA_SECRETS}},
+    "storage_options": {"AWS_REGION": "eu-west-1", **S3_SECRETS},
+    "spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "${SPARK_S3A_SECRET}"}},
+}
+GOOD = {"topics": ["clicks"], "schema_file": "clicks.avsc", "event_time": {"field": "ts"}}
+
+
+def assert_no_canary(*texts: object) -> None:
+    for text in texts:
+        leaked = [name for name, canary in CANARIES.items() if canary in str(text)]
+        assert not leaked, f"{', '.join(leaked)} leaked into:\n{text}"
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(out.get(key), dict) else value
+    return out
+
+
+@pytest.fixture
+def canaries(monkeypatch) -> dict[str, str]:
+    for name, value in CANARIES.items():
+        monkeypatch.setenv(name, value)
+    return CANARIES
+
+
+def project(tmp_path: Path, body: dict[str, Any], local: str | None = None) -> Path:
+    """A conf dir holding pipeline `clicks`, and `conf/local/secrets.yaml` if given."""
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    (tmp_path / "schemas").mkdir()
+    shutil.copy(ROOT / "schemas" / "clicks.avsc", tmp_path / "schemas")
+    (conf / "pipelines" / "clicks.yaml").write_text(yaml.safe_dump(body))
+    if local is not None:
+        (conf / "local").mkdir()
+        (conf / "local" / "secrets.yaml").write_text(local)
+    return conf
+
+
+def strata(*args: str, conf: Path) -> subprocess.CompletedProcess[str]:
+    """The installed command, in the environment the canaries were set in."""
+    return subprocess.run(
+        [STRATA, *args, "--pipeline", "clicks", "--conf-dir", str(conf)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def error_text(exc: BaseException) -> str:
+    """Everything a log shows of an error: its message, its repr and its whole chain."""
+    return "\n".join([str(exc), repr(exc), *traceback.format_exception(exc)])
+
+
+def test_every_repr_of_the_configuration_hides_the_credentials(tmp_path, canaries):
+    cfg = load_pipeline("clicks", project(tmp_path, merge(GOOD, SECRETS)))
+    # The Spark tasks get the configuration as a pickle: the copy must print as safely.
+    shipped = pickle.loads(pickle.dumps(cfg))
+    for shown in (cfg, shipped, cfg.kafka, cfg.spark):
+        assert_no_canary(repr(shown), str(shown))
+    # Only the secrets are hidden: what an operator needs to debug stays visible.
+    assert "AWS_REGION" in repr(cfg) and "eu-west-1" in repr(cfg)
+    assert "security.protocol" in str(cfg.kafka) and "PLAINTEXT" in str(cfg.kafka)
+    assert "sasl.password" in repr(cfg.kafka)
+    # The clients still get the real values.
+    assert shipped == cfg
+    assert cfg.kafka.properties["sasl.password"] == canaries["KAFKA_PASSWORD"]
+    assert cfg.storage_options["AWS_SECRET_ACCESS_KEY"] == canaries["S3_SECRET"]
+    assert cfg.spark.conf["spark.hadoop.fs.s3a.secret.key"] == canaries["SPARK_S3A_SECRET"]
+
+
+# Broken configurations that hold the canaries: another key is wrong, a secret is in
+# the wrong place or of the wrong type, a password sits in a URL, a model check fails.
+BROKEN = {
+    "another key": ({"limits": {"target_file_mb": -1}}, "`limits.target_file_mb`"),
+    "a secret in the wrong place": (
+        {"kafka": {"sasl.password": "${KAFKA_PASSWORD}"}},
+        "`kafka.sasl.password`",
+    ),
+    "a secret of the wrong type": (
+        {"storage_options": {"AWS_SECRET_ACCESS_KEY": ["${S3_SECRET}"]}},
+        "`storage_options.AWS_SECRET_ACCESS_KEY`",
+    ),
+    "a password in a url": (
+        {"metastore": {"uri": "thrift://strata:${METASTORE_PASSWORD}@metastore.internal"}},
+        "`metastore.uri`",
+    ),
+    "a check across keys": ({"format": "confluent_avro"}, "schema_id"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_configuration_error_names_the_key_but_no_secret(tmp_path, canaries, case):
+    broken, key = BROKEN[case]
+    conf = project(tmp_path, merge(merge(GOOD, SECRETS), broken))
+    with pytest.raises(ConfigError) as err:
+        load_pipeline("clicks", conf)
+    assert key in str(err.value) and "clicks.yaml" in str(err.value)
+    assert_no_canary(error_text(err.value))
+
+    done = strata("run", "--json", conf=conf)
+    assert done.returncode == 2 and key in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert_no_canary(done.stdout, done.stderr)
+
+
+def test_pydantic_errors_do_not_echo_the_offending_value(canaries):
+    # What a library user (a notebook, a test) sees when validating a dict directly.
+    data = merge(GOOD, {"name": "clicks", "schemas_dir": str(ROOT / "schemas")})
+    bad = [
+        {"kafka": {"sasl.password": canaries["KAFKA_PASSWORD"]}},
+        {"storage_options": {"AWS_SECRET_ACCESS_KEY": {"v": canaries["S3_SECRET"]}}},
+        {"metastore": {"uri": f"thrift://strata:{canaries['METASTORE_PASSWORD']}@h:1:2"}},
+    ]
+    for broken in bad:
+        with pytest.raises(ValidationError) as err:
+            PipelineConfig.model_validate(merge(data, broken))
+        assert_no_canary(error_text(err.value))
+
+
+# A secret written into conf/local/secrets.yaml, with the YAML broken on its line (3).
+BROKEN_YAML = {
+    "unquoted colon": "kafka:\n  properties:\n    sasl.password: {secret}: x\n",
+    "unclosed quote": 'kafka:\n  properties:\n    sasl.password: "{secret}\n',
+    "stray alias": "kafka:\n  properties:\n    sasl.password: *{secret}\n",
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_YAML)
+def test_a_yaml_error_names_file_line_and_column_but_not_the_line(tmp_path, canaries, case):
+    secret = canaries["KAFKA_PASSWORD"]
+    conf = project(tmp_path, GOOD, BROKEN_YAML[case].format(secret=secret))
+    with pytest.raises(ConfigError) as err:
+        load_pipeline("clicks", conf)
+    text = str(err.value)
+    assert "secrets.yaml" in text and "line 3, column " in text and "Fix the syntax" in text
+    assert_no_canary(error_text(err.value))
+
+    done = strata("status", conf=conf)
+    assert done.returncode == 2 and "secrets.yaml" in done.stderr, done.stderr
+    assert_no_canary(done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize(
+    ("local", "named"),
+    [
+        ('kafka:\n  properties:\n    sasl.password: "{secret}\n', "line 3, column "),
+        ("limits:\n  target_file_mb: -1\n", "`limits.target_file_mb`"),
+        ("metastore:\n  uri: thrift://strata:{secret}@metastore.internal\n", "`metastore.uri`"),
+    ],
+    ids=["yaml syntax", "another key", "password in a url"],
+)
+def test_the_dag_folder_reports_a_broken_pipeline_without_its_secrets(
+    tmp_path, canaries, monkeypatch, capfd, local, named
+):
+    from airflow.dag_processing.dagbag import DagBag
+
+    conf = project(
+        tmp_path, merge(GOOD, SECRETS), local.format(secret=canaries["METASTORE_PASSWORD"])
+    )
+    monkeypatch.setenv("STRATA_CONF_DIR", str(conf))
+    bag = DagBag(dag_folder=str(ROOT / "airflow_dags"))
+    errors = {Path(k).name: v for k, v in bag.import_errors.items()}
+    assert list(errors) == ["strata_ingest.py"] and named in errors["strata_ingest.py"], errors
+    # Airflow also logs the error as it parses the file.
+    assert_no_canary(*errors.values(), *capfd.readouterr())
+
+
+def test_what_the_command_prints_is_redacted_even_when_a_message_quotes_a_secret(
+    tmp_path, canaries, capsys
+):
+    from strata.cli import run_guarded
+    from strata.kafka import KafkaUnavailable
+    from strata.report import render_summary, summary_dict
+    from strata.run import RunOutcome
+
+    trino = {"trino": {"url": "https://strata:${TRINO_PASSWORD}@trino.internal:8443"}}
+    cfg = load_pipeline("clicks", project(tmp_path, merge(merge(GOOD, SECRETS), trino)))
+    assert_no_canary(repr(cfg), str(cfg.trino))
+    # A committed run whose summary quotes the Trino URL it published to, and a client
+    # library's warning that quotes a password ("..." with quotes, as JSON escapes them).
+    outcome = RunOutcome(cfg.name, "committed", batch=1)
+    outcome.published = f"tables registered; 4 statement(s) run in Trino at {cfg.trino.url}"
+    password = cfg.kafka.properties["sasl.password"]
+    outcome.warnings.append(f'could not publish offsets: SASL PLAIN "{password}" refused')
+    assert run_guarded(lambda: (render_summary(outcome), summary_dict(outcome)), True) == 0
+    shown = capsys.readouterr()
+    assert "run in Trino at https://strata:***@trino.internal:8443" in shown.out
+    assert json.loads(shown.out.splitlines()[-1])["batch"] == 1
+
+    def fails() -> tuple[str, dict[str, Any]]:
+        raise KafkaUnavailable(
+            f"broker said: bad secret {cfg.storage_options['AWS_SESSION_TOKEN']}"
+        )
+
+    assert run_guarded(fails, True) == 1
+    failed = capsys.readouterr()
+    assert "broker said: bad secret ***" in failed.err
+    assert_no_canary(shown.out, shown.err, failed.out, failed.err)
+
+
+@pytest.mark.integration
+def test_run_and_status_against_a_down_broker_print_no_secret(make_pipeline, canaries):
+    p = make_pipeline(
+        create=False,
+        overrides=merge(
+            SECRETS, {"kafka": {"bootstrap_servers": f"127.0.0.1:{free_port()}", "timeout_s": 3}}
+        ),
+    )
+    run = p.cli("run", "--json")
+    assert run.returncode == 1 and "cannot reach the brokers" in run.stderr, run.stderr
+    status = p.cli("status", "--json")
+    assert status.returncode == 0, status.stderr
+    assert "lag unknown" in status.stdout
+    assert_no_canary(run.stdout, run.stderr, status.stdout, status.stderr)
+
+
+@pytest.mark.integration
+def test_a_batch_to_s3_with_every_credential_set_prints_none_of_them(
+    make_pipeline, broker, s3_endpoint, tmp_path, canaries
+):
+    # moto accepts any key pair, so the canaries are the credentials Spark's tasks use.
+    options = {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+        **S3_SECRETS,
+    }
+    p, _ = s3_pipeline(
+        make_pipeline,
+        s3_endpoint,
+        tmp_path,
+        "secrets",
+        storage_options=options,
+        kafka=SECRETS["kafka"],
+        spark=SECRETS["spark"],
+    )
+    per = produce_clicks(broker, p.topic, 2, 300)
+    run = p.cli("run", "--json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1])["batch"] == 1
+    status = p.cli("status", "--json")
+    assert status.returncode == 0, status.stderr[-3000:]
+    assert_no_canary(run.stdout, run.stderr, status.stdout, status.stderr)
+    assert s3_landed(p, p.cfg().storage_options) == expected_offsets(per)
