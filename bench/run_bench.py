@@ -235,11 +235,14 @@ def executor_processes(cluster: LocalSparkCluster) -> list[psutil.Process]:
     return found
 
 
-def placements(broker: LocalBroker, work: Path, one_m: dict[str, Any]) -> list[str]:
+def placements(
+    broker: LocalBroker, work: Path, one_m: dict[str, Any], value_bytes: int
+) -> list[str]:
     """The 1M load with local[1], local[2] (disk and S3) and a standalone cluster on S3.
 
     A cluster's executors cannot write the driver's disk, so the cluster writes to the
-    S3 endpoint, and local[2] is measured on the same endpoint beside it.
+    S3 endpoint, and local[2] is measured on the same endpoint beside it. CPU per GB
+    counts the message values (`value_bytes`), as the main table does.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -274,7 +277,7 @@ def placements(broker: LocalBroker, work: Path, one_m: dict[str, Any]) -> list[s
     ]
     for label, m in runs.items():
         r = m["result"]
-        gb = r["bytes"] / 1e9
+        gb = value_bytes / 1e9
         lines.append(
             f"{label:<26} {r['messages'] / m['wall']:>12,.0f} "
             f"{r['messages'] / r['read_seconds']:>12,.0f} {m['cpu'] / gb:>9.1f} "
@@ -366,7 +369,7 @@ def main() -> int:
                     flush=True,
                 )
 
-            where = placements(broker, work, runs["1M"])
+            where = placements(broker, work, runs["1M"], refs["bare"]["result"]["bytes"])
 
         bare, naive = refs["bare"], refs["naive"]
         n, b = bare["result"]["messages"], bare["result"]["bytes"]
