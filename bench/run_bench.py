@@ -3,7 +3,8 @@
 Produces 1,000,000 JSON click events (about 190 MB, 4 partitions), then measures in
 the same run, on the same data: the bare consume loop, the naive one-process peer,
 and `strata run` (a real process: Spark driver, JVM and Python workers). The job is
-then run again on 3,000,000 events to show that its memory is flat in batch size.
+then run again on 3,000,000 events to show that its memory is flat in batch size, and
+on the 1M load with `local[1]`, on the S3 endpoint, and on a standalone cluster.
 
 CPU is measured for each program's whole process tree, never the broker's.
 """
