@@ -21,7 +21,13 @@ from pathlib import Path
 
 from airflow.sdk import DAG, task
 
-from strata.config import PipelineConfig, list_pipelines, load_pipeline, parse_duration_ms
+from strata.config import (
+    PipelineConfig,
+    is_secret_key,
+    list_pipelines,
+    load_pipeline,
+    parse_duration_ms,
+)
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF_DIR = os.environ.get("STRATA_CONF_DIR") or str(PROJECT / "conf")
@@ -62,8 +68,10 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
                 # The job installed with the package, wherever this file was copied.
                 application=job_path("ingest"),
                 # The pipeline's Spark properties, `spark.archives` (the executors'
-                # packed environment) and `spark.pyspark.python` among them.
-                conf=dict(cfg.spark.conf),
+                # packed environment) and `spark.pyspark.python` among them. Not its
+                # credentials: the command line is logged and rendered, and the driver
+                # takes them from the configuration itself.
+                conf={k: v for k, v in cfg.spark.conf.items() if not is_secret_key(k)},
                 application_args=[
                     "--pipeline",
                     name,

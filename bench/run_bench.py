@@ -185,7 +185,11 @@ def moto_s3() -> Iterator[str]:
         yield url
     finally:
         server.terminate()
-        server.wait(10)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 def executor_archive(work: Path) -> Path:

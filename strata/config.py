@@ -47,21 +47,21 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-# Parts of a key (lower-cased) whose value is a credential. Substrings, so every
-# spelling in use is caught: sasl.password, ssl.key.password, ssl.keystore.password,
+# Words of a key (split at `.`, `_`, `-` and case changes, lower-cased) that make its
+# value a credential: sasl.password, ssl.key.password, ssl.keystore.password,
 # sasl.oauthbearer.client.secret, AWS_SECRET_ACCESS_KEY, AWS_ACCESS_KEY_ID,
-# AWS_SESSION_TOKEN, spark.hadoop.fs.s3a.secret.key, GOOGLE_APPLICATION_CREDENTIALS.
-# `sasl.oauthbearer.config` and JAAS configs name no secret but carry one inside.
-_SECRET_HINTS = (
-    "password",
-    "passwd",
-    "secret",
-    "token",
-    "key",
-    "credential",
-    "sasl.oauthbearer.config",
-    "jaas",
+# AWS_SESSION_TOKEN, spark.hadoop.fs.s3a.secret.key, GOOGLE_APPLICATION_CREDENTIALS,
+# sasl.jaas.config. Whole words, so `keystrokes` or `ssl.keystore.type` are not.
+_SECRET_WORDS = frozenset(
+    {"password", "passwd", "secret", "token", "key", "credential", "credentials", "jaas"}
 )
+# Keys that name no secret word but carry one inside.
+_SECRET_KEYS = frozenset({"sasl.oauthbearer.config"})
+# A last word that says the value describes a credential rather than holds it.
+_NOT_A_VALUE = frozenset({"type", "location", "provider", "class", "mechanism"})
+_KEY_WORDS = re.compile(r"[._\-\s]+|(?<=[a-z0-9])(?=[A-Z])")
+# Sections whose keys are data (column names), not settings.
+_DATA_SECTIONS = frozenset({"quality"})
 REDACTED = "***"
 # The password of a URL (thrift://user:password@host), whatever key holds the URL.
 _URL_PASSWORD = re.compile(
@@ -89,13 +89,22 @@ def is_secret_key(key: object) -> bool:
     Returns:
         True if its value must never be shown.
     """
-    return isinstance(key, str) and any(hint in key.lower() for hint in _SECRET_HINTS)
+    if not isinstance(key, str):
+        return False
+    if key.lower() in _SECRET_KEYS:
+        return True
+    words = [w.lower() for w in _KEY_WORDS.split(key) if w]
+    if not words or words[-1] in _NOT_A_VALUE:
+        return False
+    return any(w in _SECRET_WORDS for w in words)
 
 
 def _secrets_in(value: Any, secret: bool = False) -> Iterator[str]:  # noqa: ANN401 - YAML
     """The credentials inside parsed YAML or a model dump: values of secret keys, URL passwords."""
     if isinstance(value, dict):
         for key, item in value.items():
+            if key in _DATA_SECTIONS and not secret:
+                continue
             yield from _secrets_in(item, secret or is_secret_key(key))
     elif isinstance(value, list):
         for item in value:

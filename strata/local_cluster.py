@@ -110,6 +110,14 @@ class LocalSparkCluster:
 
     def start(self, timeout: float = 90.0) -> Self:
         """Start the master, then the workers, and wait until every worker is alive."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            # `__exit__` does not run when `__enter__` fails: stop what did start.
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> Self:
         env = cluster_env(self.work)
         (self.work / "work").mkdir(parents=True, exist_ok=True)
         self._master.launch(

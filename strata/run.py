@@ -297,6 +297,12 @@ def _load_or_plan(
         batch's (or another runner's, saved first), and the partitions' watermarks
         when a new plan was made.
     """
+    from strata.spark import submitted_master
+
+    # Before anything is saved: spark-submit may name a cluster the YAML does not.
+    shared = cfg.shared_storage_error(submitted_master() or cfg.spark.master)
+    if shared:
+        raise PlanError(shared)
     store = PlanStore(cfg)
     plan = store.load(state.last_batch + 1)
     if plan is not None:

@@ -60,31 +60,81 @@ def require_java() -> str:
 def default_tasks(cfg: PipelineConfig) -> int:
     """Tasks per batch: the configured number, the cores of a local master, or the cluster's.
 
-    For any other master the session is started here (the batch needs it next) and
-    Spark's default parallelism, its executors' cores, decides.
+    Never starts Spark: a plan is made (and saved) before any session, by `strata plan`
+    and Airflow's plan task too. On a cluster the count comes from the running
+    session when there is one (spark-submit's job starts it first), else from the
+    Spark properties that size the cluster, else 2 with a warning.
     """
     if cfg.spark.tasks:
         return cfg.spark.tasks
-    master = submitted_master() or cfg.spark.master
+    submitted = submitted_master()
+    master = submitted or cfg.spark.master
+    if cfg.airflow.spark_mode == "spark_submit" and not submitted:
+        # Airflow's plan task: the batch runs on the connection's cluster, not here.
+        master = "cluster"
     match = re.match(r"local(?:\[(\d+|\*)|$)", master)
     if match:
         cores = match.group(1)
         if cores is None:
             return 1
         return (os.cpu_count() or 2) if cores == "*" else int(cores)
-    return cluster_parallelism(build_session(cfg))
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return cluster_parallelism(active)
+    conf = dict(cfg.spark.conf)
+    if submitted:
+        from pyspark import SparkConf
+
+        conf.update(SparkConf().getAll())
+    sized = parallelism_from_conf(conf)
+    if sized:
+        return sized
+    sys.stderr.write(
+        f"strata: {cfg.name}: the cluster's cores are unknown before Spark starts; the batch "
+        "is split into 2 tasks. Set spark.tasks (or spark.default.parallelism) to its cores\n"
+    )
+    return 2
+
+
+def parallelism_from_conf(conf: dict[str, str]) -> int | None:
+    """The cores the Spark properties give a job, when they say: None if they do not."""
+
+    def number(key: str) -> int | None:
+        value = conf.get(key, "")
+        return int(value) if value.isdigit() and int(value) > 0 else None
+
+    if number("spark.default.parallelism"):
+        return number("spark.default.parallelism")
+    if number("spark.cores.max"):  # standalone
+        return number("spark.cores.max")
+    cores = number("spark.executor.cores")
+    dynamic = conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true"
+    executors = number(
+        "spark.dynamicAllocation.maxExecutors" if dynamic else "spark.executor.instances"
+    )
+    if cores and executors:
+        return cores * executors
+    return None
 
 
 def cluster_parallelism(spark: SparkSession, wait_s: float = 60.0) -> int:
-    """The cores of the session's executors, once the first of them has registered.
+    """The cores of a running session's executors.
 
-    Spark's `defaultParallelism` counts registered executors' cores (at least 2), and
-    right after the session starts none may have registered yet: the count is read once
-    it has not grown for a few seconds, or `spark.default.parallelism` when set.
+    The Spark properties decide when they size the job. Otherwise Spark's
+    `defaultParallelism` counts registered executors' cores (at least 2), and right
+    after the session starts none may have registered yet: the count is read once it
+    has not grown for a few seconds. Read once per application.
     """
     sc = spark.sparkContext
-    if sc.getConf().contains("spark.default.parallelism"):
-        return sc.defaultParallelism
+    app = sc.applicationId
+    if app in _PARALLELISM:
+        return _PARALLELISM[app]
+    sized = parallelism_from_conf(dict(sc.getConf().getAll()))
+    if sized:
+        _PARALLELISM[app] = sized
+        return sized
     deadline = time.monotonic() + wait_s
     seen, steady_since = 0, time.monotonic()
     while time.monotonic() < deadline:
@@ -95,7 +145,11 @@ def cluster_parallelism(spark: SparkSession, wait_s: float = 60.0) -> int:
         elif executors > 0 and time.monotonic() - steady_since >= 3:
             break
         time.sleep(0.5)
-    return max(sc.defaultParallelism, 1)
+    _PARALLELISM[app] = max(sc.defaultParallelism, 1)
+    return _PARALLELISM[app]
+
+
+_PARALLELISM: dict[str, int] = {}
 
 
 def submitted_master() -> str | None:
@@ -144,7 +198,9 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
         "spark.speculation": "false",
         **cfg.spark.conf,
     }
-    builder = SparkSession.builder.appName(f"strata-{cfg.name}")
+    builder = SparkSession.builder
+    if given is None or not given.contains("spark.app.name"):
+        builder = builder.appName(f"strata-{cfg.name}")
     if not submitted:
         builder = builder.master(master)
     for key, value in settings.items():

@@ -40,6 +40,22 @@ def test_the_dag_folder_imports_without_errors(monkeypatch):
     assert dag.doc_md and dag.default_args["retries"] == 2
 
 
+def test_the_submitted_spark_properties_carry_no_credentials(make_pipeline, monkeypatch):
+    # The spark-submit command line is logged and rendered by Airflow.
+    conf = {
+        "spark.archives": "s3a://artifacts/env.tar.gz#environment",
+        "spark.hadoop.fs.s3a.secret.key": "canary-s3a-secret",
+    }
+    p = make_pipeline(
+        partitions=1,
+        overrides={"airflow": {"spark_mode": "spark_submit"}, "spark": {"conf": conf}},
+    )
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    ingest = load_dags(p.conf_dir).dags[f"strata_ingest_{p.name}"].get_task("ingest")
+    assert ingest.conf == {"spark.archives": "s3a://artifacts/env.tar.gz#environment"}
+    assert ingest.application.endswith("strata/jobs/ingest.py")
+
+
 def test_dag_files_are_airflow3_clean_and_cheap_to_import():
     lint = subprocess.run(
         [str(Path(sys.executable).parent / "ruff"), "check", "--select", "AIR3", str(DAGS)],

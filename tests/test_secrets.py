@@ -300,3 +300,30 @@ def test_a_batch_to_s3_with_every_credential_set_prints_none_of_them(
     assert status.returncode == 0, status.stderr[-3000:]
     assert_no_canary(run.stdout, run.stderr, status.stdout, status.stderr)
     assert s3_landed(p, p.cfg().storage_options) == expected_offsets(per)
+
+
+def test_column_names_and_described_credentials_are_not_secrets(tmp_path):
+    from strata.config import is_secret_key, redact
+
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    schema = json.loads((ROOT / "schemas" / "clicks.avsc").read_text())
+    schema["fields"].append({"name": "api_key_kind", "type": ["null", "string"], "default": None})
+    (tmp_path / "clicks.avsc").write_text(json.dumps(schema))
+    body = {
+        "topics": ["clicks"],
+        "schema_file": "clicks.avsc",
+        "schemas_dir": str(tmp_path),
+        "event_time": {"field": "ts"},
+        "kafka": {"properties": {"ssl.keystore.type": "PKCS12", "sasl.password": "hunter22"}},
+        # A column whose name holds a secret word is data: its values are not secrets.
+        "quality": {"value_sets": {"api_key_kind": ["desktop-premium", "mobile-basic"]}},
+    }
+    (conf / "pipelines" / "clicks.yaml").write_text(yaml.safe_dump(body))
+    load_pipeline("clicks", conf)
+    assert redact("device desktop-premium, keystore PKCS12, password hunter22") == (
+        "device desktop-premium, keystore PKCS12, password ***"
+    )
+    assert not is_secret_key("keystrokes") and not is_secret_key("ssl.keystore.type")
+    assert not is_secret_key("fs.s3a.aws.credentials.provider")
+    assert is_secret_key("secretKey") and is_secret_key("sasl.oauthbearer.config")

@@ -21,7 +21,7 @@ from strata.cli import run_guarded
 from strata.config import ConfigError, load_pipeline
 from strata.report import render_summary, summary_dict
 from strata.run import run_batch
-from strata.spark import build_session
+from strata.spark import build_session, submitted_master
 
 
 def main() -> int:
@@ -44,6 +44,10 @@ def main() -> int:
         return 2
 
     def action() -> tuple[str, dict[str, object]]:
+        master = submitted_master() or cfg.spark.master
+        if not master.startswith("local") and not cfg.spark.tasks:
+            # Started before the plan, so the batch is split over the cluster's cores.
+            build_session(cfg)
         outcome = run_batch(
             cfg,
             max_offsets=args.max_offsets,
