@@ -81,7 +81,8 @@ def default_tasks(cfg: PipelineConfig) -> int:
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None:
+    # A local session in this process (a test's, a notebook's) says nothing of a cluster.
+    if active is not None and not (active.sparkContext.master or "local").startswith("local"):
         return cluster_parallelism(active)
     conf = dict(cfg.spark.conf)
     if submitted:
