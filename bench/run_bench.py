@@ -33,7 +33,7 @@ from deltalake import DeltaTable
 
 from strata.demo import HOUR_MS, click_events, produce
 from strata.local_broker import LocalBroker
-from strata.local_cluster import LocalSparkCluster
+from strata.local_cluster import LocalSparkCluster, submit_command, submit_env
 from strata.local_service import free_port, port_open
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,31 +204,6 @@ def executor_archive(work: Path) -> Path:
     return out / "strata-executor-env.tar.gz"
 
 
-def submit_command(cluster: LocalSparkCluster, archive: Path, conf: Path) -> list[str]:
-    """spark-submit of the installed job to the cluster, as the README shows it."""
-    from strata.jobs import job_path
-
-    return [
-        str(Path(sys.executable).parent / "spark-submit"),
-        "--master",
-        cluster.url,
-        "--archives",
-        f"{archive}#environment",
-        "--conf",
-        "spark.pyspark.python=./environment/bin/python",
-        "--conf",
-        f"spark.pyspark.driver.python={sys.executable}",
-        "--conf",
-        "spark.executor.memory=1g",
-        job_path("ingest"),
-        "--pipeline",
-        "bench",
-        "--conf-dir",
-        str(conf),
-        "--json",
-    ]
-
-
 def executor_processes(cluster: LocalSparkCluster) -> list[psutil.Process]:
     """The cluster's executors and their Python workers (children of the workers)."""
     found: list[psutil.Process] = []
@@ -249,9 +224,7 @@ def placements(
     S3 endpoint, and local[2] is measured on the same endpoint beside it. CPU per GB
     counts the message values (`value_bytes`), as the main table does.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
-    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    env.pop("PYSPARK_PYTHON", None)
+    env = submit_env({k: v for k, v in os.environ.items() if not k.startswith("STRATA_")})
     strata = str(Path(sys.executable).parent / "strata")
     runs: dict[str, dict[str, Any]] = {"local[2], disk": one_m}
     conf = strata_project(work / "p-local1", "bench1m", broker.bootstrap, "per_task", "local[1,4]")
@@ -271,7 +244,9 @@ def placements(
                 work / "p-cluster-s3", "bench1m", broker.bootstrap, "per_task", s3=url
             )
             runs["cluster 1x2 cores, S3"] = measure(
-                submit_command(cluster, archive, conf), env, lambda: executor_processes(cluster)
+                submit_command(cluster.url, "bench", conf, archive),
+                env,
+                lambda: executor_processes(cluster),
             )
         print("  strata 1M on the standalone cluster done", flush=True)
     lines = [

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from strata.config import ConfigError, PipelineConfig, load_pipeline, redact
+from strata.config import ConfigError, PipelineConfig, load_pipeline, redact, redact_json
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -259,23 +259,8 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
     if error:
         print(f"strata: error: {redact(error)}", file=sys.stderr, flush=True)
     if as_json:
-        print(json.dumps(_redacted(body), sort_keys=True), flush=True)
+        print(json.dumps(redact_json(body), sort_keys=True), flush=True)
     return 1 if error else 0
-
-
-def _redacted(value: Any) -> Any:  # noqa: ANN401 - a JSON-ready body
-    """A JSON-ready body with `redact` applied to every string in it.
-
-    Before serialising, since JSON escapes a secret's quotes or backslashes and the
-    escaped form would no longer match.
-    """
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        return {k: _redacted(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_redacted(v) for v in value]
-    return value
 
 
 def _fail(message: str, code: int, as_json: bool) -> int:

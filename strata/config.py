@@ -144,6 +144,22 @@ def redact(text: str) -> str:
     return text
 
 
+def redact_json(value: Any) -> Any:  # noqa: ANN401 - a JSON-ready body
+    """A JSON-ready body with `redact` applied to every string in it.
+
+    For what leaves the process as data (`--json` output, an Airflow task's XCom);
+    before serialising, since JSON escapes a secret's quotes or backslashes and the
+    escaped form would no longer match.
+    """
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redact_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_json(v) for v in value]
+    return value
+
+
 def _masked(key: object, value: Any) -> Any:  # noqa: ANN401 - any field's value
     """A field's value as reprs show it: credentials replaced by `***`, nested maps too."""
     if value is None:

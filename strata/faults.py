@@ -41,15 +41,14 @@ def _first(step: str) -> bool:
 
 def crash_point(step: str) -> None:
     """Die by SIGKILL here, freeze, or fail once, if the crash tests asked for it."""
-    if step not in (os.environ.get(CRASH_ENV), os.environ.get(STOP_ENV)) and (
-        os.environ.get(FAIL_ONCE_ENV) != step or not os.environ.get(FAIL_ONCE_MARKER_ENV)
-    ):
+    crash = os.environ.get(CRASH_ENV) == step
+    stop = os.environ.get(STOP_ENV) == step
+    fail = os.environ.get(FAIL_ONCE_ENV) == step and bool(os.environ.get(FAIL_ONCE_MARKER_ENV))
+    if not (crash or stop or fail) or not _first(step):
         return
-    if not _first(step):
-        return
-    if os.environ.get(CRASH_ENV) == step:
+    if crash:
         os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(STOP_ENV) == step:
+    if stop:
         os.kill(os.getpid(), signal.SIGSTOP)
-    if os.environ.get(FAIL_ONCE_ENV) == step:
+    if fail:
         raise RuntimeError(f"injected failure at {step}")

@@ -13,13 +13,14 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
-from strata.local_service import LocalService, free_port
+from strata.local_service import LocalService, Supervised, free_port
 
 
 def spark_home() -> Path:
@@ -41,6 +42,52 @@ def cluster_env(work: Path) -> dict[str, str]:
     env["SPARK_LOG_DIR"] = str(work / "logs")
     env["SPARK_WORKER_DIR"] = str(work / "work")
     return env
+
+
+def submit_command(
+    master: str,
+    pipeline: str,
+    conf_dir: Path,
+    archive: Path | None = None,
+    executor_env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """spark-submit of the installed ingest job, as the README tells users to write it.
+
+    Args:
+        master: The master URL.
+        pipeline: The pipeline to run.
+        conf_dir: Its configuration directory.
+        archive: The executors' packed environment (`make dist`); None for a local
+            master, whose workers run the driver's Python.
+        executor_env: Environment variables for the executors (`spark.executorEnv.*`).
+
+    Returns:
+        The command; run it with `submit_env`.
+    """
+    from strata.jobs import job_path
+
+    command = [str(Path(sys.executable).parent / "spark-submit"), "--master", master]
+    command += ["--name", f"strata-{pipeline}"]
+    if archive is not None:
+        command += ["--archives", f"{archive}#environment"]
+        command += ["--conf", "spark.pyspark.python=./environment/bin/python"]
+        command += ["--conf", f"spark.pyspark.driver.python={sys.executable}"]
+        command += ["--conf", "spark.executor.memory=1g"]
+    for key, value in (executor_env or {}).items():
+        command += ["--conf", f"spark.executorEnv.{key}={value}"]
+    job = [job_path("ingest"), "--pipeline", pipeline, "--conf-dir", str(conf_dir), "--json"]
+    return command + job
+
+
+def submit_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment spark-submit runs in: the driver's Python is this one.
+
+    spark-submit finds its Spark installation with the driver's Python; the executors'
+    Python is the command's to set (`spark.pyspark.python`), not an inherited variable.
+    """
+    out = {k: v for k, v in env.items() if k != "PYSPARK_PYTHON"}
+    out["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    return out
 
 
 class _Daemon(LocalService):
@@ -74,7 +121,7 @@ class _Daemon(LocalService):
         self._proc = None
 
 
-class LocalSparkCluster:
+class LocalSparkCluster(Supervised):
     """A standalone master and `workers` workers on loopback; a context manager.
 
     Attributes:
@@ -178,14 +225,3 @@ class LocalSparkCluster:
         for worker in self._workers:
             worker.stop()
         self._master.stop()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -26,7 +26,30 @@ def port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-class LocalService:
+class Supervised:
+    """Something started and always stopped: a context manager over `start` and `stop`."""
+
+    def start(self) -> Self:
+        """Start it; subclasses implement it."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop it; subclasses implement it."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class LocalService(Supervised):
     """A child process serving on a loopback port; a context manager.
 
     Subclasses build the command in `start` and call `_spawn` then `_wait`.
@@ -91,18 +114,3 @@ class LocalService:
                 self._proc.kill()
                 self._proc.wait()
         self._proc = None
-
-    def start(self) -> Self:
-        """Start the service; subclasses implement it."""
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -2,7 +2,8 @@
 
 The DAG files import nothing heavy; the tasks import this module when they run.
 Every function returns a small JSON-ready dict, which Airflow keeps as the task's
-XCom, so the UI shows what each run planned, read and registered.
+XCom, so the UI shows what each run planned, read and registered. What Airflow keeps
+(XCom, task logs) goes through `redact`: free text may quote a client's message.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from strata.config import load_pipeline, redact
+from strata.config import load_pipeline, redact, redact_json
 from strata.plan import OffsetRange
 
 
@@ -37,7 +38,7 @@ def ingest_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     from strata.run import run_batch
 
     outcome = run_batch(load_pipeline(pipeline, conf_dir), register_tables=False)
-    return summary_dict(outcome)
+    return redact_json(summary_dict(outcome))
 
 
 def publish_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
@@ -49,13 +50,11 @@ def publish_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
         return {"pipeline": pipeline, "published": None, "reason": "no metastore configured"}
     outcome = RunOutcome(pipeline, "publish")
     register(cfg, outcome)
-    # What Airflow keeps (XCom, task logs) must not hold a URL's password.
     if outcome.publish_error:
         from strata.metastore import MetastoreError
 
         raise MetastoreError(redact(outcome.publish_error))
-    published = redact(outcome.published) if outcome.published else outcome.published
-    return {"pipeline": pipeline, "published": published}
+    return redact_json({"pipeline": pipeline, "published": outcome.published})
 
 
 def quality_gate_task(pipeline: str, conf_dir: str, batch: int | None) -> dict[str, Any]:
@@ -73,7 +72,7 @@ def quality_gate_task(pipeline: str, conf_dir: str, batch: int | None) -> dict[s
     if batch is None:
         return {"pipeline": pipeline, "gate": cfg.quality.gate, "batch": None, "checked": False}
     result = run_quality(cfg, batch)
-    text = render_quality(result)
+    text = redact(render_quality(result))
     print(text, flush=True)  # noqa: T201 - the task log is where an operator reads it
     body = {
         "pipeline": pipeline,
@@ -85,7 +84,7 @@ def quality_gate_task(pipeline: str, conf_dir: str, batch: int | None) -> dict[s
     }
     if not result.success and cfg.quality.gate == "fail":
         raise QualityGateFailed(text)
-    return body
+    return redact_json(body)
 
 
 class QualityGateFailed(Exception):
@@ -102,7 +101,7 @@ def backfill_task(
     outcome = backfill(
         load_pipeline(pipeline, conf_dir), OffsetRange(topic, partition, start, end), reason
     )
-    return summary_dict(outcome)
+    return redact_json(summary_dict(outcome))
 
 
 def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from strata.config import redact
 from strata.decode import human_duration
 from strata.kafka import client_version
 from strata.run import RunOutcome
@@ -18,11 +17,7 @@ def _iso(us: int | None) -> str | None:
 
 
 def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
-    """The outcome as JSON-ready values.
-
-    Its free text (warnings, the publish result or error) may quote a client library's
-    message, so it goes through `redact`: this dict is also an Airflow task's XCom.
-    """
+    """The outcome as JSON-ready values (callers that print or hand it on redact it)."""
     total_bytes = sum(r.bytes for r in outcome.ranges)
     messages = sum(r.messages for r in outcome.ranges)
     busy = outcome.read_seconds or outcome.seconds
@@ -63,11 +58,11 @@ def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
             }
             for r in outcome.ranges
         ],
-        "warnings": [redact(w) for w in outcome.warnings],
+        "warnings": outcome.warnings,
         # Old clients make brokers down-convert every fetch; say which one read the data.
         "kafka_client": client_version(),
-        "published": outcome.published and redact(outcome.published),
-        "publish_error": outcome.publish_error and redact(outcome.publish_error),
+        "published": outcome.published,
+        "publish_error": outcome.publish_error,
     }
 
 

@@ -68,16 +68,12 @@ def default_tasks(cfg: PipelineConfig) -> int:
     if cfg.spark.tasks:
         return cfg.spark.tasks
     submitted = submitted_master()
-    master = submitted or cfg.spark.master
-    if cfg.airflow.spark_mode == "spark_submit" and not submitted:
-        # Airflow's plan task: the batch runs on the connection's cluster, not here.
-        master = "cluster"
-    match = re.match(r"local(?:\[(\d+|\*)|$)", master)
-    if match:
-        cores = match.group(1)
-        if cores is None:
-            return 1
-        return (os.cpu_count() or 2) if cores == "*" else int(cores)
+    # Airflow's plan task of a spark_submit pipeline plans for the connection's
+    # cluster, whatever `spark.master` says.
+    if submitted or cfg.airflow.spark_mode != "spark_submit":
+        cores = local_cores(submitted or cfg.spark.master)
+        if cores is not None:
+            return cores
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
@@ -97,6 +93,16 @@ def default_tasks(cfg: PipelineConfig) -> int:
         "is split into 2 tasks. Set spark.tasks (or spark.default.parallelism) to its cores\n"
     )
     return 2
+
+
+def local_cores(master: str) -> int | None:
+    """The cores a `local`, `local[N]`, `local[N,F]` or `local[*]` master runs; None otherwise."""
+    match = re.match(r"local(?:\[(\d+|\*)|$)", master)
+    if match is None:
+        return None
+    if match.group(1) is None:
+        return 1
+    return (os.cpu_count() or 2) if match.group(1) == "*" else int(match.group(1))
 
 
 def parallelism_from_conf(conf: dict[str, str]) -> int | None:

@@ -13,7 +13,7 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 
 from strata.cli import build_parser
-from strata.jobs import job_path
+from strata.local_cluster import submit_command, submit_env
 from strata.local_service import free_port
 from tests.conftest import ROOT, expected_offsets, produce_clicks
 
@@ -109,22 +109,11 @@ def test_status_shows_ranges_history_and_lag_and_the_group_sees_the_offsets(make
 def test_the_spark_submit_job_runs_a_batch(make_pipeline, broker):
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 500)
-    submit = Path(sys.executable).parent / "spark-submit"
     done = subprocess.run(
-        [
-            str(submit),
-            "--master",
-            "local[2]",
-            job_path("ingest"),
-            "--pipeline",
-            p.name,
-            "--conf-dir",
-            str(p.conf_dir),
-            "--json",
-        ],
+        submit_command("local[2]", p.name, p.conf_dir),
         capture_output=True,
         text=True,
-        env=p.env(PYSPARK_PYTHON=sys.executable),
+        env=submit_env(p.env()),
         timeout=300,
         cwd="/",
     )

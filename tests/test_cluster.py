@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -19,10 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from strata.faults import CRASH_ENV, FAIL_ONCE_MARKER_ENV
-from strata.jobs import job_path
+from strata.faults import CRASH_ENV, FAIL_ONCE_MARKER_ENV, STOP_ENV
 from strata.ledger import read_ledger
-from strata.local_cluster import LocalSparkCluster, spark_home
+from strata.local_cluster import LocalSparkCluster, spark_home, submit_command, submit_env
 from strata.plan import PlanStore
 from tests.conftest import ROOT, expected_offsets, produce_clicks, s3_landed, s3_pipeline
 
@@ -54,39 +52,16 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def submit(cluster, archive: Path, p, **env: str) -> subprocess.Popen[str]:
+def submit(
+    cluster, archive: Path, p, executor_env: dict[str, str] | None = None, **env: str
+) -> subprocess.Popen[str]:
     """spark-submit the installed job to the cluster, from an unrelated directory."""
-    command = [
-        str(Path(sys.executable).parent / "spark-submit"),
-        "--master",
-        cluster.url,
-        "--archives",
-        f"{archive}#environment",
-        "--conf",
-        "spark.pyspark.python=./environment/bin/python",
-        "--conf",
-        f"spark.pyspark.driver.python={sys.executable}",
-        "--conf",
-        "spark.executor.memory=1g",
-        *(f"--conf=spark.executorEnv.{k}={v}" for k, v in env.items() if k.startswith("EXEC_")),
-        job_path("ingest"),
-        "--pipeline",
-        p.name,
-        "--conf-dir",
-        str(p.conf_dir),
-        "--json",
-    ]
-    command = [c.replace("spark.executorEnv.EXEC_", "spark.executorEnv.") for c in command]
-    driver_env = p.env(**{k: v for k, v in env.items() if not k.startswith("EXEC_")})
-    driver_env.pop("PYSPARK_PYTHON", None)
-    # spark-submit finds its Spark installation with the driver's Python.
-    driver_env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     return subprocess.Popen(
-        command,
+        submit_command(cluster.url, p.name, p.conf_dir, archive, executor_env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=driver_env,
+        env=submit_env(p.env(**env)),
         cwd="/",
     )
 
@@ -120,8 +95,7 @@ def test_an_executor_killed_mid_batch_is_retried_and_the_batch_is_exact(
         cluster,
         executor_env,
         p,
-        EXEC_STRATA_STOP_AT="task_files_closed",
-        **{f"EXEC_{FAIL_ONCE_MARKER_ENV}": str(marker)},
+        {STOP_ENV: "task_files_closed", FAIL_ONCE_MARKER_ENV: str(marker)},
     )
     deadline = time.monotonic() + 300
     while not marker.exists():
@@ -163,6 +137,9 @@ def test_a_driver_killed_mid_batch_is_finished_exactly_by_the_next_submit(
     again = submit(cluster, executor_env, p)
     code, out, err = finish(again)
     assert code == 0, err[-3000:]
+    # Both drivers ran their application on the cluster, not in a local session.
+    apps = cluster.state()["activeapps"] + cluster.state()["completedapps"]
+    assert [a["name"] for a in apps].count(f"strata-{p.name}") == 2
     assert s3_landed(p, options) == expected_offsets(per)
     ledger = read_ledger(p.cfg())
     assert set(ledger.column("batch").to_pylist()) == {1}

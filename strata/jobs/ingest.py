@@ -1,6 +1,6 @@
 """spark-submit entry point: run one batch of a pipeline.
 
-    spark-submit --master spark://master:7077 \
+    spark-submit --master spark://master:7077 --name strata-clicks \
       --archives strata-executor-env.tar.gz#environment \
       --conf spark.pyspark.python=./environment/bin/python \
       --conf spark.pyspark.driver.python="$(which python)" \
