@@ -103,7 +103,8 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
         def quality_gate(planned: dict[str, object]) -> dict[str, object]:
             from airflow.sdk.exceptions import AirflowFailException
 
-            from strata.orchestrate import QualityGateFailed, quality_gate_task
+            from strata.errors import QualityGateFailed
+            from strata.orchestrate import quality_gate_task
 
             try:
                 return quality_gate_task(name, CONF_DIR, planned.get("batch"))  # type: ignore[arg-type]

@@ -31,10 +31,10 @@ import pyarrow as pa
 import yaml
 from deltalake import DeltaTable
 
-from strata.demo import HOUR_MS, click_events, produce
-from strata.local_broker import LocalBroker
-from strata.local_cluster import LocalSparkCluster, submit_command, submit_env
-from strata.local_service import free_port, port_open
+from strata.local.broker import LocalBroker
+from strata.local.cluster import LocalSparkCluster, submit_command, submit_env
+from strata.local.events import HOUR_MS, click_events, produce
+from strata.local.service import free_port, port_open
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 4

@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from strata.config import PipelineConfig
-from strata.kafka import KafkaUnavailable, partition_states, topic_ids
+from strata.errors import BackfillError, KafkaUnavailable
+from strata.kafka import partition_states, topic_ids
 from strata.ledger import LedgerState, committed_topic_ids, ledger_state, read_ledger
 from strata.lock import run_lock
 from strata.plan import BatchPlan, OffsetRange, PlanStore, decode_fingerprint, split_ranges
@@ -35,10 +36,6 @@ from strata.run import (
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-class BackfillError(Exception):
-    """The backfill cannot be done as asked; nothing was changed."""
 
 
 def backfill(

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from strata.config import ConfigError, PipelineConfig, load_pipeline, redact, redact_json
+from strata.config import PipelineConfig, load_pipeline, redact, redact_json
+from strata.errors import ConfigError, StrataError, from_task_failure
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -160,18 +161,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sql.add_argument("what", choices=["ddl"])
     _common(sql)
-    metastore = sub.add_parser(
-        "metastore",
-        help="start or stop a local Hive Metastore (Derby, loopback)",
-        description="Run the Hive Metastore thrift service from the jars the pyspark wheel "
-        "ships, on Derby, on a loopback port, in the background.",
-    )
-    metastore.add_argument("action", choices=["up", "down", "status"])
-    metastore.add_argument(
-        "--dir", default=".strata/metastore", help="where its Derby database and log live"
-    )
-    metastore.add_argument("--port", type=int, default=9083, help="port to listen on (up)")
-    metastore.add_argument("--json", action="store_true", help="end the output with one JSON line")
     return parser
 
 
@@ -185,13 +174,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     args = build_parser().parse_args(argv)
-    if args.command == "metastore":
-        return run_guarded(lambda: _metastore(args), args.json)
     try:
         cfg = load_pipeline(args.pipeline, args.conf_dir)
     except ConfigError as exc:
         print(f"strata: {redact(str(exc))}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     handler: Callable[[PipelineConfig, argparse.Namespace], tuple[str, dict[str, Any]]] = {
         "run": _run,
         "status": _status,
@@ -219,39 +206,12 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
     Returns:
         The exit code.
     """
-    from strata.backfill import BackfillError
-    from strata.kafka import KafkaUnavailable
-    from strata.lock import LeaseLost, LeaseUnavailable, LockBusy
-    from strata.metastore import MetastoreError
-    from strata.plan import PlanError
-    from strata.quality import QualityError
-    from strata.read import ReadError
-    from strata.recovery import LedgerEditError
-    from strata.run import ReconcileError
-    from strata.schema import SchemaError
-    from strata.spark import JavaMissing
-
     try:
         text, body = action()
-    except (LockBusy, LeaseLost) as exc:
-        return _fail(str(exc), 3, as_json)
-    except SchemaError as exc:
-        return _fail(str(exc), 2, as_json)
-    except (
-        PlanError,
-        KafkaUnavailable,
-        ReconcileError,
-        JavaMissing,
-        ReadError,
-        MetastoreError,
-        BackfillError,
-        QualityError,
-        LedgerEditError,
-        LeaseUnavailable,
-    ) as exc:
-        return _fail(str(exc), 1, as_json)
+    except StrataError as exc:
+        return _fail(str(exc), exc.exit_code, as_json)
     except Exception as exc:  # noqa: BLE001 - Spark wraps task errors; surface their cause
-        return _fail(_root_cause(exc), 1, as_json)
+        return _fail(*_root_cause(exc), as_json)
     print(redact(text), flush=True)
     # A run whose batch committed but whose tables could not be registered still fails:
     # the data is safe, and the exit code makes the scheduler retry the registration.
@@ -271,23 +231,24 @@ def _fail(message: str, code: int, as_json: bool) -> int:
     return code
 
 
-def _root_cause(exc: BaseException) -> str:
-    """The meaningful line of an error, digging out a Python task error from Spark's.
+def _root_cause(exc: BaseException) -> tuple[str, int]:
+    """The meaningful line of an error and its exit code, digging into Spark's errors.
 
     A failed task reaches the driver as Spark's exception whose text ends with the
-    worker's traceback: its last unindented line names the real error.
+    worker's traceback: an error of ours in it ends the command as it would have on
+    the driver; otherwise the last unindented line names the real error.
     """
     text = str(exc)
-    for marker in ("strata.read.ReadError: ", "strata.schema.SchemaError: "):
-        if marker in text:
-            return text.split(marker, 1)[1].splitlines()[0]
+    ours = from_task_failure(text)
+    if ours is not None:
+        return str(ours), ours.exit_code
     if "Traceback (most recent call last)" in text:
         tail = text.rsplit("Traceback (most recent call last)", 1)[1].splitlines()
         raised = [line for line in tail if line and not line[0].isspace() and ": " in line]
         if raised:
-            return f"a task failed: {raised[-1]}"
+            return f"a task failed: {raised[-1]}", 1
     lines = [line for line in text.splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else text}"
+    return f"{type(exc).__name__}: {lines[0] if lines else text}", 1
 
 
 def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -360,7 +321,8 @@ def _backfill(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[
 
 
 def _replay(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.backfill import BackfillError, batch_ranges, replay
+    from strata.backfill import batch_ranges, replay
+    from strata.errors import BackfillError
     from strata.plan import OffsetRange
     from strata.report import render_summary, summary_dict
 
@@ -395,35 +357,6 @@ def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
 
     ddl = pipeline_ddl(cfg)
     return ddl.rstrip("\n"), {"pipeline": cfg.name, "ddl": ddl}
-
-
-def _metastore(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from pathlib import Path
-
-    from strata.local_metastore import metastore_down, metastore_running, metastore_up
-
-    directory = Path(args.dir).resolve()
-    if args.action == "up":
-        directory.mkdir(parents=True, exist_ok=True)
-        state = metastore_up(directory, args.port)
-        text = (
-            f"metastore running at {state['uri']} (pid {state['pid']}, data in {directory})\n"
-            f"export STRATA_METASTORE_URI={state['uri']}"
-        )
-        return text, {"status": "up", **state}
-    if args.action == "down":
-        stopped = metastore_down(directory)
-        return ("metastore stopped" if stopped else "no metastore was running"), {
-            "status": "down",
-            "stopped": stopped,
-        }
-    running = metastore_running(directory)
-    if running is None:
-        return "no metastore running", {"status": "down"}
-    return f"metastore running at {running['uri']} (pid {running['pid']})", {
-        "status": "up",
-        **running,
-    }
 
 
 def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

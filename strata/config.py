@@ -25,7 +25,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import yaml
 from pydantic import (
@@ -38,6 +38,17 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from strata.errors import ConfigError
+
+_Json = TypeVar("_Json")
+
+TableName = Literal["table", "raw", "quarantine"]
+"""The tables a batch writes: the data, the raw copy of every message, the quarantine."""
+MetastoreTable = Literal["table", "raw", "quarantine", "ledger"]
+"""The tables registered in the metastore: a batch's three, and the ledger."""
+Location = Literal["table", "raw", "quarantine", "ledger", "state", "quality"]
+"""Everything of a pipeline's that has a place in the warehouse."""
 
 ENV_BOOTSTRAP = "STRATA_KAFKA_BOOTSTRAP"
 ENV_WAREHOUSE = "STRATA_WAREHOUSE"
@@ -73,10 +84,6 @@ _MIN_SCRUBBED = 6
 # Every secret value this process has loaded; `redact` removes them from any text, so
 # a client library's message that echoes one is caught at the command line too.
 _loaded_secrets: set[str] = set()
-
-
-class ConfigError(Exception):
-    """A configuration file is missing or invalid; the message names file, key and fix."""
 
 
 def is_secret_key(key: object) -> bool:
@@ -144,7 +151,7 @@ def redact(text: str) -> str:
     return text
 
 
-def redact_json(value: Any) -> Any:  # noqa: ANN401 - a JSON-ready body
+def redact_json(value: _Json) -> _Json:
     """A JSON-ready body with `redact` applied to every string in it.
 
     For what leaves the process as data (`--json` output, an Airflow task's XCom);
@@ -152,11 +159,11 @@ def redact_json(value: Any) -> Any:  # noqa: ANN401 - a JSON-ready body
     escaped form would no longer match.
     """
     if isinstance(value, str):
-        return redact(value)
+        return cast("_Json", redact(value))
     if isinstance(value, dict):
-        return {k: redact_json(v) for k, v in value.items()}
+        return cast("_Json", {k: redact_json(v) for k, v in value.items()})
     if isinstance(value, list | tuple):
-        return [redact_json(v) for v in value]
+        return cast("_Json", [redact_json(v) for v in value])
     return value
 
 
@@ -606,7 +613,7 @@ class PipelineConfig(_Strict):
             )
         return self
 
-    def local_tables(self) -> list[Literal["table", "raw", "quarantine", "ledger", "state"]]:
+    def local_tables(self) -> list[Location]:
         """The tables and state that live on this host's file system (no URL scheme)."""
         return [
             w
@@ -684,9 +691,7 @@ class PipelineConfig(_Strict):
         """Consumer group that receives the committed end offsets."""
         return self.kafka.group_id or f"strata-{self.name}"
 
-    def location(
-        self, which: Literal["table", "raw", "quarantine", "ledger", "state", "quality"]
-    ) -> str:
+    def location(self, which: Location) -> str:
         """Resolve a table or state location against the warehouse root.
 
         Args:
@@ -777,7 +782,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level")
-    return _expand_env(data, path, "")
+    return dict(_expand_env(data, path, ""))
 
 
 # A quoted fragment of PyYAML's problem text: one character ('\t') or file content.
@@ -843,8 +848,8 @@ def _origin(key_path: tuple[Any, ...], layers: list[tuple[Path, dict[str, Any]]]
             else:
                 break
         else:
-            return path
-    return layers[-1][0]
+            return Path(path)
+    return Path(layers[-1][0])
 
 
 def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:

@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from strata.config import PipelineConfig
+from strata.errors import SchemaError
 from strata.schema import (
     QUARANTINE_SCHEMA,
-    SchemaError,
     TopicSchema,
     data_schema,
     decimal_digits,

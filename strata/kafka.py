@@ -12,11 +12,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition, libversion
 
 from strata.config import PipelineConfig
+from strata.errors import KafkaUnavailable
 from strata.plan import OffsetRange, PartitionState
-
-
-class KafkaUnavailable(Exception):
-    """The brokers, a topic or a partition could not be reached in time."""
 
 
 def client_version() -> str:
@@ -164,7 +161,8 @@ def retention_limits(cfg: PipelineConfig) -> dict[str, dict[str, int | None]]:
     Returns:
         `{topic: {"ms": ..., "bytes": ...}}`.
     """
-    from confluent_kafka.admin import AdminClient, ConfigResource
+    # The admin module defines ConfigResource without listing it in `__all__`.
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
     admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in cfg.topics]

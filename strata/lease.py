@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from strata.lock import LeaseLost, LeaseUnavailable, LockBusy
+from strata.errors import LeaseLost, LeaseUnavailable, LockBusy
 from strata.storage import delete_object, list_names, put_if_absent, read_object
 
 __all__ = ["Epoch", "Lease", "LeaseLost", "LeaseUnavailable", "LockBusy", "hold_lease"]

@@ -25,20 +25,9 @@ from pathlib import Path
 from typing import Protocol
 
 from strata.config import PipelineConfig, parse_duration_ms
+from strata.errors import LockBusy
 
 logger = logging.getLogger(__name__)
-
-
-class LockBusy(Exception):
-    """Another run of the same pipeline is in flight."""
-
-
-class LeaseLost(Exception):
-    """This run no longer holds its lease; it must not commit anything more."""
-
-
-class LeaseUnavailable(Exception):
-    """The lease could not be read or written; nothing was done."""
 
 
 class RunLock(Protocol):

@@ -25,9 +25,7 @@ from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TException
 from thrift.transport import TSocket, TTransport
 
-
-class MetastoreError(Exception):
-    """The metastore could not be reached, or refused a change."""
+from strata.errors import MetastoreError
 
 
 class MetastoreClient:

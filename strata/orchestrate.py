@@ -12,6 +12,7 @@ from dataclasses import asdict
 from typing import Any
 
 from strata.config import load_pipeline, redact, redact_json
+from strata.errors import QualityGateFailed
 from strata.plan import OffsetRange
 
 
@@ -51,7 +52,7 @@ def publish_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     outcome = RunOutcome(pipeline, "publish")
     register(cfg, outcome)
     if outcome.publish_error:
-        from strata.metastore import MetastoreError
+        from strata.errors import MetastoreError
 
         raise MetastoreError(redact(outcome.publish_error))
     return redact_json({"pipeline": pipeline, "published": outcome.published})
@@ -85,10 +86,6 @@ def quality_gate_task(pipeline: str, conf_dir: str, batch: int | None) -> dict[s
     if not result.success and cfg.quality.gate == "fail":
         raise QualityGateFailed(text)
     return redact_json(body)
-
-
-class QualityGateFailed(Exception):
-    """A batch failed its quality suite under `quality.gate: fail`."""
 
 
 def backfill_task(

@@ -16,11 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from strata.config import PipelineConfig
+from strata.errors import PlanError
 from strata.storage import filesystem, put_if_absent, read_bytes
-
-
-class PlanError(Exception):
-    """The broker's state makes a safe plan impossible; the message says what to do."""
 
 
 @dataclass(frozen=True, order=True)

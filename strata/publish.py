@@ -30,16 +30,13 @@ from pymetastore.hive_metastore.ttypes import (
 )
 
 from strata.config import PipelineConfig
+from strata.errors import MetastoreError
 from strata.ledger import LEDGER_SCHEMA
-from strata.metastore import MetastoreClient, MetastoreError
+from strata.metastore import MetastoreClient
 from strata.schema import TABLE_SUFFIXES, partition_columns, table_layout
 from strata.storage import filesystem
 
 DELTA_PROVIDER = "delta"
-
-
-class PublishError(Exception):
-    """Registration failed after the batch was committed; the message says how to finish."""
 
 
 @dataclass
@@ -250,7 +247,10 @@ def _reconcile_partitions(
     columns = partition_columns(cfg.partitioning)
     on_storage = storage_partitions(cfg)
     report.partitions = len(on_storage)
-    name = lambda values: "/".join(f"{c}={v}" for c, v in zip(columns, values, strict=True))  # noqa: E731
+
+    def name(values: tuple[str, ...]) -> str:
+        return "/".join(f"{c}={v}" for c, v in zip(columns, values, strict=True))
+
     registered = set(client.partition_names(table.dbName, table.tableName))
     missing = [values for values in on_storage if name(values) not in registered]
     report.partitions_unknown = sorted(registered - {name(v) for v in on_storage})
@@ -300,7 +300,7 @@ def publish(cfg: PipelineConfig) -> PublishReport:
         )
         for which, suffix in TABLE_SUFFIXES.items():
             name = f"{cfg.name}{suffix}"
-            location = cfg.location(which)  # type: ignore[arg-type]
+            location = cfg.location(which)
             if cfg.table_format == "parquet":
                 schema, partition_by = (
                     (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg, which)

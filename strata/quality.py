@@ -39,11 +39,13 @@ import pyarrow.fs as pafs
 
 from strata.config import PipelineConfig, parse_duration_ms
 from strata.delta import open_table, range_filter
+from strata.errors import QualityError
 from strata.ledger import read_ledger
 from strata.plan import OffsetRange, PlanStore
-from strata.run import count_by_partition
+from strata.reconcile import ledger_continuity
 from strata.schema import load_topic_schema, partition_columns, table_layout
 from strata.storage import filesystem, read_bytes, write_bytes_atomically
+from strata.tables import count_by_partition
 
 if TYPE_CHECKING:
     from great_expectations.core.expectation_validation_result import (
@@ -54,10 +56,6 @@ COORDINATES = ["_topic", "_partition", "_offset"]
 # Upper bounds of the late-arrival buckets (Kafka time minus event time), in seconds.
 LATENESS_BUCKETS = [(60, "<1m"), (600, "1-10m"), (3600, "10m-1h"), (6 * 3600, "1-6h")]
 LATENESS_LABELS = [label for _, label in LATENESS_BUCKETS] + ["6-24h", ">24h"]
-
-
-class QualityError(Exception):
-    """Quality cannot be checked as asked (no such batch, a bad expectation)."""
 
 
 @dataclass
@@ -363,56 +361,6 @@ def reconcile_checks(
         Check("reconcile: no unexplained holes", not holes, None, "; ".join(holes), len(holes))
     )
     return checks
-
-
-def ledger_continuity(ledger: pa.Table) -> tuple[list[str], list[str]]:
-    """Overlaps between ingested ranges, and holes nothing recorded explains.
-
-    Each partition's position is followed batch by batch: an ingest or a recorded loss
-    must start where the position is and moves it to its end; a seek (an operator's
-    recorded edit) moves it wherever it says, skipped offsets included.
-
-    Args:
-        ledger: Every ledger row.
-
-    Returns:
-        Sentences naming each overlap, and each hole.
-    """
-    order = {"seek": 0, "loss": 1, "ingest": 2}
-    moves = sorted(
-        (
-            (r["topic"], r["partition"]),
-            r["batch"],
-            order[r["kind"]],
-            r["start_offset"],
-            r["end_offset"],
-        )
-        for r in ledger.to_pylist()
-        if r["kind"] in order
-    )
-    # Per partition: where reading goes on, and the batch and start of the range that
-    # put it there.
-    position: dict[tuple[str, int], tuple[int, int, int]] = {}
-    overlaps, holes = [], []
-    for key, batch, kind, start, end in moves:
-        where = f"partition {key[1]} of `{key[0]}`"
-        if kind == order["seek"]:
-            position[key] = (end, batch, start)
-            continue
-        at, since, since_start = position.get(key, (start, batch, start))
-        if start < at:
-            overlaps.append(
-                f"{where}: batch {batch} [{start}, {end}) overlaps batch {since} "
-                f"[{since_start}, {at})"
-            )
-        elif start > at:
-            holes.append(
-                f"{where}: offsets [{at}, {start}) between batch {since} and batch {batch} were "
-                "never read and no loss is recorded for them"
-            )
-        if end >= at:
-            position[key] = (end, batch, start)
-    return overlaps, holes
 
 
 def _rows_of(cfg: PipelineConfig, name: str, batch: int) -> pa.Table:

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from strata.errors import ReadError
 from strata.faults import SKIP_ENV, crash_point
 from strata.plan import OffsetRange
 from strata.schema import RAW_SCHEMA
@@ -82,10 +83,6 @@ _VERIFY_TUNING: dict[str, Any] = {
 # Messages are always consume()d and never built by hand; headers() is read through
 # the method itself so a failure can be pinned on one message (see `_headers`).
 _HEADERS = Message.headers
-
-
-class ReadError(Exception):
-    """A planned range could not be read."""
 
 
 class _BrokerTrouble:

@@ -18,23 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from strata.config import PipelineConfig
+from strata.config import PipelineConfig, TableName
 from strata.delta import batch_metadata
+from strata.errors import LedgerEditError, PlanError
 from strata.kafka import partition_states, publish_group_offsets, topic_ids
 from strata.ledger import commit_ledger, committed_topic_ids, ledger_state, unread_row
 from strata.lock import run_lock
-from strata.plan import OffsetRange, PlanError, PlanStore
+from strata.plan import OffsetRange, PlanStore
+from strata.reconcile import RANGES_KEY, TABLES
 from strata.run import (
-    RANGES_KEY,
-    TABLES,
     fence_table,
     remove_batch_files,
     remove_batch_rows,
 )
-
-
-class LedgerEditError(Exception):
-    """A ledger edit cannot be made as asked; nothing was changed."""
 
 
 @dataclass
@@ -154,16 +150,16 @@ def drop_plan(
         return LedgerEdit(cfg.name, "abandon", batch, rows, warnings)
 
 
-def _committed(cfg: PipelineConfig, name: str, batch: int) -> bool:
+def _committed(cfg: PipelineConfig, name: TableName, batch: int) -> bool:
     """Whether a table holds a real commit of the batch (not a drop's empty fence)."""
-    uri = cfg.location(name)  # type: ignore[arg-type]
+    uri = cfg.location(name)
     return batch_metadata(uri, batch, cfg.storage_options, RANGES_KEY) is not None
 
 
-def _committed_kind(cfg: PipelineConfig, batch: int, stood: list[str]) -> str | None:
+def _committed_kind(cfg: PipelineConfig, batch: int, stood: list[TableName]) -> str | None:
     """The kind of a batch whose plan cannot be read, from its tables' commits."""
     for name in stood:
-        uri = cfg.location(name)  # type: ignore[arg-type]
+        uri = cfg.location(name)
         for kind in ("backfill", "replay"):
             if batch_metadata(uri, batch, cfg.storage_options, f"strata.{kind}") is not None:
                 return kind

@@ -25,12 +25,10 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake.transaction import RemoveAction
 
-from strata.config import PipelineConfig
+from strata.config import PipelineConfig, TableName
 from strata.decode import DecodeRules
 from strata.delta import (
     add_missing_columns,
@@ -41,11 +39,11 @@ from strata.delta import (
     committed_batch,
     ensure_table,
     open_table,
-    range_filter,
     without_ranges,
 )
+from strata.errors import KafkaUnavailable, LeaseLost, PlanError, ReconcileError, SchemaError
 from strata.faults import crash_point
-from strata.kafka import KafkaUnavailable, partition_states, publish_group_offsets, topic_ids
+from strata.kafka import partition_states, publish_group_offsets, topic_ids
 from strata.ledger import (
     LedgerState,
     commit_ledger,
@@ -55,40 +53,42 @@ from strata.ledger import (
     read_ledger,
     unread_row,
 )
-from strata.lock import LeaseLost, RunLock, run_lock
+from strata.lock import RunLock, run_lock
 from strata.plan import (
     BatchPlan,
     OffsetRange,
     PartitionState,
-    PlanError,
     PlanStore,
     decode_fingerprint,
     plan_ranges,
     split_ranges,
 )
+from strata.reconcile import (
+    RANGES_KEY,
+    TABLES,
+    batch_results,
+    planned_results,
+    reconcile_files,
+    reconcile_resumed,
+    reconcile_tables,
+)
 from strata.schema import (
     TABLE_SUFFIXES,
-    SchemaError,
     column_signature,
     data_schema,
     schema_changes,
     table_layout,
 )
 from strata.storage import filesystem
+from strata.tables import TableRef, table_refs
 from strata.task import RangeResult, SplitJob, SplitResult
 from strata.write import WrittenFile, is_batch_file
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-RANGES_KEY = "strata.ranges"
 # Commit metadata of the empty commits and removals a ledger edit makes in the tables.
 FENCE_KEY = "strata.fence"
-TABLES = ("raw", "quarantine", "table")
-
-
-class ReconcileError(Exception):
-    """Offsets read do not equal rows + quarantined + gaps, or the tables disagree."""
 
 
 @dataclass
@@ -503,7 +503,7 @@ def new_plan(
 def write_and_commit(
     cfg: PipelineConfig,
     plan: BatchPlan,
-    tables: tuple[str, ...],
+    tables: tuple[TableName, ...],
     session: Callable[[PipelineConfig], SparkSession] | None,
     outcome: RunOutcome,
     lock: RunLock,
@@ -524,10 +524,10 @@ def write_and_commit(
     # Plain Parquet tables have no commits of their own: the ledger decides.
     done = {name: False for name in tables} if parquet else tables_done(cfg, tables, plan.batch)
     run_id = uuid.uuid4().hex[:8]
-    nothing: dict[str, list[WrittenFile]] = {name: [] for name in TABLES}
+    nothing: dict[TableName, list[WrittenFile]] = {name: [] for name in TABLES}
     if all(done.values()):
         results = planned_results(plan, stored_results(cfg, plan.batch))
-        reconcile_tables(cfg, plan, results, tables)
+        reconcile_tables(table_refs(cfg, tables), plan, results)
         return BatchWrite(results, nothing, run_id)
     if plan.offsets == 0:
         return BatchWrite(planned_results(plan, []), nothing, run_id)
@@ -554,7 +554,8 @@ def write_and_commit(
     written = {name: [f for s in split_results for f in s.files.get(name, [])] for name in TABLES}
     reconcile_files(plan, results, written, write)
     if any(done.values()):
-        reconcile_resumed(cfg, plan, results, done)
+        stood = next(n for n in TABLES if done.get(n))
+        reconcile_resumed(cfg.name, plan, results, stood, TableRef.of(cfg, stood))
     if parquet:
         # Files of this run's failed task attempts are not the batch's: readers must not
         # see them. Only this run's: other runs' files went at resume, or go once the
@@ -576,7 +577,7 @@ def write_and_commit(
                     f"the schema gained {', '.join(f'`{c}`' for c in added)}: the data table "
                     "has the new column(s) from this batch on; earlier rows read them as null"
                 )
-    reconcile_tables(cfg, plan, results, tables, written if parquet else None)
+    reconcile_tables(table_refs(cfg, tables), plan, results, written if parquet else None)
     return BatchWrite(results, written, run_id)
 
 
@@ -590,7 +591,7 @@ class BatchWrite(NamedTuple):
     """
 
     results: list[RangeResult]
-    files: dict[str, list[WrittenFile]]
+    files: dict[TableName, list[WrittenFile]]
     run_id: str
 
 
@@ -612,7 +613,7 @@ def own_files_on_loss(cfg: PipelineConfig, batch: int, run_id: str) -> Iterator[
 def _source_for(
     cfg: PipelineConfig,
     plan: BatchPlan,
-    done: dict[str, bool],
+    done: dict[TableName, bool],
     resumed: bool,
     outcome: RunOutcome,
 ) -> str:
@@ -698,10 +699,12 @@ COMMIT_STEPS = {
 }
 
 
-def tables_done(cfg: PipelineConfig, names: tuple[str, ...], batch: int) -> dict[str, bool]:
+def tables_done(
+    cfg: PipelineConfig, names: tuple[TableName, ...], batch: int
+) -> dict[TableName, bool]:
     """Whether each Delta table already holds the batch's commit (its app transaction)."""
     return {
-        name: (committed_batch(cfg.location(name), cfg.name, cfg.storage_options) or 0) >= batch  # type: ignore[arg-type]
+        name: (committed_batch(cfg.location(name), cfg.name, cfg.storage_options) or 0) >= batch
         for name in names
     }
 
@@ -720,7 +723,7 @@ def stored_results(cfg: PipelineConfig, batch: int) -> list[RangeResult]:
 
 def commit_table(
     cfg: PipelineConfig,
-    name: str,
+    name: TableName,
     files: list[WrittenFile],
     batch: int,
     meta: dict[str, Any],
@@ -741,7 +744,7 @@ def commit_table(
     Returns:
         The columns added to the table first, because the schema gained fields.
     """
-    uri = cfg.location(name)  # type: ignore[arg-type]
+    uri = cfg.location(name)
     schema, partition_by = table_layout(cfg, name)
     table = ensure_table(
         uri, schema, partition_by, cfg.storage_options, cfg.name + TABLE_SUFFIXES[name]
@@ -761,7 +764,7 @@ def commit_table(
     return added
 
 
-def fence_table(cfg: PipelineConfig, name: str, batch: int, note: str) -> bool:
+def fence_table(cfg: PipelineConfig, name: TableName, batch: int, note: str) -> bool:
     """Commit the batch's number to a Delta table with no files: a fence.
 
     A ledger edit (a dropped plan, a seek) takes a batch number. A runner still holding
@@ -771,7 +774,7 @@ def fence_table(cfg: PipelineConfig, name: str, batch: int, note: str) -> bool:
     Returns:
         True if this call committed the fence, False if the table held the batch.
     """
-    uri = cfg.location(name)  # type: ignore[arg-type]
+    uri = cfg.location(name)
     schema, partition_by = table_layout(cfg, name)
     table = ensure_table(
         uri, schema, partition_by, cfg.storage_options, cfg.name + TABLE_SUFFIXES[name]
@@ -779,9 +782,9 @@ def fence_table(cfg: PipelineConfig, name: str, batch: int, note: str) -> bool:
     return commit_files(table, schema, partition_by, [], cfg.name, batch, {FENCE_KEY: note})
 
 
-def remove_batch_rows(cfg: PipelineConfig, name: str, batch: int, note: str) -> int:
+def remove_batch_rows(cfg: PipelineConfig, name: TableName, batch: int, note: str) -> int:
     """Remove an ingest batch's own files from a Delta table; how many were removed."""
-    table = open_table(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+    table = open_table(cfg.location(name), cfg.storage_options)
     if table is None:
         return 0
     removes = batch_removes(table, batch)
@@ -793,7 +796,7 @@ def remove_batch_rows(cfg: PipelineConfig, name: str, batch: int, note: str) -> 
 def run_tasks(
     cfg: PipelineConfig,
     plan: BatchPlan,
-    write: frozenset[str],
+    write: frozenset[TableName],
     session: Callable[[PipelineConfig], SparkSession] | None,
     outcome: RunOutcome,
     source: str,
@@ -865,7 +868,7 @@ def remove_batch_files(
     """
     doomed: list[tuple[pafs.FileSystem, str]] = []
     for name in TABLES:
-        fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+        fs, root = filesystem(cfg.location(name), cfg.storage_options)
         if fs.get_file_info(root).type == pafs.FileType.NotFound:
             continue
         for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
@@ -888,279 +891,6 @@ def remove_batch_files(
             lock.check()
         fs.delete_file(path)
     return len(doomed)
-
-
-_COUNTERS = (
-    "messages",
-    "gaps",
-    "rows",
-    "quarantined",
-    "bytes",
-    "late_rows",
-    "offset_sum",
-    "redelivered",
-    "gap_runs",
-    "gap_runs_verified",
-)
-
-
-def batch_results(plan: BatchPlan, split_results: list[SplitResult]) -> list[RangeResult]:
-    """One result per planned range, from the tasks' pieces, checked against the plan.
-
-    A long range may have been cut across tasks. The pieces the tasks report must
-    tile each planned range exactly: a piece missing, doubled or outside the plan
-    means offsets were not read once, whatever the counts say.
-
-    Raises:
-        ReconcileError: Naming each range whose pieces do not tile it.
-    """
-    pieces: dict[tuple[str, int], list[RangeResult]] = {}
-    for split in split_results:
-        for r in split.ranges:
-            pieces.setdefault((r.topic, r.partition), []).append(r)
-    problems = []
-    results = []
-    for planned in plan.ranges:
-        key = (planned.topic, planned.partition)
-        mine = sorted(pieces.pop(key, []), key=lambda r: (r.start, r.end))
-        merged = RangeResult(planned.topic, planned.partition, planned.start, planned.end)
-        reach = planned.start
-        for r in mine:
-            if r.start != reach or r.end <= r.start or r.end > planned.end:
-                problems.append(
-                    f"{planned.describe()}: a task reported [{r.start}, {r.end}) where "
-                    f"[{reach}, ...) was due"
-                )
-            reach = max(reach, r.end)
-            for name in _COUNTERS:
-                setattr(merged, name, getattr(merged, name) + getattr(r, name))
-            merged.max_lateness_ms = max(merged.max_lateness_ms, r.max_lateness_ms)
-            for name, pick in (("min_event_us", min), ("max_event_us", max)):
-                values = [v for v in (getattr(merged, name), getattr(r, name)) if v is not None]
-                setattr(merged, name, pick(values) if values else None)
-        if reach != planned.end:
-            problems.append(f"{planned.describe()}: the tasks reported offsets up to {reach} only")
-        results.append(merged)
-    for (topic, partition), extra in sorted(pieces.items()):
-        problems.append(
-            f"partition {partition} of `{topic}`: a task reported "
-            f"{', '.join(f'[{r.start}, {r.end})' for r in extra)}, which the plan does not hold"
-        )
-    if problems:
-        raise ReconcileError(
-            f"batch {plan.batch} does not reconcile; nothing was committed:\n  "
-            + "\n  ".join(problems)
-        )
-    return results
-
-
-def planned_results(plan: BatchPlan, stored: list[RangeResult]) -> list[RangeResult]:
-    """Stored results completed with an empty result for every planned range they lack.
-
-    Commits made before empty ranges were recorded hold only the ranges that had
-    offsets; the ledger must record every planned range's start all the same.
-    """
-    have = {(r.topic, r.partition): r for r in stored}
-    return [
-        have.get((r.topic, r.partition)) or RangeResult(r.topic, r.partition, r.start, r.end)
-        for r in plan.ranges
-    ]
-
-
-def reconcile_files(
-    plan: BatchPlan,
-    results: list[RangeResult],
-    written: dict[str, list[WrittenFile]],
-    wrote: Collection[str],
-) -> None:
-    """Before anything is committed: the files hold what was read, once, per partition.
-
-    Per planned range, the offsets read (distinct, counted and summed by the reader)
-    must equal the rows plus the quarantined rows, as counted from the rows written
-    into the data and quarantine files, and the raw copy's files must hold every
-    offset read. The offset sums make a message landed twice in place of another
-    visible even where the counts agree.
-
-    Raises:
-        ReconcileError: Naming each partition that does not add up; nothing is committed.
-    """
-    in_files = {name: _file_offsets(written[name]) for name in TABLES if name in wrote}
-    problems = []
-    for r in results:
-        key = f"{r.topic}:{r.partition}"
-        where = f"partition {r.partition} of `{r.topic}` [{r.start}, {r.end})"
-        if r.end - r.start != r.messages + r.gaps or r.gaps < 0:
-            problems.append(f"{where}: read {r.messages} messages and {r.gaps} gaps")
-        if r.rows + r.quarantined != r.messages:
-            problems.append(
-                f"{where}: read {r.messages} messages but decoded {r.rows} rows and "
-                f"{r.quarantined} quarantined"
-            )
-        expect = {"table": r.rows, "quarantine": r.quarantined, "raw": r.messages}
-        for name, counted in in_files.items():
-            rows, _ = counted.get(key, (0, 0))
-            if rows != expect[name]:
-                problems.append(
-                    f"{where}: the {name} files hold {rows} rows of it, {expect[name]} expected"
-                )
-        sums = {name: counted.get(key, (0, 0))[1] for name, counted in in_files.items()}
-        if "raw" in sums and sums["raw"] != r.offset_sum:
-            problems.append(f"{where}: the raw files hold other offsets than were read")
-        if {"table", "quarantine"} <= sums.keys() and (
-            sums["table"] + sums["quarantine"] != r.offset_sum
-        ):
-            problems.append(
-                f"{where}: the data and quarantine files hold other offsets than were read"
-            )
-    if problems:
-        raise ReconcileError(
-            f"batch {plan.batch} does not reconcile; nothing was committed:\n  "
-            + "\n  ".join(problems)
-        )
-
-
-def reconcile_resumed(
-    cfg: PipelineConfig, plan: BatchPlan, results: list[RangeResult], done: dict[str, bool]
-) -> None:
-    """A resumed batch decides as the attempt whose commits already stand did.
-
-    Tables committed by an earlier attempt recorded what it read and decoded, per
-    partition. This attempt writes the other tables; if it read or decoded otherwise
-    (the decode settings or Strata's decoder changed since, or the raw copy does not
-    hold the batch), its commits would put a message in both tables or in neither.
-
-    Raises:
-        ReconcileError: Naming the partition, before anything more is committed.
-    """
-    name = next(n for n in TABLES if done.get(n))
-    stored = batch_metadata(cfg.location(name), plan.batch, cfg.storage_options, RANGES_KEY)  # type: ignore[arg-type]
-    if stored is None:
-        return
-    before = {(r["topic"], r["partition"]): r for r in stored}
-    problems = []
-    for r in results:
-        earlier = before.get((r.topic, r.partition))
-        if earlier is None:
-            if r.messages:
-                problems.append(f"partition {r.partition} of `{r.topic}`: not in that commit")
-            continue
-        for field_name in ("messages", "gaps", "rows", "quarantined", "offset_sum"):
-            was, now = earlier.get(field_name), getattr(r, field_name)
-            # Commits made before a counter existed carry none of it.
-            if was is not None and was != now:
-                problems.append(
-                    f"partition {r.partition} of `{r.topic}`: {field_name} {was} then, {now} now"
-                )
-    if problems:
-        raise ReconcileError(
-            f"batch {plan.batch} does not decide as the attempt whose {name} commit stands; "
-            "nothing more was committed:\n  " + "\n  ".join(problems) + "\nThe decode "
-            "settings or Strata's decoder changed since that commit, or the raw copy does not "
-            "hold the batch. Finish the batch with the settings and Strata version it began "
-            f"with, or drop it with `strata plan drop --pipeline {cfg.name} --batch "
-            f"{plan.batch} --force --reason TEXT` (its committed rows are removed and its "
-            "offsets read again by the next batch)."
-        )
-
-
-def _file_offsets(files: list[WrittenFile]) -> dict[str, tuple[int, int]]:
-    """Rows and offset sums per `topic:partition` over a table's written files."""
-    out: dict[str, tuple[int, int]] = {}
-    for f in files:
-        for key, (rows, total) in f.offsets.items():
-            have = out.get(key, (0, 0))
-            out[key] = (have[0] + rows, have[1] + total)
-    return out
-
-
-def reconcile_tables(
-    cfg: PipelineConfig,
-    plan: BatchPlan,
-    results: list[RangeResult],
-    tables: tuple[str, ...],
-    written: dict[str, list[WrittenFile]] | None = None,
-) -> None:
-    """Before the ledger commit: each table holds the batch's rows exactly once.
-
-    An ingest's rows are counted by their batch number; a backfill's or replay's by
-    their ranges, which its commits replaced. Delta tables are read back through their
-    logs, plain Parquet tables through the files the batch wrote. A mismatch stops
-    before the ledger commit, so the batch is not done and no run goes on past it.
-
-    Raises:
-        ReconcileError: Naming each partition and table that does not add up.
-    """
-    problems = []
-    for name in tables:
-        if written is not None:
-            counted = _file_counts(cfg, name, written[name])
-        elif plan.kind == "ingest":
-            counted = _batch_counts(cfg, name, plan.batch)
-        else:
-            counted = _range_counts(cfg, name, plan.ranges)
-        for r in results:
-            key = (r.topic, r.partition)
-            want = {"table": r.rows, "quarantine": r.quarantined, "raw": r.messages}[name]
-            have = counted.get(key, 0)
-            if have != want:
-                problems.append(
-                    f"partition {r.partition} of `{r.topic}`: the {name} table holds {have} rows "
-                    f"of batch {plan.batch}, the tasks counted {want}"
-                )
-    if problems:
-        raise ReconcileError(
-            f"batch {plan.batch} does not reconcile; the ledger was not committed:\n  "
-            + "\n  ".join(problems)
-        )
-
-
-def _batch_counts(cfg: PipelineConfig, name: str, batch: int) -> dict[tuple[str, int], int]:
-    table = open_table(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
-    if table is None:
-        return {}
-    data = table.to_pyarrow_dataset().to_table(
-        columns=["_topic", "_partition"], filter=ds.field("_batch") == batch
-    )
-    return count_by_partition(data)
-
-
-def _range_counts(
-    cfg: PipelineConfig, name: str, ranges: list[OffsetRange]
-) -> dict[tuple[str, int], int]:
-    table = open_table(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
-    if table is None:
-        return {}
-    dataset = table.to_pyarrow_dataset()
-    return {(r.topic, r.partition): dataset.count_rows(filter=range_filter(r)) for r in ranges}
-
-
-def _file_counts(
-    cfg: PipelineConfig, name: str, files: list[WrittenFile]
-) -> dict[tuple[str, int], int]:
-    fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
-    if not files:
-        return {}
-    paths = [f"{root}/{f.path}" for f in files]
-    data = ds.dataset(paths, format="parquet", filesystem=fs).to_table(
-        columns=["_topic", "_partition"]
-    )
-    return count_by_partition(data)
-
-
-def count_by_partition(data: pa.Table) -> dict[tuple[str, int], int]:
-    """Rows per (topic, partition) of a table holding `_topic` and `_partition`."""
-    if data.num_rows == 0:
-        return {}
-    grouped = data.group_by(["_topic", "_partition"]).aggregate([("_partition", "count")])
-    return {
-        (t, p): c
-        for t, p, c in zip(
-            grouped.column("_topic").to_pylist(),
-            grouped.column("_partition").to_pylist(),
-            grouped.column("_partition_count").to_pylist(),
-            strict=True,
-        )
-    }
 
 
 def loss_row(lost: OffsetRange, note: str) -> dict[str, object]:
@@ -1209,7 +939,7 @@ def register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
     """Register the tables in the metastore, after the commit; a failure loses nothing."""
     if not cfg.metastore.uri:
         return
-    from strata.metastore import MetastoreError
+    from strata.errors import MetastoreError
     from strata.publish import publish, render_publish
 
     try:

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from strata.errors import SchemaError
+
 if TYPE_CHECKING:
-    from strata.config import PipelineConfig
+    from strata.config import MetastoreTable, PipelineConfig, TableName
 
 # Kafka coordinates carried by every data, raw and quarantine row.
 COORDINATES = pa.schema(
@@ -75,10 +77,6 @@ _DECIMALS = {("bytes", "decimal"), ("fixed", "decimal")}
 # Arrow's decimal256 holds 76 digits; Delta, Hive, Trino and Spark hold 38.
 _MAX_DECIMAL_DIGITS = 76
 _MAX_SQL_DECIMAL_DIGITS = 38
-
-
-class SchemaError(Exception):
-    """An Avro schema cannot be turned into table columns."""
 
 
 @dataclass(frozen=True)
@@ -374,10 +372,15 @@ def data_schema(topic: TopicSchema, partitioning: str) -> pa.Schema:
 
 
 # Each table's name is the pipeline's name plus its suffix (in storage and metastore).
-TABLE_SUFFIXES = {"table": "", "raw": "_raw", "quarantine": "_quarantine", "ledger": "_ledger"}
+TABLE_SUFFIXES: dict[MetastoreTable, str] = {
+    "table": "",
+    "raw": "_raw",
+    "quarantine": "_quarantine",
+    "ledger": "_ledger",
+}
 
 
-def table_layout(cfg: PipelineConfig, which: str) -> tuple[pa.Schema, list[str]]:
+def table_layout(cfg: PipelineConfig, which: TableName) -> tuple[pa.Schema, list[str]]:
     """Schema and partition columns of one of a pipeline's tables.
 
     Args:

@@ -18,14 +18,11 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from strata.config import PipelineConfig
+from strata.errors import JavaMissing
 from strata.task import SplitJob, SplitResult, map_split, reduce_rows, run_split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-class JavaMissing(Exception):
-    """No suitable Java runtime for Spark."""
 
 
 def require_java() -> str:

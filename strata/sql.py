@@ -87,7 +87,7 @@ def trino_statements(cfg: PipelineConfig) -> list[str]:
     return [
         f"CALL {catalog}.system.register_table(schema_name => {database}, "
         f"table_name => {quote_literal(cfg.name + suffix)}, "
-        f"table_location => {quote_literal(_uri(cfg.location(which)))})"  # type: ignore[arg-type]
+        f"table_location => {quote_literal(_uri(cfg.location(which)))})"
         for which, suffix in TABLE_SUFFIXES.items()
     ]
 
@@ -104,7 +104,7 @@ def run_in_trino(cfg: PipelineConfig, statements: list[str]) -> list[str]:
     import trino
     from trino.exceptions import TrinoQueryError
 
-    from strata.metastore import MetastoreError
+    from strata.errors import MetastoreError
 
     url = cfg.trino.url
     assert url is not None
@@ -112,7 +112,8 @@ def run_in_trino(cfg: PipelineConfig, statements: list[str]) -> list[str]:
     host, _, port = rest.rstrip("/").partition(":")
     ran = []
     try:
-        with trino.dbapi.connect(
+        # The trino client is not annotated.
+        with trino.dbapi.connect(  # type: ignore[no-untyped-call]
             host=host,
             port=int(port or (443 if scheme == "https" else 8080)),
             user=cfg.trino.user,
@@ -163,7 +164,7 @@ def pipeline_ddl(
                 [
                     f"schema_name => {quote_literal(cfg.metastore.database)}",
                     f"table_name => {quote_literal(cfg.name + suffix)}",
-                    f"table_location => {quote_literal(_uri(cfg.location(which)))}",  # type: ignore[arg-type]
+                    f"table_location => {quote_literal(_uri(cfg.location(which)))}",
                 ]
             )
             out.append(f"CALL {catalog}.system.register_table({args});")
@@ -175,7 +176,7 @@ def pipeline_ddl(
         name = f"{catalog}.{schema}.{quote_identifier(cfg.name + suffix)}"
         columns = ",\n".join(f"  {quote_identifier(f.name)} {trino_type(f.type)}" for f in arrow)
         props = [
-            f"external_location = {quote_literal(_uri(cfg.location(which)))}",  # type: ignore[arg-type]
+            f"external_location = {quote_literal(_uri(cfg.location(which)))}",
             "format = 'PARQUET'",
         ]
         if partition_by:

@@ -11,9 +11,10 @@ import pyarrow.compute as pc
 
 from strata.config import PipelineConfig
 from strata.decode import human_duration
-from strata.kafka import KafkaUnavailable, oldest_unread_ms, partition_states, retention_limits
+from strata.errors import KafkaUnavailable, PlanError
+from strata.kafka import oldest_unread_ms, partition_states, retention_limits
 from strata.ledger import ledger_state, read_ledger
-from strata.plan import PlanError, PlanStore
+from strata.plan import PlanStore
 
 
 def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:

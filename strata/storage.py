@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, cast
 
 import pyarrow.fs as pafs
 
+from strata.errors import StorageError
+
 if TYPE_CHECKING:
     from obstore.store import S3Config, S3Store
 
@@ -31,10 +33,6 @@ _S3_KEYS = (
     "AWS_SESSION_TOKEN",
     "AWS_ALLOW_HTTP",
 )
-
-
-class StorageError(OSError):
-    """A request to the object store failed; the message names the location and the cause."""
 
 
 def delta_options(uri: str, options: dict[str, str]) -> dict[str, str] | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from strata.config import PipelineConfig
+from strata.config import PipelineConfig, TableName
 from strata.decode import DecodeRules, decode_chunk, partition_stats
 from strata.faults import crash_point
 from strata.kafka import client_conf
@@ -48,7 +48,7 @@ class SplitJob:
     batch: int
     task: int
     ranges: list[OffsetRange]
-    write: frozenset[str]
+    write: frozenset[TableName]
     source: str = "kafka"
     run_id: str = ""
     raw_batch: int | None = None
@@ -114,7 +114,7 @@ class SplitResult:
 
     task: int
     ranges: list[RangeResult]
-    files: dict[str, list[WrittenFile]]
+    files: dict[TableName, list[WrittenFile]]
     seconds: float
 
 
@@ -131,10 +131,12 @@ def task_attempt() -> int:
     return 0 if context is None else int(context.taskAttemptId())
 
 
-def _writer(cfg: PipelineConfig, name: str, batch: int, tag: str, run_id: str) -> PartitionedWriter:
+def _writer(
+    cfg: PipelineConfig, name: TableName, batch: int, tag: str, run_id: str
+) -> PartitionedWriter:
     """A writer for one table's files of one task attempt."""
     schema, partition_by = table_layout(cfg, name)
-    fs, root = filesystem(cfg.location(name), cfg.storage_options)  # type: ignore[arg-type]
+    fs, root = filesystem(cfg.location(name), cfg.storage_options)
     limits = cfg.limits
     return PartitionedWriter(
         fs,

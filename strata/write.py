@@ -26,6 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from strata.errors import UnsafePartitionValue
+
 # Longer string bounds are left out of the statistics rather than bloat the log.
 _MAX_STAT_STRING = 64
 
@@ -439,10 +441,6 @@ class PartitionedWriter:
 
 # A partition value becomes a directory name: it must not be able to leave the table.
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_:+-][A-Za-z0-9_.:+-]*$")
-
-
-class UnsafePartitionValue(ValueError):
-    """A partition value that would not stay one directory inside the table."""
 
 
 def split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...], pa.Table]]:

@@ -25,9 +25,9 @@ import yaml
 from deltalake import DeltaTable
 
 from strata.config import ENV_BOOTSTRAP, ENV_WAREHOUSE, PipelineConfig, load_pipeline
-from strata.demo import HOUR_MS, click_events, produce
-from strata.local_broker import LocalBroker
-from strata.local_service import free_port
+from strata.local.broker import LocalBroker
+from strata.local.events import HOUR_MS, click_events, produce
+from strata.local.service import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 START_MS = 1_763_805_600_000  # 2025-11-22T10:00:00Z
@@ -41,7 +41,7 @@ def broker() -> Iterator[LocalBroker]:
 
 @pytest.fixture(scope="session")
 def metastore(tmp_path_factory):
-    from strata.local_metastore import LocalMetastore
+    from strata.local.metastore import LocalMetastore
 
     with LocalMetastore(tmp_path_factory.mktemp("metastore")) as service:
         yield service

@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from strata.backfill import BackfillError, backfill
+from strata.backfill import backfill
+from strata.errors import BackfillError
 from strata.faults import CRASH_ENV
 from strata.ledger import ledger_state, read_ledger
 from strata.plan import OffsetRange

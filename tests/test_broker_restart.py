@@ -2,7 +2,7 @@
 stops cleanly and the next run lands each once.
 
 The local broker keeps its log in memory, so its process cannot be restarted without
-losing the log (see `strata.local_broker`); `LocalBroker(relayed=True).unreachable()`
+losing the log (see `strata.local.broker`); `LocalBroker(relayed=True).unreachable()`
 plays the restart as clients live it: every connection drops, connects are refused,
 then the same port answers again, with the log intact. A task is frozen at the
 `mid_read` fault point, with part of its ranges read and the rest still on the broker,
@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 
 from strata.faults import FAIL_ONCE_MARKER_ENV, STOP_ENV
 from strata.ledger import read_ledger
-from strata.local_broker import LocalBroker
+from strata.local.broker import LocalBroker
 from strata.plan import PlanStore
 from strata.run import run_batch
 from tests.conftest import START_MS, expected_offsets, produce_clicks

@@ -13,8 +13,8 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 
 from strata.cli import build_parser
-from strata.local_cluster import submit_command, submit_env
-from strata.local_service import free_port
+from strata.local.cluster import submit_command, submit_env
+from strata.local.service import free_port
 from tests.conftest import ROOT, expected_offsets, produce_clicks
 
 STRATA = str(Path(sys.executable).parent / "strata")
@@ -22,11 +22,16 @@ STRATA = str(Path(sys.executable).parent / "strata")
 
 def test_every_subcommand_has_help():
     commands = [a for a in build_parser()._subparsers._group_actions[0].choices]  # noqa: SLF001
-    assert {"run", "status", "publish", "metastore"} <= set(commands)
+    assert {"run", "status", "publish", "backfill", "replay", "quality"} <= set(commands)
+    assert "metastore" not in commands  # the local stack has its own command
     for command in commands:
         done = subprocess.run([STRATA, command, "--help"], capture_output=True, text=True)
         assert done.returncode == 0 and "--json" in done.stdout
-        assert ("--dir" if command == "metastore" else "--pipeline") in done.stdout
+        assert "--pipeline" in done.stdout
+    local = subprocess.run(
+        [STRATA + "-local", "metastore", "--help"], capture_output=True, text=True
+    )
+    assert local.returncode == 0 and "--dir" in local.stdout and "--json" in local.stdout
 
 
 def test_bad_config_fails_at_load_naming_file_key_and_fix(tmp_path):

@@ -20,7 +20,7 @@ import pytest
 
 from strata.faults import CRASH_ENV, FAIL_ONCE_MARKER_ENV, STOP_ENV
 from strata.ledger import read_ledger
-from strata.local_cluster import LocalSparkCluster, spark_home, submit_command, submit_env
+from strata.local.cluster import LocalSparkCluster, spark_home, submit_command, submit_env
 from strata.plan import PlanStore
 from tests.conftest import ROOT, expected_offsets, produce_clicks, s3_landed, s3_pipeline
 

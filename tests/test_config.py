@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata.config import ConfigError, load_pipeline, parse_duration_ms
+from strata.config import load_pipeline, parse_duration_ms
+from strata.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 

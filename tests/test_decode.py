@@ -224,7 +224,7 @@ def test_every_message_lands_exactly_once(values):
 
 
 def test_schema_that_does_not_fit_the_event_time_unit_fails_at_load():
-    from strata.schema import SchemaError
+    from strata.errors import SchemaError
 
     with pytest.raises(SchemaError, match="unit is iso8601 but field 'ts' is int64"):
         rules(unit="iso8601")

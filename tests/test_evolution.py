@@ -184,7 +184,8 @@ def test_a_replay_after_a_schema_fix_moves_quarantined_rows_into_the_table(make_
 
 
 def test_a_default_null_on_a_field_that_cannot_be_null_fails_at_load(tmp_path):
-    from strata.schema import SchemaError, load_topic_schema
+    from strata.errors import SchemaError
+    from strata.schema import load_topic_schema
 
     path = tmp_path / "bad.avsc"
     path.write_text(

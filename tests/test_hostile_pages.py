@@ -20,8 +20,8 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from strata.demo import Message, click_events, produce
 from strata.ledger import LEDGER_SCHEMA
+from strata.local.events import Message, click_events, produce
 from strata.quality import run_quality
 from strata.quality_page import write_summary_page
 from strata.run import run_batch

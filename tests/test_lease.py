@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from strata.config import PipelineConfig
+from strata.errors import LockBusy
 from strata.lease import Epoch, Lease, hold_lease
-from strata.lock import LockBusy, run_lock
+from strata.lock import run_lock
 from strata.storage import list_names, put_if_absent, read_object
 from tests.test_lock import ROOT, Runner, pipeline_body
 
@@ -298,7 +299,7 @@ def test_a_paused_holder_loses_its_lease_and_learns_it_when_it_wakes(s3_endpoint
 
 @pytest.mark.integration
 def test_a_holder_cut_off_from_the_store_stops_trusting_its_lease(tmp_path):
-    from strata.local_service import free_port
+    from strata.local.service import free_port
     from tests.conftest import s3_client
 
     port = free_port()

@@ -7,7 +7,7 @@ import socket
 import psutil
 import pytest
 
-from strata.local_metastore import LOOPBACK
+from strata.local.metastore import LOOPBACK
 from strata.metastore import MetastoreClient
 
 pytestmark = pytest.mark.integration

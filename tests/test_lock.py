@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from strata.config import PipelineConfig
-from strata.lock import FileLock, LeaseLost, LockBusy, RunLock, run_lock
+from strata.errors import LeaseLost, LockBusy
+from strata.lock import FileLock, RunLock, run_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from strata.demo import HOUR_MS, click_events, produce
 from strata.faults import SKIP_ENV
+from strata.local.events import HOUR_MS, click_events, produce
 from tests.conftest import START_MS, expected_offsets, produce_clicks
 from tests.kafka_wire import WireRecord
 from tests.kafka_wire import produce as wire_produce

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from strata.local_service import free_port
+from strata.local.service import free_port
 from strata.metastore import MetastoreClient
 from strata.publish import location_uri
 from strata.run import run_batch
@@ -93,7 +93,7 @@ def test_a_metastore_down_during_a_run_loses_nothing_and_the_next_run_registers(
 
 
 def test_metastore_up_status_down_from_the_command_line(tmp_path):
-    strata = str(Path(sys.executable).parent / "strata")
+    strata = str(Path(sys.executable).parent / "strata-local")
     port = str(free_port())
     where = ["--dir", str(tmp_path / "ms"), "--json"]
     up = subprocess.run(

@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from strata.demo import HOUR_MS
+from strata.errors import QualityError
 from strata.ledger import LEDGER_SCHEMA, read_ledger
-from strata.quality import QualityError, ResultStore, ledger_continuity, run_quality
+from strata.local.events import HOUR_MS
+from strata.quality import ResultStore, ledger_continuity, run_quality
 from strata.run import run_batch
 from tests.conftest import produce_clicks
 

@@ -8,15 +8,10 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from strata.errors import ReadError
 from strata.faults import SKIP_ENV
 from strata.plan import OffsetRange
-from strata.read import (
-    GAP_RUNS_VERIFIED,
-    RangeProgress,
-    ReadError,
-    _keep_in_range,
-    read_ranges,
-)
+from strata.read import GAP_RUNS_VERIFIED, RangeProgress, _keep_in_range, read_ranges
 from strata.schema import RAW_SCHEMA
 from tests.kafka_wire import WireRecord, produce
 

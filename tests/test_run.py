@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from strata.errors import ReconcileError
 from strata.plan import BatchPlan, OffsetRange
-from strata.run import ReconcileError, batch_results, reconcile_files
+from strata.reconcile import batch_results, reconcile_files
 from strata.task import RangeResult, SplitResult
 from strata.write import WrittenFile
 
@@ -115,30 +116,22 @@ def test_decoded_rows_must_account_for_every_message_read():
 
 
 def test_a_resumed_batch_must_decide_as_the_attempt_whose_commit_stands(tmp_path):
-    from strata.config import EventTimeConfig, PipelineConfig
     from strata.delta import commit_files, ensure_table
-    from strata.run import RANGES_KEY, reconcile_resumed
+    from strata.reconcile import RANGES_KEY, reconcile_resumed
     from strata.schema import RAW_SCHEMA
-    from tests.conftest import ROOT
+    from strata.tables import TableRef
 
-    cfg = PipelineConfig(
-        name="clicks",
-        topics=["t"],
-        schema_file="clicks.avsc",
-        schemas_dir=str(ROOT / "schemas"),
-        event_time=EventTimeConfig(field="ts"),
-        warehouse=str(tmp_path),
-    )
+    ref = TableRef(str(tmp_path / "clicks_raw"), "delta")
     plan = BatchPlan("clicks", 1, [OffsetRange("t", 0, 0, 10)], [])
     [then] = batch_results(plan, [split(piece(0, 0, 10))])
     then.rows, then.quarantined = 8, 2
     # The raw copy's commit of batch 1 stands, with what its attempt read and decoded.
-    raw = ensure_table(cfg.location("raw"), RAW_SCHEMA, [], {}, "clicks_raw")
+    raw = ensure_table(ref.uri, RAW_SCHEMA, [], {}, "clicks_raw")
     commit_files(raw, RAW_SCHEMA, [], [], "clicks", 1, {RANGES_KEY: [vars(then)]})
     [now] = batch_results(plan, [split(piece(0, 0, 10))])
     now.rows, now.quarantined = 8, 2
-    reconcile_resumed(cfg, plan, [now], {"raw": True, "quarantine": False, "table": False})
+    reconcile_resumed("clicks", plan, [now], "raw", ref)
     # The resumed attempt quarantines one message fewer (an upgrade changed a rule).
     now.rows, now.quarantined = 9, 1
     with pytest.raises(ReconcileError, match="does not decide as the attempt whose raw commit"):
-        reconcile_resumed(cfg, plan, [now], {"raw": True, "quarantine": False, "table": False})
+        reconcile_resumed("clicks", plan, [now], "raw", ref)

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from strata.config import EventTimeConfig, PipelineConfig
-from strata.metastore import MetastoreError
+from strata.errors import MetastoreError, SchemaError
 from strata.publish import hive_type
-from strata.schema import SchemaError, load_pipeline_schema, load_topic_schema
+from strata.schema import load_pipeline_schema, load_topic_schema
 from strata.sql import trino_type
 
 

@@ -22,8 +22,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from strata.config import ConfigError, PipelineConfig, load_pipeline
-from strata.local_service import free_port
+from strata.config import PipelineConfig, load_pipeline
+from strata.errors import ConfigError
+from strata.local.service import free_port
 from tests.conftest import ROOT, expected_offsets, produce_clicks, s3_landed, s3_pipeline
 
 STRATA = str(Path(sys.executable).parent / "strata")
@@ -227,7 +228,7 @@ def test_what_the_command_prints_is_redacted_even_when_a_message_quotes_a_secret
     tmp_path, canaries, capsys
 ):
     from strata.cli import run_guarded
-    from strata.kafka import KafkaUnavailable
+    from strata.errors import KafkaUnavailable
     from strata.report import render_summary, summary_dict
     from strata.run import RunOutcome
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from strata.demo import HOUR_MS
+from strata.local.events import HOUR_MS
 from tests.conftest import produce_clicks
 
 pytestmark = pytest.mark.integration

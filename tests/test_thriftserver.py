@@ -10,7 +10,7 @@ from pyhive import hive
 from sqlglot import exp
 
 from strata.ledger import read_ledger
-from strata.local_thriftserver import LocalThriftServer
+from strata.local.thriftserver import LocalThriftServer
 from strata.run import run_batch
 from tests.conftest import ROOT, START_MS, produce_clicks
 

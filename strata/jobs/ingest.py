@@ -18,7 +18,8 @@ import argparse
 import sys
 
 from strata.cli import run_guarded
-from strata.config import ConfigError, load_pipeline
+from strata.config import load_pipeline
+from strata.errors import ConfigError
 from strata.report import render_summary, summary_dict
 from strata.run import run_batch
 from strata.spark import build_session, submitted_master
@@ -41,7 +42,7 @@ def main() -> int:
         cfg = load_pipeline(args.pipeline, args.conf_dir)
     except ConfigError as exc:
         print(f"strata: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
 
     def action() -> tuple[str, dict[str, object]]:
         master = submitted_master() or cfg.spark.master

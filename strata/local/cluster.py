@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
 
-from strata.local_service import LocalService, Supervised, free_port
+from strata.local.service import LocalService, Supervised, free_port
 
 
 def spark_home() -> Path:

@@ -23,9 +23,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
-from strata.local_service import LocalService, free_port
+# The admin module defines NewTopic without listing it in `__all__`.
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from strata.local.service import LocalService, free_port
 
 
 def tansu_binary() -> Path:

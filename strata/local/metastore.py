@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from strata.local_service import LocalService, port_open
+from strata.local.service import LocalService, port_open
 
 LAUNCHER_CLASS = "StrataLocalMetastore"
 STATE_FILE = "metastore.json"

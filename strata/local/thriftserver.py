@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from strata.local_service import LocalService
+from strata.local.service import LocalService
 
 MAIN_CLASS = "org.apache.spark.sql.hive.thriftserver.HiveThriftServer2"
 

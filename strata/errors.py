@@ -1,0 +1,125 @@
+"""Every error Strata raises on purpose, and the exit code each one means.
+
+A command catches `StrataError` alone: its message is written for the operator (what
+happened, and the way out), and `exit_code` is what the process ends with: 2 for
+configuration, 3 when another runner holds the pipeline, 1 for everything else. An
+error of a library that reaches the command line is not one of these; the command
+prints its meaningful line and exits 1.
+
+Errors raised inside a Spark task reach the driver only as text; `from_task_failure`
+finds ours in it by this module's name, so a task's `ReadError` ends the command as a
+`ReadError` would have on the driver.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class StrataError(Exception):
+    """An error whose message says what happened and what to do; ends a command."""
+
+    exit_code = 1
+
+
+class ConfigError(StrataError):
+    """A configuration file is missing or invalid; the message names file, key and fix."""
+
+    exit_code = 2
+
+
+class SchemaError(StrataError):
+    """An Avro schema cannot be turned into table columns."""
+
+    exit_code = 2
+
+
+class LockBusy(StrataError):
+    """Another run of the same pipeline is in flight."""
+
+    exit_code = 3
+
+
+class LeaseLost(StrataError):
+    """This run no longer holds its lease; it must not commit anything more."""
+
+    exit_code = 3
+
+
+class LeaseUnavailable(StrataError):
+    """The lease could not be read or written; nothing was done."""
+
+
+class PlanError(StrataError):
+    """The broker's state makes a safe plan impossible; the message says what to do."""
+
+
+class KafkaUnavailable(StrataError):
+    """The brokers, a topic or a partition could not be reached in time."""
+
+
+class ReadError(StrataError):
+    """A planned range could not be read."""
+
+
+class ReconcileError(StrataError):
+    """Offsets read do not equal rows + quarantined + gaps, or the tables disagree."""
+
+
+class BackfillError(StrataError):
+    """The backfill or replay cannot be done as asked; nothing was changed."""
+
+
+class LedgerEditError(StrataError):
+    """A ledger edit cannot be made as asked; nothing was changed."""
+
+
+class MetastoreError(StrataError):
+    """The metastore could not be reached, or refused a change."""
+
+
+class QualityError(StrataError):
+    """Quality cannot be checked as asked (no such batch, a bad expectation)."""
+
+
+class QualityGateFailed(StrataError):
+    """A batch failed its quality suite under `quality.gate: fail`."""
+
+
+class JavaMissing(StrataError):
+    """No suitable Java runtime for Spark."""
+
+
+class StorageError(StrataError, OSError):
+    """A request to the object store failed; the message names the location and the cause.
+
+    Also an `OSError`, as the file system errors it stands beside are.
+    """
+
+
+class UnsafePartitionValue(StrataError, ValueError):
+    """A partition value that would not stay one directory inside the table."""
+
+
+_RAISED_IN_TASK = re.compile(r"^strata\.errors\.(\w+): (.*)$", re.MULTILINE)
+
+
+def from_task_failure(text: str) -> StrataError | None:
+    """The error of ours a failed Spark task raised, from the text the driver received.
+
+    Args:
+        text: The message of the exception Spark raised on the driver; it ends with the
+            worker's Python traceback.
+
+    Returns:
+        The same kind of error with the task's message (its first line), or None if
+        the task failed with something else.
+    """
+    found = _RAISED_IN_TASK.findall(text)
+    if not found:
+        return None
+    name, message = found[-1]
+    kind = globals().get(name)
+    if not (isinstance(kind, type) and issubclass(kind, StrataError)):
+        return None
+    return kind(message)

@@ -1,0 +1,5 @@
+"""`python -m strata.local`: the same as the `strata-local` command."""
+
+from strata.local.cli import entry
+
+entry()

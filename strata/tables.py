@@ -1,0 +1,158 @@
+"""Reading a pipeline's tables, Delta or plain Parquet: the one way every reader opens them.
+
+Run, backfill, replay, quality and the summary page all read back what a batch wrote:
+to reconcile it, to check it, to count what landed where. They open a table through
+`TableRef`, which knows the table's location, its format and the storage options, so
+the Delta-or-Parquet decision is made here once. Writing and committing stay with
+`strata.write` and `strata.delta`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from strata.config import TableName
+from strata.delta import open_table, range_filter
+from strata.storage import filesystem
+
+if TYPE_CHECKING:
+    from strata.config import PipelineConfig
+    from strata.plan import OffsetRange
+
+TableFormat = Literal["delta", "parquet"]
+
+Counts = dict[tuple[str, int], int]
+"""Rows per (topic, partition)."""
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """Where one of a pipeline's tables lives and how to read it.
+
+    Attributes:
+        uri: The table's location: a local path or an `s3://` URI.
+        format: `delta`, or `parquet` for plain Parquet directories.
+        options: Storage options (credentials, endpoint) for the object store.
+    """
+
+    uri: str
+    format: TableFormat
+    options: dict[str, str] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, cfg: PipelineConfig, name: TableName) -> TableRef:
+        """The reference to one of a pipeline's tables.
+
+        Args:
+            cfg: The pipeline.
+            name: Which table.
+
+        Returns:
+            The table's reference.
+        """
+        return cls(cfg.location(name), cfg.table_format, cfg.storage_options)
+
+
+def table_refs(cfg: PipelineConfig, names: tuple[TableName, ...]) -> dict[TableName, TableRef]:
+    """References to several of a pipeline's tables, by name."""
+    return {name: TableRef.of(cfg, name) for name in names}
+
+
+def dataset(ref: TableRef, schema: pa.Schema | None = None) -> ds.Dataset | None:
+    """The table's current files as one Arrow dataset, or None if there is no table yet.
+
+    Args:
+        ref: The table.
+        schema: For plain Parquet, the schema to read with; files that do not match it
+            (a stray file in the directory) are left out rather than failing the read.
+
+    Returns:
+        The dataset: for Delta, the files of the current snapshot; for Parquet, every
+        data file under the table's directory, with `dt`/`hr` from its path.
+    """
+    if ref.format == "delta":
+        table = open_table(ref.uri, ref.options)
+        return None if table is None else table.to_pyarrow_dataset()
+    fs, root = filesystem(ref.uri, ref.options)
+    if fs.get_file_info(root).type == pafs.FileType.NotFound:
+        return None
+    return ds.dataset(
+        root,
+        filesystem=fs,
+        format="parquet",
+        partitioning="hive",
+        schema=schema,
+        exclude_invalid_files=schema is not None,
+    )
+
+
+def read(
+    ref: TableRef,
+    columns: list[str],
+    where: ds.Expression | None = None,
+    empty: pa.Schema | None = None,
+) -> pa.Table:
+    """Rows of the table, the columns asked for; an empty table if there is no table yet.
+
+    Args:
+        ref: The table.
+        columns: The columns to read.
+        where: Which rows.
+        empty: The schema of the empty result when the table does not exist; by default
+            the columns asked for, as strings, except the coordinates' own types.
+
+    Returns:
+        The rows.
+    """
+    found = dataset(ref)
+    if found is None:
+        schema = empty or pa.schema([(c, _COORDINATE_TYPES.get(c, pa.string())) for c in columns])
+        return schema.empty_table().select(columns)
+    return found.to_table(columns=columns, filter=where)
+
+
+_COORDINATE_TYPES = {"_partition": pa.int32(), "_offset": pa.int64(), "_batch": pa.int64()}
+
+
+def count_by_partition(data: pa.Table) -> Counts:
+    """Rows per (topic, partition) of a table holding `_topic` and `_partition`."""
+    if data.num_rows == 0:
+        return {}
+    grouped = data.group_by(["_topic", "_partition"]).aggregate([("_partition", "count")])
+    return {
+        (t, p): c
+        for t, p, c in zip(
+            grouped.column("_topic").to_pylist(),
+            grouped.column("_partition").to_pylist(),
+            grouped.column("_partition_count").to_pylist(),
+            strict=True,
+        )
+    }
+
+
+def batch_counts(ref: TableRef, batch: int) -> Counts:
+    """Rows of one batch in the table, per (topic, partition)."""
+    rows = read(ref, ["_topic", "_partition"], ds.field("_batch") == batch)
+    return count_by_partition(rows)
+
+
+def range_counts(ref: TableRef, ranges: list[OffsetRange]) -> Counts:
+    """Rows of the table within each offset range, of any batch, per (topic, partition)."""
+    found = dataset(ref)
+    if found is None:
+        return {}
+    return {(r.topic, r.partition): found.count_rows(filter=range_filter(r)) for r in ranges}
+
+
+def file_counts(ref: TableRef, paths: list[str]) -> Counts:
+    """Rows of the given data files (relative to the table), per (topic, partition)."""
+    if not paths:
+        return {}
+    fs, root = filesystem(ref.uri, ref.options)
+    files = ds.dataset([f"{root}/{p}" for p in paths], format="parquet", filesystem=fs)
+    return count_by_partition(files.to_table(columns=["_topic", "_partition"]))
