@@ -5,17 +5,23 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Lock files (layout at the top of each): the whole dev environment, and the two
+# subsets that ship, with the same pins.
+DEV_LOCK := requirements.lock
+RUNTIME_LOCK := requirements/runtime.lock
+EXECUTOR_LOCK := requirements/executor.lock
+CHECK_PYTHON := @$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Strata needs Python 3.11; set PYTHON=/path/to/python3.11")'
 
 .PHONY: help setup check-java chromium demo test test-unit lint format bench dist lock clean report-screenshot
 
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
-$(STAMP): requirements.lock setup.cfg pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Strata needs Python 3.11; set PYTHON=/path/to/python3.11")'
+$(STAMP): pyproject.toml $(DEV_LOCK)
+	$(CHECK_PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.lock
+	$(BIN)/pip install --quiet -r $(DEV_LOCK)
 	$(BIN)/pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
@@ -34,15 +40,15 @@ chromium: ## Install Debian's chromium (headless) for the report tests, unless p
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
 demo: setup ## Start a local broker, seed ~100k click events, run one batch, show what landed
-	$(BIN)/python -m strata.demo
+	$(BIN)/python -m strata.local.demo
 
 test: setup chromium ## Run the whole suite (real broker, real Spark, headless Chromium)
 	$(BIN)/pytest -q
 
-test-unit: setup ## Run the fast unit tier only
-	$(BIN)/pytest -q -m "not integration"
+test-unit: setup ## Run the fast unit tier only (tests/unit)
+	$(BIN)/pytest -q tests/unit
 
-lint: setup ## ruff and mypy, both must be clean
+lint: setup ## ruff and mypy (settings in pyproject.toml), both must be clean
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy strata bench
@@ -63,22 +69,51 @@ report-screenshot: demo chromium ## Run the demo, then screenshot its quality su
 
 DIST ?= dist
 EXECUTOR_ENV ?= build/executor-env
-dist: setup ## Build the wheel and the executors' packed environment (spark-submit --archives)
+dist: setup $(EXECUTOR_LOCK) ## Build the wheel and the executors' packed environment (spark-submit --archives)
 	rm -rf $(EXECUTOR_ENV) $(DIST)/strata-*.whl $(DIST)/strata-executor-env.tar.gz
 	mkdir -p $(DIST)
 	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(DIST) .
 	$(BIN)/python -m venv $(EXECUTOR_ENV)
-	$(EXECUTOR_ENV)/bin/pip install --quiet -c requirements.lock $$($(BIN)/python -c \
-	  'from importlib.metadata import requires; print(" ".join(r.split(";")[0].replace(" ", "") for r in requires("strata") if "extra == \"executor\"" in r))')
+	$(EXECUTOR_ENV)/bin/pip install --quiet -r $(EXECUTOR_LOCK)
 	$(EXECUTOR_ENV)/bin/pip install --quiet --no-deps $(DIST)/strata-*.whl
 	$(BIN)/venv-pack --quiet --force -p $(EXECUTOR_ENV) -o $(DIST)/strata-executor-env.tar.gz
 	@echo "built $(DIST)/strata-executor-env.tar.gz (executors: --archives ...#environment) and the wheel"
 
-lock: ## Regenerate requirements.lock from setup.cfg (needs the registry)
-	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv && .lock-venv/bin/pip install --quiet -e '.[dev]'
-	(echo "# Exact pins for every dependency, dev tools included. Regenerate with 'make lock'."; \
-	  .lock-venv/bin/pip freeze --exclude-editable | sort -f) > requirements.lock
-	rm -rf .lock-venv
+# Extra pip options for the dev resolve: LOCK_FLAGS='-c requirements.lock' re-splits
+# the locks without upgrading anything.
+LOCK_FLAGS ?=
+# The executor extra's requirements, read from pyproject.toml: the executors'
+# environment holds them alone, not Strata's own dependencies.
+EXECUTOR_REQS := $(PYTHON) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["executor"]))'
+lock: ## Regenerate the lock files from pyproject.toml, each in a throwaway venv (needs the registry)
+	$(CHECK_PYTHON)
+	@set -euo pipefail; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	freeze() { "$$1/bin/pip" freeze --exclude strata | LC_ALL=C sort -f; }; \
+	echo "lock: dev (.[dev])"; \
+	$(PYTHON) -m venv "$$tmp/dev"; "$$tmp/dev/bin/pip" install --quiet $(LOCK_FLAGS) '.[dev]'; \
+	{ echo "# Dev lock: exact pins of pip install '.[dev]': the dependencies, Airflow, the local"; \
+	  echo "# stack, test and lint tools. 'make setup' installs it. requirements/runtime.lock and"; \
+	  echo "# requirements/executor.lock are subsets with the same pins. Regenerate with 'make lock'."; \
+	  freeze "$$tmp/dev"; } > "$$tmp/dev.lock"; \
+	echo "lock: runtime (.)"; \
+	$(PYTHON) -m venv "$$tmp/runtime"; "$$tmp/runtime/bin/pip" install --quiet -c "$$tmp/dev.lock" .; \
+	{ echo "# Runtime lock: exact pins of pip install . (the dependencies, no extra), the same"; \
+	  echo "# pins as requirements.lock. Regenerate with 'make lock'."; \
+	  freeze "$$tmp/runtime"; } > "$$tmp/runtime.lock"; \
+	echo "lock: executor (the executor extra alone)"; \
+	$(PYTHON) -m venv "$$tmp/executor"; $(EXECUTOR_REQS) > "$$tmp/executor.in"; \
+	"$$tmp/executor/bin/pip" install --quiet -c "$$tmp/dev.lock" -r "$$tmp/executor.in"; \
+	{ echo "# Executor lock: exact pins of the executor extra alone, what 'make dist' installs into"; \
+	  echo "# the executors' packed environment (they take pyspark from their Spark installation),"; \
+	  echo "# the same pins as requirements.lock. Regenerate with 'make lock'."; \
+	  freeze "$$tmp/executor"; } > "$$tmp/executor.lock"; \
+	for f in runtime executor; do \
+	  if grep -v '^#' "$$tmp/$$f.lock" | grep -vxFf "$$tmp/dev.lock"; then \
+	    echo "error: the pins above of $$f.lock differ from the dev lock's" >&2; exit 1; fi; \
+	done; \
+	mkdir -p requirements; \
+	mv "$$tmp/dev.lock" $(DEV_LOCK); mv "$$tmp/runtime.lock" $(RUNTIME_LOCK); mv "$$tmp/executor.lock" $(EXECUTOR_LOCK); \
+	echo "wrote $(DEV_LOCK) $(RUNTIME_LOCK) $(EXECUTOR_LOCK)"
 
 clean: ## Remove the virtualenv, caches and local warehouses
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-warehouse bench-warehouse spark-warehouse *.egg-info build dist

@@ -94,10 +94,10 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
             ingest = ingest()
 
         @task
-        def publish() -> dict[str, object]:
-            from strata.orchestrate import publish_task
+        def register() -> dict[str, object]:
+            from strata.orchestrate import register_task
 
-            return publish_task(name, CONF_DIR)
+            return register_task(name, CONF_DIR)
 
         @task
         def quality_gate(planned: dict[str, object]) -> dict[str, object]:
@@ -113,7 +113,7 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
                 raise AirflowFailException(str(exc)) from None
 
         planned = plan()
-        planned >> ingest >> publish() >> quality_gate(planned)
+        planned >> ingest >> register() >> quality_gate(planned)
     return dag
 
 

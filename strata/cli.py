@@ -15,6 +15,7 @@ from typing import Any
 
 from strata.config import PipelineConfig, load_pipeline, redact, redact_json
 from strata.errors import ConfigError, StrataError, from_task_failure
+from strata.log import configure as configure_logging
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -73,13 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(status)
     status.add_argument("--history", type=int, default=10, help="how many recent batches to list")
-    publish = sub.add_parser(
-        "publish",
+    register = sub.add_parser(
+        "register",
+        aliases=["publish"],
         help="register the pipeline's tables in the Hive Metastore",
         description="Create or correct the metastore entries of the pipeline's data, raw, "
         "quarantine and ledger tables. Idempotent; every run does it after its commit.",
     )
-    _common(publish)
+    _common(register)
     backfill = sub.add_parser(
         "backfill",
         help="re-ingest one committed offset range, replacing its rows",
@@ -174,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     args = build_parser().parse_args(argv)
+    configure_logging()
     try:
         cfg = load_pipeline(args.pipeline, args.conf_dir)
     except ConfigError as exc:
@@ -182,7 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[PipelineConfig, argparse.Namespace], tuple[str, dict[str, Any]]] = {
         "run": _run,
         "status": _status,
-        "publish": _publish,
+        "register": _register,
+        "publish": _register,
         "sql": _sql,
         "backfill": _backfill,
         "replay": _replay,
@@ -215,7 +219,7 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
     print(redact(text), flush=True)
     # A run whose batch committed but whose tables could not be registered still fails:
     # the data is safe, and the exit code makes the scheduler retry the registration.
-    error = body.get("publish_error") or body.get("gate_error")
+    error = body.get("register_error") or body.get("gate_error")
     if error:
         print(f"strata: error: {redact(error)}", file=sys.stderr, flush=True)
     if as_json:
@@ -301,13 +305,13 @@ def _ledger(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
     return render_edit(edit), asdict(edit)
 
 
-def _publish(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+def _register(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from dataclasses import asdict
 
-    from strata.publish import publish, render_publish
+    from strata.register import register_tables, render_registration
 
-    report = publish(cfg)
-    return render_publish(report), asdict(report)
+    report = register_tables(cfg)
+    return render_registration(report), asdict(report)
 
 
 def _backfill(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

@@ -39,6 +39,7 @@ from pydantic import (
     model_validator,
 )
 
+from strata.durations import parse_duration_ms
 from strata.errors import ConfigError
 
 _Json = TypeVar("_Json")
@@ -56,8 +57,6 @@ ENV_METASTORE = "STRATA_METASTORE_URI"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
-_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 # Words of a key (split at `.`, `_`, `-` and case changes, lower-cased) that make its
 # value a credential: sasl.password, ssl.key.password, ssl.keystore.password,
 # sasl.oauthbearer.client.secret, AWS_SECRET_ACCESS_KEY, AWS_ACCESS_KEY_ID,
@@ -180,28 +179,6 @@ def _masked(key: object, value: Any) -> Any:  # noqa: ANN401 - any field's value
     if isinstance(value, str):
         return redact(value)
     return value
-
-
-def parse_duration_ms(value: str | int) -> int:
-    """Parse a duration such as ``"90s"``, ``"1h"`` or ``"7d"`` into milliseconds.
-
-    Args:
-        value: A string with a unit (ms, s, m, h, d) or an integer number of milliseconds.
-
-    Returns:
-        The duration in milliseconds.
-
-    Raises:
-        ValueError: If the value has no recognised unit.
-    """
-    if isinstance(value, int):
-        return value
-    match = _DURATION.match(value)
-    if not match:
-        raise ValueError(
-            f"{value!r} is not a duration; write a number and a unit, e.g. '1h' or '90s'"
-        )
-    return int(match.group(1)) * _DURATION_MS[match.group(2)]
 
 
 def _valid_duration(value: str) -> str:
@@ -364,7 +341,7 @@ class MetastoreConfig(_Strict):
 
 
 class TrinoConfig(_Strict):
-    """A Trino to notify after publishing.
+    """A Trino to notify after registering the tables.
 
     Attributes:
         url: `http(s)://host:port` of the Trino coordinator; unset, Trino is not called.
@@ -528,7 +505,7 @@ class PipelineConfig(_Strict):
         limits: Batch bounds.
         spark: Spark session settings.
         metastore: Hive Metastore registration.
-        trino: A Trino to notify after publishing.
+        trino: A Trino to notify after registering the tables.
         airflow: Scheduling of the pipeline's DAGs.
         quality: The data-quality suite and gate.
         storage_options: Object-store options (endpoint, region...) for s3:// locations.

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from strata.config import PipelineConfig
+from strata.durations import human_duration
 from strata.errors import SchemaError
 from strata.schema import (
     QUARANTINE_SCHEMA,
@@ -1058,15 +1059,6 @@ def _iso(us: int) -> str:
     except OverflowError:
         return f"{us // 1000} ms after 1970-01-01"
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def human_duration(ms: int) -> str:
-    """A duration in the largest fitting unit, e.g. `3.5h` or `2.0d`."""
-    seconds = ms / 1000
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.1f}s"
 
 
 def partition_stats(rows: pa.Table, late_after_ms: int) -> dict[tuple[str, int], dict[str, int]]:

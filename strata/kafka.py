@@ -129,7 +129,7 @@ def topic_ids(cfg: PipelineConfig) -> dict[str, str]:
     return found
 
 
-def publish_group_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str | None:
+def publish_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str | None:
     """Commit the batch's end offsets to the pipeline's consumer group.
 
     Lag tools (Burrow, kafka-consumer-groups) read the group; the ledger stays the

@@ -24,7 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from strata.config import PipelineConfig, parse_duration_ms
+from strata.config import PipelineConfig
+from strata.durations import parse_duration_ms
 from strata.errors import LockBusy
 
 logger = logging.getLogger(__name__)

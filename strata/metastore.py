@@ -1,6 +1,6 @@
 """A thin client for the Hive Metastore's thrift API.
 
-Only the calls publishing needs, each bounded by a socket timeout, with errors
+Only the calls registration needs, each bounded by a socket timeout, with errors
 turned into `MetastoreError` sentences. The thrift bindings come from the
 `pymetastore` package; its generated code speaks to Hive 2.3 and 3.x metastores.
 """

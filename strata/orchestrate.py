@@ -42,20 +42,20 @@ def ingest_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     return redact_json(summary_dict(outcome))
 
 
-def publish_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+def register_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Register the tables in the metastore (and tell Trino), if one is configured."""
     from strata.run import RunOutcome, register
 
     cfg = load_pipeline(pipeline, conf_dir)
     if not cfg.metastore.uri:
-        return {"pipeline": pipeline, "published": None, "reason": "no metastore configured"}
-    outcome = RunOutcome(pipeline, "publish")
+        return {"pipeline": pipeline, "registered": None, "reason": "no metastore configured"}
+    outcome = RunOutcome(pipeline, "register")
     register(cfg, outcome)
-    if outcome.publish_error:
+    if outcome.register_error:
         from strata.errors import MetastoreError
 
-        raise MetastoreError(redact(outcome.publish_error))
-    return redact_json({"pipeline": pipeline, "published": outcome.published})
+        raise MetastoreError(redact(outcome.register_error))
+    return redact_json({"pipeline": pipeline, "registered": outcome.registered})
 
 
 def quality_gate_task(pipeline: str, conf_dir: str, batch: int | None) -> dict[str, Any]:
@@ -111,8 +111,8 @@ def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """
     from deltalake import DeltaTable
 
-    from strata.config import parse_duration_ms
     from strata.delta import open_table
+    from strata.durations import parse_duration_ms
     from strata.lock import run_lock
 
     cfg = load_pipeline(pipeline, conf_dir)

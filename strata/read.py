@@ -16,8 +16,8 @@ so a task that fails on one message would fail that batch on every re-run.
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +32,8 @@ from strata.errors import ReadError
 from strata.faults import SKIP_ENV, crash_point
 from strata.plan import OffsetRange
 from strata.schema import RAW_SCHEMA
+
+logger = logging.getLogger(__name__)
 
 # Consumer settings for reading whole ranges. librdkafka's default prefetch target
 # (100k messages) starves a consumer that reads far faster than it fetches; a deeper
@@ -320,10 +322,13 @@ def read_ranges(
                 if trouble.last is not None:
                     # The outage is over (or the client's queue bridged it): say so, since
                     # its refusals were logged and the batch still lands whole.
-                    sys.stderr.write(
-                        f"strata: batch {batch}: reading on after {now - last_progress:.1f}s "
-                        f"without progress, while {trouble.brokers} could not be reached "
-                        f"({trouble.last})\n"
+                    logger.warning(
+                        "batch %s: reading on after %.1fs without progress, while %s could "
+                        "not be reached (%s)",
+                        batch,
+                        now - last_progress,
+                        trouble.brokers,
+                        trouble.last,
                     )
                     trouble.last = None
                 last_progress = now
@@ -345,9 +350,14 @@ def read_ranges(
                     else ""
                 )
                 for (t, p), st in active.items():
-                    sys.stderr.write(
-                        f"strata: batch {batch} reading `{t}` p{p}: {st.messages:,} of "
-                        f"{st.range.count:,} offsets{waiting}\n"
+                    logger.info(
+                        "batch %s reading `%s` p%s: %s of %s offsets%s",
+                        batch,
+                        t,
+                        p,
+                        f"{st.messages:,}",
+                        f"{st.range.count:,}",
+                        waiting,
                     )
     finally:
         consumer.close()

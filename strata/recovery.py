@@ -21,7 +21,7 @@ from typing import Any
 from strata.config import PipelineConfig, TableName
 from strata.delta import batch_metadata
 from strata.errors import LedgerEditError, PlanError
-from strata.kafka import partition_states, publish_group_offsets, topic_ids
+from strata.kafka import partition_states, publish_offsets, topic_ids
 from strata.ledger import commit_ledger, committed_topic_ids, ledger_state, unread_row
 from strata.lock import run_lock
 from strata.plan import OffsetRange, PlanStore
@@ -275,7 +275,7 @@ def seek(
         positions = [
             OffsetRange(topic, int(str(r["partition"])), 0, int(str(r["end_offset"]))) for r in rows
         ]
-        problem = publish_group_offsets(cfg, positions)
+        problem = publish_offsets(cfg, positions)
         if problem:
             warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")
         return LedgerEdit(cfg.name, "seek", nxt, rows, warnings)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from strata.decode import human_duration
+from strata.durations import human_duration
 from strata.kafka import client_version
 from strata.run import RunOutcome
 
@@ -61,8 +61,8 @@ def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
         "warnings": outcome.warnings,
         # Old clients make brokers down-convert every fetch; say which one read the data.
         "kafka_client": client_version(),
-        "published": outcome.published,
-        "publish_error": outcome.publish_error,
+        "registered": outcome.registered,
+        "register_error": outcome.register_error,
     }
 
 
@@ -75,8 +75,8 @@ def render_summary(outcome: RunOutcome) -> str:
             f"pipeline {outcome.pipeline}: nothing new to read (lag {lag:,} messages); no batch run"
         ]
         lines.extend(f"warning: {w}" for w in s["warnings"])
-        if s["published"]:
-            lines.append(s["published"])
+        if s["registered"]:
+            lines.append(s["registered"])
         return "\n".join(lines)
     head = (
         f"pipeline {outcome.pipeline}: batch {outcome.batch} {outcome.status}: "
@@ -133,6 +133,6 @@ def render_summary(outcome: RunOutcome) -> str:
             )
         )
     out.extend(f"warning: {w}" for w in s["warnings"])
-    if s["published"]:
-        out.append(s["published"])
+    if s["registered"]:
+        out.append(s["registered"])
     return "\n".join(out)

@@ -43,7 +43,7 @@ from strata.delta import (
 )
 from strata.errors import KafkaUnavailable, LeaseLost, PlanError, ReconcileError, SchemaError
 from strata.faults import crash_point
-from strata.kafka import partition_states, publish_group_offsets, topic_ids
+from strata.kafka import partition_states, publish_offsets, topic_ids
 from strata.ledger import (
     LedgerState,
     commit_ledger,
@@ -107,8 +107,8 @@ class RunOutcome:
         spark_seconds: Time to start Spark (0 when no JVM was needed).
         read_seconds: Time the tasks took, Spark start-up excluded.
         warnings: Things the operator should know that did not fail the run.
-        published: What registering the tables in the metastore changed, if configured.
-        publish_error: Why registering failed; the batch stands, the run exits non-zero.
+        registered: What registering the tables in the metastore changed, if configured.
+        register_error: Why registering failed; the batch stands, the run exits non-zero.
     """
 
     pipeline: str
@@ -122,8 +122,8 @@ class RunOutcome:
     spark_seconds: float = 0.0
     read_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
-    published: str | None = None
-    publish_error: str | None = None
+    registered: str | None = None
+    register_error: str | None = None
 
 
 def run_batch(
@@ -145,7 +145,7 @@ def run_batch(
         max_offsets: Per-partition cap for this run, overriding the config.
         session: Builds the Spark session; only called when there is data to read.
         register_tables: Register the tables in the metastore after the commit. An
-            Airflow DAG leaves this to its own publish task.
+            Airflow DAG leaves this to its own register task.
         accept_loss: Who accepts offsets lost to retention, and why (recorded in the
             ledger); None fails closed unless the pipeline's `on_data_loss` is `accept`.
 
@@ -164,7 +164,7 @@ def run_batch(
             outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
             # Catch the consumer group up with the ledger, in case a run died before.
             ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
-            _publish(cfg, ranges, outcome)
+            _publish_offsets(cfg, ranges, outcome)
         elif plan.kind == "ingest":
             outcome = _ingest(cfg, plan, state, resumed, session, lock)
         else:
@@ -227,7 +227,9 @@ def _ingest(
         kept = {f.path for fs in written.files.values() for f in fs}
         if kept:
             remove_batch_files(cfg, plan.batch, keep=kept)
-    _publish(cfg, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome)
+    _publish_offsets(
+        cfg, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome
+    )
     try:
         after = partition_states(cfg, {(r.topic, r.partition): r.end for r in results})
         committed = dict(state.committed)
@@ -940,24 +942,24 @@ def register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
     if not cfg.metastore.uri:
         return
     from strata.errors import MetastoreError
-    from strata.publish import publish, render_publish
+    from strata.register import register_tables, render_registration
 
     try:
-        outcome.published = render_publish(publish(cfg))
+        outcome.registered = render_registration(register_tables(cfg))
         if cfg.trino.url:
             from strata.sql import run_in_trino, trino_statements
 
             ran = run_in_trino(cfg, trino_statements(cfg))
-            outcome.published += f"; {len(ran)} statement(s) run in Trino at {cfg.trino.url}"
+            outcome.registered += f"; {len(ran)} statement(s) run in Trino at {cfg.trino.url}"
     except MetastoreError as exc:
         done = f"batch {outcome.batch} is committed; " if outcome.batch else ""
-        outcome.publish_error = (
+        outcome.register_error = (
             f"{done}registering the tables in the metastore failed: {exc}. The next run, "
-            f"or `strata publish --pipeline {cfg.name}`, completes the registration."
+            f"or `strata register --pipeline {cfg.name}`, completes the registration."
         )
 
 
-def _publish(cfg: PipelineConfig, ranges: list[OffsetRange], outcome: RunOutcome) -> None:
-    problem = publish_group_offsets(cfg, ranges)
+def _publish_offsets(cfg: PipelineConfig, ranges: list[OffsetRange], outcome: RunOutcome) -> None:
+    problem = publish_offsets(cfg, ranges)
     if problem:
         outcome.warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")

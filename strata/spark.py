@@ -7,6 +7,7 @@ in the Python workers, in Arrow.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING
 from strata.config import PipelineConfig
 from strata.errors import JavaMissing
 from strata.task import SplitJob, SplitResult, map_split, reduce_rows, run_split
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -85,9 +88,10 @@ def default_tasks(cfg: PipelineConfig) -> int:
     sized = parallelism_from_conf(conf)
     if sized:
         return sized
-    sys.stderr.write(
-        f"strata: {cfg.name}: the cluster's cores are unknown before Spark starts; the batch "
-        "is split into 2 tasks. Set spark.tasks (or spark.default.parallelism) to its cores\n"
+    logger.warning(
+        "%s: the cluster's cores are unknown before Spark starts; the batch is split into 2 "
+        "tasks. Set spark.tasks (or spark.default.parallelism) to its cores",
+        cfg.name,
     )
     return 2
 
@@ -244,9 +248,13 @@ def execute(
                 if info is not None:
                     done += info.numCompletedTasks
                     running += info.numActiveTasks
-            sys.stderr.write(
-                f"strata: {label}: {done}/{len(jobs)} tasks done, {running} running, "
-                f"{time.monotonic() - began:.0f}s\n"
+            logger.info(
+                "%s: %s/%s tasks done, %s running, %.0fs",
+                label,
+                done,
+                len(jobs),
+                running,
+                time.monotonic() - began,
             )
 
     watcher = threading.Thread(target=report, daemon=True)

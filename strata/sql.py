@@ -69,7 +69,7 @@ def _uri(location: str) -> str:
 
 
 def trino_statements(cfg: PipelineConfig) -> list[str]:
-    """What to run in Trino after publishing, for `trino.url`.
+    """What to run in Trino after registering, for `trino.url`.
 
     Parquet tables: `sync_partition_metadata`, so Trino's Hive catalog sees partitions
     added since its metastore cache was filled. Delta tables: nothing, since the
@@ -143,7 +143,7 @@ def pipeline_ddl(
 
     Delta tables are registered in the Delta Lake catalog; plain Parquet tables are
     created in the Hive catalog, and their partitions synchronised from storage.
-    `strata publish` does the same through the metastore; these statements are for
+    `strata register` does the same through the metastore; these statements are for
     a Trino whose catalogs point at another metastore, or for review.
 
     Args:

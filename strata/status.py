@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.config import PipelineConfig
-from strata.decode import human_duration
+from strata.durations import human_duration
 from strata.errors import KafkaUnavailable, PlanError
 from strata.kafka import oldest_unread_ms, partition_states, retention_limits
 from strata.ledger import ledger_state, read_ledger

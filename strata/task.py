@@ -18,6 +18,7 @@ from strata.config import PipelineConfig, TableName
 from strata.decode import DecodeRules, decode_chunk, partition_stats
 from strata.faults import crash_point
 from strata.kafka import client_conf
+from strata.log import configure as configure_logging
 from strata.plan import OffsetRange
 from strata.read import RangeProgress, RawChunk, read_ranges, read_raw_copy
 from strata.schema import partition_columns, table_layout
@@ -161,6 +162,8 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
         With `shuffle_rows`, each chunk's decoded rows (for the data table); last, the
         split's result.
     """
+    # A Spark worker is a process of its own: its progress lines need their handler.
+    configure_logging()
     began = time.monotonic()
     cfg = job.cfg
     rules = DecodeRules.from_config(cfg)

@@ -20,6 +20,7 @@ import sys
 from strata.cli import run_guarded
 from strata.config import load_pipeline
 from strata.errors import ConfigError
+from strata.log import configure as configure_logging
 from strata.report import render_summary, summary_dict
 from strata.run import run_batch
 from strata.spark import build_session, submitted_master
@@ -35,9 +36,10 @@ def main() -> int:
     parser.add_argument(
         "--no-register",
         action="store_true",
-        help="leave metastore registration to a later step (an Airflow publish task)",
+        help="leave metastore registration to a later step (an Airflow register task)",
     )
     args = parser.parse_args()
+    configure_logging()
     try:
         cfg = load_pipeline(args.pipeline, args.conf_dir)
     except ConfigError as exc:

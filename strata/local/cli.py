@@ -16,6 +16,7 @@ from typing import Any
 
 from strata.cli import run_guarded
 from strata.local.metastore import metastore_down, metastore_running, metastore_up
+from strata.log import configure as configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     args = build_parser().parse_args(argv)
+    configure_logging()
     if args.command == "demo":
         from strata.local.demo import main as demo
 

@@ -1,9 +1,9 @@
 """Publish: register a pipeline's tables in the Hive Metastore, idempotently.
 
-Runs after the commit, so a publishing failure never loses data: the batch stands,
-and the next run (or `strata publish`) completes the registration. Every call
+Runs after the commit, so a registration failure never loses data: the batch stands,
+and the next run (or `strata register`) completes the registration. Every call
 compares what the metastore holds with what it should hold and changes only the
-difference, so publishing twice changes nothing, and a table whose location drifted
+difference, so registering twice changes nothing, and a table whose location drifted
 is corrected.
 
 Delta tables are registered the way Spark and Trino's Delta Lake connector expect
@@ -40,8 +40,8 @@ DELTA_PROVIDER = "delta"
 
 
 @dataclass
-class PublishReport:
-    """What publishing changed.
+class RegistrationReport:
+    """What registering changed.
 
     Attributes:
         database: The metastore database.
@@ -242,7 +242,7 @@ def storage_partitions(cfg: PipelineConfig) -> list[tuple[str, ...]]:
 
 
 def _reconcile_partitions(
-    client: MetastoreClient, cfg: PipelineConfig, table: Table, report: PublishReport
+    client: MetastoreClient, cfg: PipelineConfig, table: Table, report: RegistrationReport
 ) -> None:
     columns = partition_columns(cfg.partitioning)
     on_storage = storage_partitions(cfg)
@@ -275,7 +275,7 @@ def _reconcile_partitions(
     report.partitions_added = [name(v) for v in missing]
 
 
-def publish(cfg: PipelineConfig) -> PublishReport:
+def register_tables(cfg: PipelineConfig) -> RegistrationReport:
     """Register the pipeline's data, raw, quarantine and ledger tables.
 
     Args:
@@ -293,7 +293,7 @@ def publish(cfg: PipelineConfig) -> PublishReport:
             "no metastore configured; set metastore.uri (or STRATA_METASTORE_URI) to "
             "thrift://host:port"
         )
-    report = PublishReport(ms.database)
+    report = RegistrationReport(ms.database)
     with MetastoreClient(ms.uri, ms.timeout_s) as client:
         client.ensure_database(
             ms.database, location_uri(cfg.warehouse), "Tables landed from Kafka by Strata"
@@ -323,7 +323,7 @@ def publish(cfg: PipelineConfig) -> PublishReport:
     return report
 
 
-def render_publish(report: PublishReport) -> str:
+def render_registration(report: RegistrationReport) -> str:
     """The report as one line."""
     parts = [
         f"{label} {', '.join(names)}"
