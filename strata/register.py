@@ -1,4 +1,4 @@
-"""Publish: register a pipeline's tables in the Hive Metastore, idempotently.
+"""Registration: record a pipeline's tables in the Hive Metastore, idempotently.
 
 Runs after the commit, so a registration failure never loses data: the batch stands,
 and the next run (or `strata register`) completes the registration. Every call

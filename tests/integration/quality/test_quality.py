@@ -18,7 +18,8 @@ from deltalake import DeltaTable, write_deltalake
 from strata.errors import QualityError
 from strata.ledger import LEDGER_SCHEMA, read_ledger
 from strata.local.events import HOUR_MS
-from strata.quality import ResultStore, ledger_continuity, run_quality
+from strata.quality import ResultStore, run_quality
+from strata.reconcile import ledger_continuity
 from strata.run import run_batch
 from tests.conftest import produce_clicks
 
@@ -142,7 +143,7 @@ def test_a_bad_batch_fails_the_right_expectations_and_the_report_names_them(
     assert "batch 2 is committed" not in done.stderr and "(gate: fail)" in done.stderr
     assert body["incomplete"] and set(body["incomplete"]) == set(body["partitions"])
     # Batch 1 failed under the same gate: its partitions were marked too.
-    marks = ResultStore(p.cfg()).incomplete()
+    marks = ResultStore.of(p.cfg()).incomplete()
     assert set(body["incomplete"]) <= marks.keys() == set(first.partitions)
     assert all(marks[name] == [1, 2] for name in body["incomplete"])
 

@@ -1,7 +1,9 @@
 """The pipeline's one-page quality summary: plots over recent batches, as static HTML.
 
 The page is self-contained (inline SVG and CSS, no scripts, nothing fetched), so it
-opens from object storage, a file share or an Airflow link alike.
+opens from object storage, a file share or an Airflow link alike. It is built here
+from figures already read (ledger rows, batch results, quarantine reasons); writing it
+under the quality location is `strata.quality.store`'s.
 
 Much of what it shows comes from outside Strata's control: quarantine reasons can
 quote the messages they reject, topics and notes are typed by people. Every such value goes
@@ -16,31 +18,33 @@ from collections import Counter
 from typing import Any
 from urllib.parse import quote
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
-
-from strata.config import PipelineConfig
-from strata.delta import open_table
-from strata.storage import filesystem, write_bytes_atomically
+from strata.quality.checks import LATENESS_LABELS, incomplete_marks, lag_after, recent_batches
 
 WIDTH, HEIGHT, PAD = 640, 180, 34
 
 
-def write_summary_page(
-    cfg: PipelineConfig, results: list[dict[str, Any]], ledger_table: pa.Table
+def summary_page(
+    name: str,
+    gate: str,
+    history: int,
+    ledger: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+    reasons: dict[str, int],
 ) -> str:
-    """Write `<quality>/index.html` from recent results and the ledger; returns its path.
+    """The summary page's HTML, from the ledger, recent results and quarantine reasons.
 
     Args:
-        cfg: The pipeline configuration.
+        name: The pipeline's name.
+        gate: The quality gate in force.
+        history: How many of the newest batches to show.
+        ledger: Every ledger row.
         results: The recent batch results, oldest first.
-        ledger_table: Every ledger row.
-    """
-    from strata.quality import LATENESS_LABELS, incomplete_marks, lag_after
+        reasons: Quarantined rows per reason over the batches shown.
 
-    ledger = ledger_table.to_pylist()
-    batches = sorted({r["batch"] for r in ledger})[-cfg.quality.history :]
+    Returns:
+        A whole HTML document.
+    """
+    batches = recent_batches(ledger, history)
     per_batch = {b: [r for r in ledger if r["batch"] == b] for b in batches}
     by_batch = {r["batch"]: r for r in results}
     rows = [sum(r["rows"] for r in per_batch[b]) for b in batches]
@@ -55,11 +59,10 @@ def write_summary_page(
     for result in results:
         hours.update(result.get("partitions", {}))
     incomplete = incomplete_marks(results)
-    reasons = _quarantine_reasons(cfg, batches[0] if batches else 0)
     labels = [str(b) for b in batches]
     body = [
-        f"<h1>{_text(cfg.name)}: data quality</h1>",
-        f"<p class=sub>{len(batches)} recent batches; gate <b>{_text(cfg.quality.gate)}</b>. "
+        f"<h1>{_text(name)}: data quality</h1>",
+        f"<p class=sub>{len(batches)} recent batches; gate <b>{_text(gate)}</b>. "
         "Numbers from the ledger; checks from each batch's result.</p>",
         _section("Rows per batch", _bars(labels, rows, "rows")),
         _section("MB per batch", _bars(labels, mbytes, "MB")),
@@ -78,36 +81,7 @@ def write_summary_page(
         _section("Offsets lost to retention", _losses(ledger)),
         _section("Batches", _batch_table(batches, per_batch, by_batch)),
     ]
-    page = _PAGE.format(title=_text(f"{cfg.name} quality"), body="\n".join(body))
-    fs, root = filesystem(cfg.location("quality"), cfg.storage_options)
-    write_bytes_atomically(fs, f"{root}/index.html", page.encode())
-    return f"{root}/index.html"
-
-
-def _quarantine_reasons(cfg: PipelineConfig, first_batch: int) -> dict[str, int]:
-    """Quarantined rows per reason (its first words) since `first_batch`."""
-    wanted = ds.field("_batch") >= first_batch
-    if cfg.table_format == "parquet":
-        fs, root = filesystem(cfg.location("quarantine"), cfg.storage_options)
-        try:
-            data = ds.dataset(root, filesystem=fs, format="parquet").to_table(
-                columns=["reason"], filter=wanted
-            )
-        except (FileNotFoundError, OSError):
-            return {}
-    else:
-        table = open_table(cfg.location("quarantine"), cfg.storage_options)
-        if table is None:
-            return {}
-        data = table.to_pyarrow_dataset().to_table(columns=["reason"], filter=wanted)
-    if data.num_rows == 0:
-        return {}
-    # Reasons carry the offending value; group on the part before it.
-    short = pc.utf8_slice_codeunits(
-        pc.replace_substring_regex(data.column("reason"), r"[:(].*$", ""), 0, 60
-    )
-    counts = Counter(short.to_pylist())
-    return dict(counts.most_common(8))
+    return _PAGE.format(title=_text(f"{name} quality"), body="\n".join(body))
 
 
 def _section(title: str, content: str) -> str:

@@ -22,12 +22,11 @@ from deltalake import write_deltalake
 
 from strata.ledger import LEDGER_SCHEMA
 from strata.local.events import Message, click_events, produce
-from strata.quality import run_quality
-from strata.quality_page import write_summary_page
+from strata.quality import run_quality, write_summary_page
 from strata.run import run_batch
 from strata.schema import QUARANTINE_SCHEMA
 from tests.conftest import produce_clicks
-from tests.test_quality import CHROMIUM, chromium, recent_start
+from tests.integration.quality.test_quality import CHROMIUM, chromium, recent_start
 
 pytestmark = pytest.mark.integration
 

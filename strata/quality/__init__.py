@@ -1,0 +1,39 @@
+"""Data quality of each batch: a Great Expectations suite, reconciliation, and reports.
+
+Each check of a committed batch writes one JSON result, the batch's Data Docs page
+and the pipeline's summary page, all under `quality.location`. The package is split
+by what its parts touch:
+
+- `checks`: the results and every computation over figures already read (the
+  reconciliation checks, lateness and partition counts, the text report); no I/O.
+- `page`: the summary page's HTML, built from those figures; no I/O.
+- `suite`: the Great Expectations suite, its run and its escaped Data Docs.
+- `store`: the quality location: results, the page and the docs.
+- `run`: `run_quality`, which reads the batch through `strata.tables` and ties the
+  parts together.
+"""
+
+from strata.quality.checks import (
+    LATENESS_LABELS,
+    Check,
+    QualityResult,
+    incomplete_marks,
+    lag_after,
+    reconcile_checks,
+    render_quality,
+)
+from strata.quality.run import run_quality, write_summary_page
+from strata.quality.store import ResultStore
+
+__all__ = [
+    "LATENESS_LABELS",
+    "Check",
+    "QualityResult",
+    "ResultStore",
+    "incomplete_marks",
+    "lag_after",
+    "reconcile_checks",
+    "render_quality",
+    "run_quality",
+    "write_summary_page",
+]

@@ -1,0 +1,297 @@
+"""What a batch's quality is made of, computed from figures already read: no I/O.
+
+The reconciliation checks restate, after the fact, the rules `strata.reconcile` holds
+a batch to before its commit, over the ledger's rows and the rows counted in each
+table. The rest summarizes a batch's rows (per event-time partition, per late-arrival
+bucket) and renders a result for the terminal. Everything here takes plain values
+and Arrow tables, so it is tested with small inline data.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from strata.reconcile import EXPECTED, count_problems, ledger_continuity, span_problems
+
+if TYPE_CHECKING:
+    from strata.config import TableName
+    from strata.tables import Counts
+
+COORDINATES = ["_topic", "_partition", "_offset"]
+"""The columns that name a message: unique across the whole data table."""
+
+# Upper bounds of the late-arrival buckets (Kafka time minus event time), in seconds.
+LATENESS_BUCKETS = [(60, "<1m"), (600, "1-10m"), (3600, "10m-1h"), (6 * 3600, "1-6h")]
+LATENESS_LABELS = [label for _, label in LATENESS_BUCKETS] + ["6-24h", ">24h"]
+
+READ_KINDS = ("ingest", "backfill", "replay")
+"""Ledger kinds whose rows record offsets that were read (not a loss or a seek)."""
+
+TABLE_LABELS: dict[TableName, str] = {
+    "table": "data table",
+    "quarantine": "quarantine",
+    "raw": "raw copy",
+}
+"""How each table is named in its check: `reconcile: <label> rows = ledger`."""
+
+
+@dataclass
+class Check:
+    """One check's outcome.
+
+    Attributes:
+        name: Expectation type, or `reconcile: ...` for reconciliation checks.
+        success: Whether it passed.
+        column: The column it is about, if one.
+        detail: What failed, in words (empty when it passed).
+        unexpected: How many rows failed it.
+    """
+
+    name: str
+    success: bool
+    column: str | None = None
+    detail: str = ""
+    unexpected: int = 0
+
+
+@dataclass
+class QualityResult:
+    """A batch's quality, as written to `results/batch-<N>.json`.
+
+    Attributes:
+        pipeline: Pipeline name.
+        batch: Batch number.
+        kind: The batch's ledger kind.
+        gate: The policy in force: `fail`, `warn` or `off`.
+        success: Every check passed.
+        checked_at: When the checks ran.
+        committed_at: When the batch committed.
+        rows: The batch's rows in the data table.
+        validated_rows: Rows the expectations ran on.
+        sampled: Whether the expectations ran on a sample.
+        ledger: The batch's totals from the ledger.
+        lag_after: Messages behind the high watermark when the batch was planned, less
+            what it read.
+        checks: Every check, passed or not.
+        partitions: Event-time partitions the batch wrote, with rows each.
+        lateness: Rows per late-arrival bucket.
+        docs: The batch's Data Docs page, relative to the quality location.
+        incomplete: Partitions marked incomplete because the gate failed.
+        losses: Ranges this batch recorded as deleted by retention before read.
+    """
+
+    pipeline: str
+    batch: int
+    kind: str
+    gate: str
+    success: bool
+    checked_at: str
+    committed_at: str
+    rows: int
+    validated_rows: int
+    sampled: bool
+    ledger: dict[str, int]
+    lag_after: int | None
+    checks: list[Check] = field(default_factory=list)
+    partitions: dict[str, int] = field(default_factory=dict)
+    lateness: dict[str, int] = field(default_factory=dict)
+    docs: str | None = None
+    incomplete: list[str] = field(default_factory=list)
+    losses: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Check]:
+        """The checks that failed."""
+        return [c for c in self.checks if not c.success]
+
+
+def _check(name: str, problems: list[str], unexpected: int | None = None) -> Check:
+    """A check that passed if there are no problems, else names each one.
+
+    Args:
+        name: The check's name.
+        problems: A sentence per problem found.
+        unexpected: How many things failed it; by default, one per problem.
+    """
+    count = len(problems) if unexpected is None else unexpected
+    return Check(name, not problems, None, "; ".join(problems), count)
+
+
+def reconcile_checks(
+    ledger: pa.Table, batch: int, counted: Mapping[TableName, Counts], missing: list[str]
+) -> list[Check]:
+    """A committed batch's offsets, tables and ledger still account for each other.
+
+    Per partition read by the batch: offsets = messages + gaps and messages = rows +
+    quarantined (`strata.reconcile.span_problems`), and each table holds as many of
+    the batch's rows as the ledger says (`strata.reconcile.count_problems`). Over the
+    whole ledger: no batch overlaps another, and no hole lies between them unless a
+    loss or a seek explains it.
+
+    Args:
+        ledger: Every ledger row.
+        batch: The batch checked.
+        counted: The batch's rows per (topic, partition) in each table counted; a table
+            left out is not checked (the raw copy of a batch read from the raw copy).
+        missing: Data files the data table lists but that are gone.
+
+    Returns:
+        The reconciliation checks, passed or not, in a fixed order.
+    """
+    rows = [r for r in ledger.to_pylist() if r["batch"] == batch and r["kind"] in READ_KINDS]
+    spans, bad_ranges = [], 0
+    for r in rows:
+        t, p, lo, hi = r["topic"], r["partition"], r["start_offset"], r["end_offset"]
+        broken = span_problems(hi - lo, r["messages"], r["gaps"], r["rows"], r["quarantined"])
+        spans += [f"partition {p} of `{t}` [{lo}, {hi}): {problem}" for problem in broken]
+        bad_ranges += bool(broken)
+    checks = [
+        # A range can break both rules; `unexpected` counts ranges, as the ledger's rows.
+        _check("reconcile: offsets = rows + quarantined + gaps", spans, bad_ranges),
+        _check(
+            "reconcile: data files present",
+            [
+                f"the table lists {len(missing)} data file(s) that are gone: "
+                + ", ".join(missing[:5])
+            ]
+            if missing
+            else [],
+            unexpected=len(missing),
+        ),
+    ]
+    for name in EXPECTED:
+        if name not in counted:
+            continue
+        expected: Counts = {}
+        for r in rows:
+            key = (r["topic"], r["partition"])
+            expected[key] = expected.get(key, 0) + r[EXPECTED[name]]
+        wrong = count_problems(expected, counted[name], "{have} rows, the ledger says {want}")
+        checks.append(_check(f"reconcile: {TABLE_LABELS[name]} rows = ledger", wrong))
+    overlaps, holes = ledger_continuity(ledger)
+    checks.append(_check("reconcile: no overlapping batches", overlaps))
+    checks.append(_check("reconcile: no unexplained holes", holes))
+    return checks
+
+
+def lag_after(rows: list[dict[str, Any]]) -> int | None:
+    """Messages left behind the planned high watermarks by a batch's ingest rows.
+
+    Args:
+        rows: Ledger rows, each with `high_watermark` (None when unknown) and `end_offset`.
+
+    Returns:
+        The sum over rows whose watermark is known, or None if none is.
+    """
+    known = [r for r in rows if r["high_watermark"] is not None]
+    if not known:
+        return None
+    return sum(max(int(r["high_watermark"]) - int(r["end_offset"]), 0) for r in known)
+
+
+def incomplete_marks(results: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Event-time partitions the given results marked incomplete, with their batches."""
+    marks: dict[str, list[int]] = {}
+    for result in results:
+        for partition in result.get("incomplete", []):
+            marks.setdefault(partition, []).append(result["batch"])
+    return marks
+
+
+def recent_batches(ledger: list[dict[str, Any]], history: int) -> list[int]:
+    """The newest `history` batch numbers in the ledger rows, oldest first."""
+    return sorted({r["batch"] for r in ledger})[-history:]
+
+
+def spread_sample(data: pa.Table, limit: int) -> pa.Table:
+    """`data` itself if it has at most `limit` rows, else `limit` rows evenly spread."""
+    if data.num_rows <= limit:
+        return data
+    step = data.num_rows / limit
+    return data.take([int(i * step) for i in range(limit)])
+
+
+def partition_counts(data: pa.Table, columns: list[str]) -> dict[str, int]:
+    """Rows per event-time partition, keyed by its path (`dt=.../hr=...`).
+
+    Args:
+        data: Rows holding the partition columns.
+        columns: The partition columns, outermost first.
+    """
+    if data.num_rows == 0:
+        return {}
+    grouped = data.group_by(columns).aggregate([(columns[0], "count")])
+    keys = zip(*(grouped.column(c).to_pylist() for c in columns), strict=True)
+    counts = grouped.column(f"{columns[0]}_count").to_pylist()
+    return {
+        "/".join(f"{c}={v}" for c, v in zip(columns, key, strict=True)): n
+        for key, n in zip(keys, counts, strict=True)
+    }
+
+
+def lateness_bucket(seconds: float) -> str:
+    """The late-arrival bucket of a row that reached Kafka `seconds` after its event."""
+    for bound, label in LATENESS_BUCKETS:
+        if seconds < bound:
+            return label
+    return "6-24h" if seconds < 86_400 else ">24h"
+
+
+def lateness_counts(data: pa.Table) -> dict[str, int]:
+    """Rows per late-arrival bucket (every bucket present), from `_kafka_ts` and `_event_time`.
+
+    Rows without either time are left out.
+    """
+    out = dict.fromkeys(LATENESS_LABELS, 0)
+    if data.num_rows == 0:
+        return out
+    kafka_us = pc.cast(pc.cast(data.column("_kafka_ts"), pa.timestamp("us", tz="UTC")), pa.int64())
+    event_us = pc.cast(data.column("_event_time"), pa.int64())
+    late_s = pc.divide(pc.subtract(kafka_us, event_us), 1_000_000).to_pylist()
+    for value in late_s:
+        if value is not None:
+            out[lateness_bucket(value)] += 1
+    return out
+
+
+def reason_counts(reasons: pa.Array | pa.ChunkedArray, top: int = 8) -> dict[str, int]:
+    """Quarantined rows per reason, the `top` most common, most common first.
+
+    Reasons carry the offending value after a `:` or `(`; rows are grouped on the part
+    before it, cut to 60 characters.
+    """
+    if len(reasons) == 0:
+        return {}
+    short = pc.utf8_slice_codeunits(pc.replace_substring_regex(reasons, r"[:(].*$", ""), 0, 60)
+    return dict(Counter(short.to_pylist()).most_common(top))
+
+
+def render_quality(result: QualityResult) -> str:
+    """The result as text for the terminal and the Airflow log."""
+    verdict = "passed" if result.success else "FAILED"
+    sample = f" (a sample of {result.validated_rows:,})" if result.sampled else ""
+    lines = [
+        f"pipeline {result.pipeline}: batch {result.batch} ({result.kind}) quality {verdict}: "
+        f"{len(result.checks) - len(result.failed)} of {len(result.checks)} checks passed on "
+        f"{result.rows:,} rows{sample}; gate {result.gate}"
+    ]
+    for check in result.failed:
+        column = f" on {check.column}" if check.column else ""
+        lines.append(f"  FAILED {check.name}{column}: {check.detail}")
+    if result.incomplete:
+        lines.append("partitions marked incomplete: " + ", ".join(result.incomplete))
+    for lost in result.losses:
+        lines.append(
+            f"  LOSS: offsets [{lost['start_offset']}, {lost['end_offset']}) of partition "
+            f"{lost['partition']} of `{lost['topic']}` were deleted by retention before they "
+            f"were read; {lost['note']}"
+        )
+    if result.docs:
+        lines.append(f"data docs: {result.docs}")
+    return "\n".join(lines)

@@ -1,0 +1,108 @@
+"""What quality writes under `quality.location`, and reads back.
+
+One JSON result per batch under `results/`, the batch's Data Docs under `docs/`, and
+the pipeline's summary page as `index.html`. The location is a local directory or an
+object-store prefix; every write replaces its file atomically, so a reader never sees
+half a page.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.fs as pafs
+
+from strata.quality.checks import QualityResult, incomplete_marks
+from strata.storage import filesystem, read_bytes, write_bytes_atomically
+
+if TYPE_CHECKING:
+    from strata.config import PipelineConfig
+
+_RESULT_NAME = re.compile(r"^batch-\d{10}\.json$")
+
+
+class ResultStore:
+    """A pipeline's quality location: batch results, Data Docs and the summary page."""
+
+    def __init__(self, uri: str, options: dict[str, str] | None = None) -> None:
+        """Open the store at a location.
+
+        Args:
+            uri: The quality location: a local path or an `s3://` URI.
+            options: Storage options (credentials, endpoint) for the object store.
+        """
+        self.fs, self.root = filesystem(uri, options or {})
+
+    @classmethod
+    def of(cls, cfg: PipelineConfig) -> ResultStore:
+        """The store of a pipeline, at its `quality.location`."""
+        return cls(cfg.location("quality"), cfg.storage_options)
+
+    def _path(self, batch: int) -> str:
+        return f"{self.root}/results/batch-{batch:010d}.json"
+
+    def save(self, result: QualityResult) -> None:
+        """Write (or replace) a batch's result."""
+        body = json.dumps(asdict(result), indent=1, sort_keys=True, default=str)
+        write_bytes_atomically(self.fs, self._path(result.batch), body.encode())
+
+    def load(self, batch: int) -> dict[str, Any] | None:
+        """A batch's result, if checked."""
+        data = read_bytes(self.fs, self._path(batch))
+        return None if data is None else _result(data)
+
+    def recent(self, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` results, oldest first."""
+        directory = f"{self.root}/results"
+        if self.fs.get_file_info(directory).type == pafs.FileType.NotFound:
+            return []
+        names = sorted(
+            info.base_name
+            for info in self.fs.get_file_info(pafs.FileSelector(directory))
+            if _RESULT_NAME.match(info.base_name)
+        )[-limit:]
+        out = []
+        for name in names:
+            data = read_bytes(self.fs, f"{directory}/{name}")
+            if data is not None:
+                out.append(_result(data))
+        return out
+
+    def incomplete(self) -> dict[str, list[int]]:
+        """Event-time partitions marked incomplete by any batch, with those batches."""
+        return incomplete_marks(self.recent(10**9))
+
+    def write_page(self, page: str) -> str:
+        """Write (or replace) the summary page, `index.html`; returns its path."""
+        path = f"{self.root}/index.html"
+        write_bytes_atomically(self.fs, path, page.encode())
+        return path
+
+    def publish_docs(self, built: Path, page: str | None) -> str | None:
+        """Copy a Data Docs site built locally under `docs/`.
+
+        Args:
+            built: The local directory the site was built in; nothing is copied if it
+                was not built.
+            page: The batch's page, relative to the site.
+
+        Returns:
+            The batch's page relative to the quality location, if there is one.
+        """
+        if not built.is_dir():
+            return None
+        for path in sorted(built.rglob("*")):
+            if path.is_file():
+                rel = path.relative_to(built).as_posix()
+                write_bytes_atomically(self.fs, f"{self.root}/docs/{rel}", path.read_bytes())
+        return None if page is None else f"docs/{page}"
+
+
+def _result(data: bytes) -> dict[str, Any]:
+    """A stored result; each is a JSON object written by `ResultStore.save`."""
+    body: dict[str, Any] = json.loads(data)
+    return body
