@@ -81,7 +81,7 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
             cfg.name, batch, expectations, validated, _neighbours(cfg, data), context / "docs"
         )
         checks = gx_checks + checks
-        docs = store.publish_docs(context / "docs", docs_page)
+        docs = store.copy_docs(context / "docs", docs_page)
     finally:
         shutil.rmtree(context, ignore_errors=True)
     result = QualityResult(

@@ -82,7 +82,7 @@ class ResultStore:
         write_bytes_atomically(self.fs, path, page.encode())
         return path
 
-    def publish_docs(self, built: Path, page: str | None) -> str | None:
+    def copy_docs(self, built: Path, page: str | None) -> str | None:
         """Copy a Data Docs site built locally under `docs/`.
 
         Args:

@@ -15,8 +15,6 @@ from strata.plan import OffsetRange
 from strata.run import run_batch
 from tests.conftest import expected_offsets, produce_clicks
 
-pytestmark = pytest.mark.integration
-
 
 def rows_by_offset(p) -> dict[tuple[int, int], tuple[int, str]]:
     t = p.table_rows("table", ["_partition", "_offset", "_batch", "event_id"]).to_pylist()

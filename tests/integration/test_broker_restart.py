@@ -29,8 +29,6 @@ from strata.plan import PlanStore
 from strata.run import run_batch
 from tests.conftest import START_MS, expected_offsets, produce_clicks
 
-pytestmark = pytest.mark.integration
-
 # Small fetches and a small prefetch queue: when the task freezes, most of its range
 # is still on the broker, as with production ranges far larger than librdkafka's queue.
 SMALL_FETCHES = {

@@ -17,8 +17,6 @@ from strata.ledger import read_ledger
 from strata.run import run_batch
 from tests.conftest import START_MS, expected_offsets, produce_clicks
 
-pytestmark = pytest.mark.integration
-
 STEPS = [
     "after_files",
     "after_raw_commit",

@@ -8,8 +8,6 @@ namespace (`unshare --uts`, as root).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import signal
 import socket
@@ -24,22 +22,18 @@ import pytest
 
 from strata.config import PipelineConfig
 from strata.errors import LockBusy
-from strata.lease import Epoch, Lease, hold_lease
+from strata.lease import Epoch
 from strata.lock import run_lock
-from strata.storage import list_names, put_if_absent, read_object
-from tests.test_lock import ROOT, Runner, pipeline_body
+from strata.storage import list_names, read_object
+from tests.locking import (
+    Runner,
+    check_put_if_absent,
+    check_racing_creates,
+    pipeline_body,
+    s3_options,
+)
 
 OTHER_HOST = "strata-other-host"
-
-
-def s3_options(url: str) -> dict[str, str]:
-    return {
-        "AWS_ENDPOINT_URL": url,
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-        "AWS_REGION": "us-east-1",
-        "AWS_ALLOW_HTTP": "true",
-    }
 
 
 def s3_body(url: str, lease: str) -> dict[str, Any]:
@@ -64,113 +58,14 @@ def epochs(body: dict[str, Any]) -> list[Epoch]:
     return found
 
 
-def folder(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, dict]:
-    """A fresh folder, locally or on the S3 endpoint, and its storage options."""
-    if kind == "local":
-        return str(tmp_path / "objects"), {}
-    url = request.getfixturevalue("s3_endpoint")
-    return f"s3://lake/put-{uuid.uuid4().hex[:8]}", s3_options(url)
+def test_put_if_absent_creates_once_and_never_replaces(s3_endpoint):
+    check_put_if_absent(f"s3://lake/put-{uuid.uuid4().hex[:8]}", s3_options(s3_endpoint))
 
 
-WHERE = [
-    pytest.param("local", id="local"),
-    pytest.param("s3", id="s3", marks=pytest.mark.integration),
-]
+def test_two_processes_racing_to_create_the_same_names_never_both_win(s3_endpoint):
+    check_racing_creates(f"s3://lake/put-{uuid.uuid4().hex[:8]}", s3_options(s3_endpoint))
 
 
-@pytest.mark.parametrize("kind", WHERE)
-def test_put_if_absent_creates_once_and_never_replaces(kind, tmp_path, request):
-    base, options = folder(kind, tmp_path, request)
-    name = f"{base}/plans/batch-1.json"
-    assert read_object(name, options) is None
-    assert put_if_absent(name, options, b'{"first": true}') is True
-    assert put_if_absent(name, options, b'{"second": true}') is False
-    assert read_object(name, options) == b'{"first": true}'
-    # No temporary file is left beside it.
-    assert list_names(f"{base}/plans", options) == ["batch-1.json"]
-    if kind == "local":
-        assert sorted(os.listdir(f"{base}/plans")) == ["batch-1.json"]
-
-
-def put_racer() -> None:
-    """A process that creates `base/name-<i>` for every i once told to go; prints its wins."""
-    base, options, tag, count = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
-    sys.stdin.readline()
-    wins = [put_if_absent(f"{base}/name-{i}", options, tag.encode()) for i in range(int(count))]
-    sys.stdout.write(json.dumps(wins) + "\n")
-
-
-@pytest.mark.parametrize("kind", WHERE)
-def test_two_processes_racing_to_create_the_same_names_never_both_win(kind, tmp_path, request):
-    base, options = folder(kind, tmp_path, request)
-    count = 40
-    racers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from tests.test_lease import put_racer; put_racer()",
-                base,
-                json.dumps(options),
-                tag,
-                str(count),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for tag in ("a", "b")
-    ]
-    # Both are started and waiting before either begins, so their creates overlap.
-    for racer in racers:
-        assert racer.stdin is not None
-        racer.stdin.write("go\n")
-        racer.stdin.flush()
-    results = [json.loads(racer.communicate(timeout=120)[0]) for racer in racers]
-    for i in range(count):
-        winners = [tag for tag, wins in zip("ab", results, strict=True) if wins[i]]
-        assert len(winners) == 1, (i, results)
-        assert read_object(f"{base}/name-{i}", options) == winners[0].encode()
-
-
-def test_a_holder_on_this_host_whose_pid_was_reused_is_not_taken_for_alive(tmp_path):
-    # A recycled pid cannot be produced on demand, so the records are written by hand:
-    # one naming a live process with its true start time, then one naming the same pid
-    # with another start time, as a holder that died and whose pid was reused would.
-    where = str(tmp_path / "lease")
-    sleeper = subprocess.Popen(["sleep", "60"])
-    try:
-        stat = Path(f"/proc/{sleeper.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        holder = Epoch(
-            number=1,
-            pipeline="p",
-            run="someone",
-            host=socket.gethostname(),
-            pid=sleeper.pid,
-            pid_start=int(stat[19]),
-            boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
-            pid_ns=os.readlink("/proc/self/ns/pid"),
-            since="2025-11-22T10:00:00+00:00",
-            expires=time.time() + 600,
-        )
-        assert put_if_absent(f"{where}/epoch-000000000001.json", {}, holder.to_bytes())
-        with pytest.raises(LockBusy, match=f'"pid": {sleeper.pid}'):
-            with hold_lease(where, {}, "p", 600):
-                pass
-        reused = dataclasses.replace(holder, number=2, pid_start=(holder.pid_start or 0) - 1)
-        assert put_if_absent(f"{where}/epoch-000000000002.json", {}, reused.to_bytes())
-        with hold_lease(where, {}, "p", 600) as lease:
-            lease.check()
-            names = list_names(where, {})
-            taken = Epoch.from_bytes(read_object(f"{where}/{names[-1]}", {}) or b"", names[-1])
-            assert (taken.number, taken.run, taken.pid) == (3, lease.run, os.getpid())
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-
-
-@pytest.mark.integration
 def test_two_runners_racing_for_the_lease_exactly_one_wins_every_round(s3_endpoint, tmp_path):
     # A long lease, so only a release frees it between rounds.
     body = s3_body(s3_endpoint, "60s")
@@ -192,7 +87,6 @@ def test_two_runners_racing_for_the_lease_exactly_one_wins_every_round(s3_endpoi
             assert (newest.pid, newest.release) == (winners[0], True)
 
 
-@pytest.mark.integration
 def test_a_holder_killed_on_this_host_is_taken_over_at_once(s3_endpoint, tmp_path):
     body = s3_body(s3_endpoint, "60s")
     with Runner(body, tmp_path / "a.log") as a, Runner(body, tmp_path / "b.log") as b:
@@ -209,7 +103,6 @@ def test_a_holder_killed_on_this_host_is_taken_over_at_once(s3_endpoint, tmp_pat
         assert (newest.number, newest.pid) == (held.number + 1, b.pid)
 
 
-@pytest.mark.integration
 def test_a_holder_killed_on_another_host_holds_the_lease_until_it_expires(s3_endpoint, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("a UTS namespace of its own (unshare --uts) needs root")
@@ -241,7 +134,6 @@ def test_a_holder_killed_on_another_host_holds_the_lease_until_it_expires(s3_end
     assert taker.pid == os.getpid() and taker.host == socket.gethostname()
 
 
-@pytest.mark.integration
 def test_renewals_keep_the_lease_past_its_first_expiry(s3_endpoint, tmp_path):
     body = s3_body(s3_endpoint, "2s")
     cfg = PipelineConfig.model_validate(body)
@@ -260,7 +152,6 @@ def test_renewals_keep_the_lease_past_its_first_expiry(s3_endpoint, tmp_path):
         assert len(kept) <= 2
 
 
-@pytest.mark.integration
 def test_a_paused_holder_loses_its_lease_and_learns_it_when_it_wakes(s3_endpoint, tmp_path):
     body = s3_body(s3_endpoint, "3s")
     with Runner(body, tmp_path / "a.log") as a, Runner(body, tmp_path / "b.log") as b:
@@ -297,7 +188,6 @@ def test_a_paused_holder_loses_its_lease_and_learns_it_when_it_wakes(s3_endpoint
         assert b.ask("check")["ok"]
 
 
-@pytest.mark.integration
 def test_a_holder_cut_off_from_the_store_stops_trusting_its_lease(tmp_path):
     from strata.local.service import free_port
     from tests.conftest import s3_client
@@ -335,18 +225,3 @@ def test_a_holder_cut_off_from_the_store_stops_trusting_its_lease(tmp_path):
     finally:
         moto.kill()
         moto.wait()
-
-
-def test_a_lease_given_up_is_free_at_once_and_a_second_hold_in_one_process_is_refused(
-    tmp_path,
-):
-    where = str(tmp_path / "lease")
-    with hold_lease(where, {}, "p", 600) as first:
-        with pytest.raises(LockBusy, match=f'"pid": {os.getpid()}'):
-            Lease(where, {}, "p", 600).acquire()
-        first.check()
-    with hold_lease(where, {}, "p", 600) as second:
-        second.check()
-    names = list_names(where, {})
-    released = Epoch.from_bytes(read_object(f"{where}/{names[-1]}", {}) or b"", names[-1])
-    assert released.release and released.run == second.run

@@ -14,7 +14,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from confluent_kafka import Producer
 
 from strata.faults import SKIP_ENV
@@ -22,8 +21,6 @@ from strata.local.events import HOUR_MS, click_events, produce
 from tests.conftest import START_MS, expected_offsets, produce_clicks
 from tests.kafka_wire import WireRecord
 from tests.kafka_wire import produce as wire_produce
-
-pytestmark = pytest.mark.integration
 
 
 def _click(event_id: str, ts: int, **extra) -> bytes:

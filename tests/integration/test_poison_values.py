@@ -18,15 +18,12 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 from fastavro import parse_schema, schemaless_writer
 
 from strata.run import run_batch
 from tests.conftest import START_MS, expected_offsets
-
-pytestmark = pytest.mark.integration
 
 DAY_MS = 86_400_000
 

@@ -5,15 +5,11 @@ from __future__ import annotations
 import json
 import signal
 
-import pytest
-
 from strata.faults import CRASH_ENV
 from strata.ledger import ledger_state, read_ledger
 from strata.plan import PlanStore
 from strata.run import run_batch
 from tests.conftest import expected_offsets, produce_clicks
-
-pytestmark = pytest.mark.integration
 
 
 def last_json(done) -> dict:

@@ -7,16 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from strata.local.service import free_port
 from strata.metastore import MetastoreClient
-from strata.publish import location_uri
+from strata.register import location_uri
 from strata.run import run_batch
 from strata.schema import TABLE_SUFFIXES
 from tests.conftest import produce_clicks
-
-pytestmark = pytest.mark.integration
 
 
 def tables(service, database: str, pipeline: str) -> dict:
@@ -32,8 +28,8 @@ def test_a_run_registers_its_four_tables_as_delta_for_trino(
     )
     produce_clicks(broker, p.topic, 2, 300)
     outcome = run_batch(p.cfg(), session=lambda _: spark)
-    assert outcome.publish_error is None
-    assert outcome.published.startswith("metastore database lake: created ")
+    assert outcome.register_error is None
+    assert outcome.registered.startswith("metastore database lake: created ")
     cfg = p.cfg()
     for which, suffix in TABLE_SUFFIXES.items():
         table = tables(metastore, "lake", p.name)[suffix]
@@ -53,18 +49,18 @@ def test_publishing_again_changes_nothing_and_drift_is_corrected(
     run_batch(p.cfg(), session=lambda _: spark)
     before = tables(metastore, "strata", p.name)
 
-    again = p.cli("publish", "--json")
+    again = p.cli("register", "--json")
     assert again.returncode == 0, again.stderr
     body = json.loads(again.stdout.strip().splitlines()[-1])
     assert body["created"] == [] and body["updated"] == [] and len(body["unchanged"]) == 4
     assert tables(metastore, "strata", p.name) == before
 
-    # Someone points the table elsewhere by hand: publish puts it back.
+    # Someone points the table elsewhere by hand: registration puts it back.
     with MetastoreClient(metastore.uri, 30) as client:
         drifted = client.get_table("strata", p.name)
         drifted.sd.location = "file:/elsewhere"
         client.alter_table(drifted)
-    fixed = p.cli("publish", "--json")
+    fixed = p.cli("register", "--json")
     assert json.loads(fixed.stdout.strip().splitlines()[-1])["updated"] == [p.name]
     assert tables(metastore, "strata", p.name)[""].sd.location == location_uri(
         p.cfg().location("table")
@@ -81,7 +77,7 @@ def test_a_metastore_down_during_a_run_loses_nothing_and_the_next_run_registers(
     assert run.returncode == 1
     committed = "batch 1 is committed; registering the tables in the metastore failed: "
     assert committed + "cannot reach the metastore" in run.stderr
-    assert f"`strata publish --pipeline {p.name}`" in run.stderr
+    assert f"`strata register --pipeline {p.name}`" in run.stderr
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert summary["status"] == "committed" and summary["messages"] == sum(per.values())
     assert sum(p.landed().values()) == sum(per.values())
@@ -140,7 +136,7 @@ def test_plain_parquet_tables_list_exactly_their_partitions(
     )
     produce_clicks(broker, p.topic, 2, 900, hours=5, late=3)
     outcome = run_batch(p.cfg(), session=lambda _: spark)
-    assert outcome.publish_error is None, outcome.publish_error
+    assert outcome.register_error is None, outcome.register_error
     location = location_uri(p.cfg().location("table"))
     on_disk = sorted(
         f"{d.name}/{h.name}"
@@ -168,12 +164,12 @@ def test_plain_parquet_tables_list_exactly_their_partitions(
             assert other.sd.serdeInfo.serializationLib == PARQUET[0] and not other.partitionKeys
 
         # Re-publishing changes nothing.
-        again = p.cli("publish", "--json")
+        again = p.cli("register", "--json")
         body = json.loads(again.stdout.strip().splitlines()[-1])
         assert body["partitions_added"] == [] and body["updated"] == [] and body["partitions"] == 5
         assert sorted(client.partition_names("strata", p.name)) == on_disk
 
-        # A partition dropped by hand comes back with `strata publish`.
+        # A partition dropped by hand comes back with `strata publish` (the old name still works).
         dt, hr = on_disk[2].split("/")
         client._client.drop_partition("strata", p.name, [dt.split("=")[1], hr.split("=")[1]], False)  # noqa: SLF001
         assert on_disk[2] not in client.partition_names("strata", p.name)
@@ -242,11 +238,11 @@ def test_a_configured_trino_is_told_to_sync_partitions_after_publishing(
     produce_clicks(broker, p.topic, 1, 100)
     outcome = run_batch(p.cfg(), session=lambda _: spark)
     fake.server.shutdown()
-    assert outcome.publish_error is None, outcome.publish_error
+    assert outcome.register_error is None, outcome.register_error
     assert fake.statements == [
         ("etl", f"""CALL "hive".system.sync_partition_metadata('strata', '{p.name}', 'ADD')""")
     ]
-    assert "1 statement(s) run in Trino" in outcome.published
+    assert "1 statement(s) run in Trino" in outcome.registered
 
 
 def test_delta_tables_are_registered_in_a_trino_on_another_metastore(
@@ -263,7 +259,7 @@ def test_delta_tables_are_registered_in_a_trino_on_another_metastore(
     produce_clicks(broker, p.topic, 1, 50)
     outcome = run_batch(p.cfg(), session=lambda _: spark)
     fake.server.shutdown()
-    assert outcome.publish_error is None, outcome.publish_error
+    assert outcome.register_error is None, outcome.register_error
     calls = [sql for _, sql in fake.statements]
     assert len(calls) == 4 and all(
         c.startswith('CALL "delta".system.register_table(') for c in calls

@@ -13,16 +13,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pytest
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from strata.ledger import read_ledger
 from strata.report import summary_dict
 from strata.run import run_batch
-from tests.conftest import START_MS, expected_offsets, produce_clicks
-
-pytestmark = pytest.mark.integration
+from tests.conftest import ROOT, START_MS, expected_offsets, produce_clicks
 
 
 def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(
@@ -251,9 +248,7 @@ def test_confluent_avro_lands_and_the_raw_copy_keeps_keys_headers_and_timestamps
     from fastavro import parse_schema, schemaless_writer
 
     p = make_pipeline(partitions=1, overrides={"format": "confluent_avro", "schema_id": 7})
-    schema = parse_schema(
-        json.loads((Path(__file__).parents[1] / "schemas" / "clicks.avsc").read_text())
-    )
+    schema = parse_schema(json.loads((ROOT / "schemas" / "clicks.avsc").read_text()))
     producer = Producer({"bootstrap.servers": broker.bootstrap})
     sent = []
     for i in range(30):

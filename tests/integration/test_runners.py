@@ -19,13 +19,10 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 from deltalake import DeltaTable
 
 from strata.faults import STOP_ENV
 from tests.conftest import expected_offsets, produce_clicks, s3_landed, s3_pipeline
-
-pytestmark = pytest.mark.integration
 
 
 def second_host(p, tmp_path: Path):

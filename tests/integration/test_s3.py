@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import signal
 
-import pytest
-
 from strata.faults import CRASH_ENV
 from strata.run import run_batch
 from tests.conftest import expected_offsets, produce_clicks, s3_client, s3_landed, s3_pipeline
-
-pytestmark = pytest.mark.integration
 
 
 def test_a_batch_lands_in_s3_exactly_once(make_pipeline, broker, spark, s3_endpoint, tmp_path):

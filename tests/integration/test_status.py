@@ -1,16 +1,15 @@
-"""`strata status`: lag, the age of the oldest unread message, and time to retention."""
+"""`strata status`: lag, the age of the oldest unread message, and time to retention.
+
+The estimate of time to size-based retention is checked in tests/unit/test_status.py.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 
-import pytest
-
 from strata.local.events import HOUR_MS
 from tests.conftest import produce_clicks
-
-pytestmark = pytest.mark.integration
 
 
 def test_status_warns_before_retention_deletes_unread_messages(make_pipeline, broker):
@@ -47,19 +46,6 @@ def test_a_topic_without_retention_reports_none(make_pipeline, broker):
     [part] = body["partitions"]
     assert part["retention_ms"] is None and "time_to_retention_s" not in part
     assert part["oldest_unread_age_s"] > 0 and body["warnings"] == []
-
-
-def test_size_based_retention_is_estimated_from_message_size_and_produce_rate():
-    from strata.status import size_time_left
-
-    # 1,000 unread messages of 200 bytes against 1 MB: 800 kB of room, filled at
-    # 50 msgs/s x 200 bytes = 10 kB/s, so 80 s.
-    assert size_time_left(1_000_000, 1_000, 200.0, 50.0) == pytest.approx(80.0)
-    # Already over the limit: the broker may be deleting unread messages now.
-    assert size_time_left(100_000, 1_000, 200.0, 50.0) == 0.0
-    # Not growing, or the rate is unknown: no deadline to give.
-    assert size_time_left(1_000_000, 1_000, 200.0, 0.0) is None
-    assert size_time_left(1_000_000, 1_000, 200.0, None) is None
 
 
 def test_status_warns_when_unread_bytes_near_retention_bytes(make_pipeline, broker):

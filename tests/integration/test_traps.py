@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
 import yaml
 from deltalake import DeltaTable
 
@@ -19,8 +18,6 @@ from strata.ledger import read_ledger
 from strata.plan import PlanStore
 from strata.run import run_batch
 from tests.conftest import expected_offsets, produce_clicks
-
-pytestmark = pytest.mark.integration
 
 
 def test_a_recreated_topic_whose_offsets_went_backwards_stops_the_run(make_pipeline, broker):

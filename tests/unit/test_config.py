@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata.config import load_pipeline, parse_duration_ms
+from strata.config import load_pipeline
+from strata.durations import parse_duration_ms
 from strata.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 def _project(tmp_path: Path, body: dict, defaults: dict | None = None) -> Path:

@@ -23,8 +23,8 @@ from strata.config import EventTimeConfig, PipelineConfig
 from strata.decode import DecodeRules, _without_logical_types, decode_chunk, partition_stats
 from strata.schema import QUARANTINE_SCHEMA, RAW_SCHEMA, partition_columns
 from strata.write import PartitionedWriter
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_763_805_600_000  # 2025-11-22T10:00:00Z
 
 

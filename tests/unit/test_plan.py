@@ -110,16 +110,14 @@ def test_plan_round_trips_through_json():
 
 
 def _cfg(**over):
-    from pathlib import Path
-
     from strata.config import EventTimeConfig, PipelineConfig
+    from tests.conftest import ROOT
 
-    root = Path(__file__).resolve().parents[1]
     return PipelineConfig(
         name="clicks",
         topics=["clicks", "views"],
         schema_file="clicks.avsc",
-        schemas_dir=str(root / "schemas"),
+        schemas_dir=str(ROOT / "schemas"),
         event_time=EventTimeConfig(field="ts"),
         **over,
     )

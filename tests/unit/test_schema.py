@@ -11,8 +11,8 @@ import pytest
 
 from strata.config import EventTimeConfig, PipelineConfig
 from strata.errors import MetastoreError, SchemaError
-from strata.publish import hive_type
-from strata.schema import load_pipeline_schema, load_topic_schema
+from strata.register import hive_type
+from strata.schema import load_pipeline_schema, load_topic_schema, schema_changes
 from strata.sql import trino_type
 
 
@@ -196,3 +196,64 @@ def test_a_decimal_above_38_digits_has_no_hive_or_trino_type():
         hive_type(pa.decimal256(39, 2))
     with pytest.raises(ValueError, match="Trino decimals hold at most 38 digits"):
         trino_type(pa.decimal256(39, 2))
+
+
+# Schema evolution: the changes a table can take from one batch to the next.
+
+BEFORE = [["page", "string"], ["user_id", "int64"], ["dt", "string"]]
+
+
+def test_an_added_optional_field_is_the_compatible_change():
+    after = pa.schema([("page", pa.string()), ("user_id", pa.int64()), ("dt", pa.string())])
+    assert schema_changes(BEFORE, after, ()) == ([], [])
+    grown = after.append(pa.field("country", pa.string()))
+    assert schema_changes(BEFORE, grown, ()) == (["country"], [])
+
+
+@pytest.mark.parametrize(
+    ("after", "required", "problem"),
+    [
+        (
+            pa.schema([("page", pa.string()), ("dt", pa.string())]),
+            (),
+            "field `user_id` (int64) was removed",
+        ),
+        (
+            pa.schema([("page", pa.string()), ("user_id", pa.string()), ("dt", pa.string())]),
+            (),
+            "field `user_id` changed type from int64 to string",
+        ),
+        (
+            pa.schema(
+                [("page", pa.string()), ("user_id", pa.int64()), ("dt", pa.string()), ("c", "i8")]
+            ),
+            ("c",),
+            "new field `c` is required, but the rows already in the table have no value",
+        ),
+        (
+            pa.schema(
+                [("page", pa.string()), ("user_id", pa.int64()), ("dt", pa.string()), ("hr", "i8")]
+            ),
+            (),
+            "the partitioning changed (column hr)",
+        ),
+    ],
+)
+def test_incompatible_changes_are_named_with_their_fix(after, required, problem):
+    _, problems = schema_changes(BEFORE, after, required)
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_a_default_null_on_a_field_that_cannot_be_null_fails_at_load(tmp_path):
+    path = tmp_path / "bad.avsc"
+    path.write_text(
+        json.dumps(
+            {
+                "type": "record",
+                "name": "R",
+                "fields": [{"name": "country", "type": "string", "default": None}],
+            }
+        )
+    )
+    with pytest.raises(SchemaError, match=r"field 'country' has default null but its type"):
+        load_topic_schema(path)

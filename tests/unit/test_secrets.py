@@ -4,7 +4,8 @@ Each test plants canaries, distinct secrets set through the environment (as a
 deployment does) or written into the git-ignored `conf/local/`, and then does what a
 user does: prints the configuration, runs `strata`, breaks the YAML on the secret's
 line, breaks another key, and lets Airflow parse the DAG folder. No canary may appear
-in any output, error message, traceback or repr.
+in any output, error message, traceback or repr. The runs against a real broker and
+S3 endpoint are in tests/integration/test_secrets.py.
 """
 
 from __future__ import annotations
@@ -24,55 +25,10 @@ from pydantic import ValidationError
 
 from strata.config import PipelineConfig, load_pipeline
 from strata.errors import ConfigError
-from strata.local.service import free_port
-from tests.conftest import ROOT, expected_offsets, produce_clicks, s3_landed, s3_pipeline
+from tests.canaries import CANARIES, GOOD, SECRETS, assert_no_canary, merge
+from tests.conftest import ROOT
 
 STRATA = str(Path(sys.executable).parent / "strata")
-
-# One canary per secret, so a failure names the secret that leaked.
-CANARIES = {
-    "KAFKA_PASSWORD": "canary-kafka-password-5Yq",
-    "KAFKA_KEY_PASSWORD": "canary-ssl-key-password-Hw2",
-    "OAUTH_CLIENT_SECRET": "canary-oauth-client-secret-Lm9",
-    "OAUTH_CONFIG_SECRET": "canary-oauth-config-Zt4",
-    "S3_ACCESS_KEY": "canary-s3-access-key-Pe7",
-    "S3_SECRET": "canary-s3-secret-Xc3",
-    "S3_TOKEN": "canary-s3-session-token-Rb8",
-    "SPARK_S3A_SECRET": "canary-spark-s3a-secret-Gk1",
-    "METASTORE_PASSWORD": "canary-metastore-password-Vd6",
-    "TRINO_PASSWORD": "canary-trino-password-Jn5",
-}
-
-KAFKA_SECRETS = {
-    "sasl.password": "${KAFKA_PASSWORD}",
-    "ssl.key.password": "${KAFKA_KEY_PASSWORD}",
-    "sasl.oauthbearer.client.secret": "${OAUTH_CLIENT_SECRET}",
-    "sasl.oauthbearer.config": "principal=strata extension_secret=${OAUTH_CONFIG_SECRET}",
-}
-S3_SECRETS = {
-    "AWS_ACCESS_KEY_ID": "${S3_ACCESS_KEY}",
-    "AWS_SECRET_ACCESS_KEY": "${S3_SECRET}",
-    "AWS_SESSION_TOKEN": "${S3_TOKEN}",
-}
-SECRETS: dict[str, Any] = {
-    "kafka": {"properties": {"security.protocol": "PLAINTEXT", **KAFKA_SECRETS}},
-    "storage_options": {"AWS_REGION": "eu-west-1", **S3_SECRETS},
-    "spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "${SPARK_S3A_SECRET}"}},
-}
-GOOD = {"topics": ["clicks"], "schema_file": "clicks.avsc", "event_time": {"field": "ts"}}
-
-
-def assert_no_canary(*texts: object) -> None:
-    for text in texts:
-        leaked = [name for name, canary in CANARIES.items() if canary in str(text)]
-        assert not leaked, f"{', '.join(leaked)} leaked into:\n{text}"
-
-
-def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = merge(out[key], value) if isinstance(out.get(key), dict) else value
-    return out
 
 
 @pytest.fixture
@@ -235,10 +191,10 @@ def test_what_the_command_prints_is_redacted_even_when_a_message_quotes_a_secret
     trino = {"trino": {"url": "https://strata:${TRINO_PASSWORD}@trino.internal:8443"}}
     cfg = load_pipeline("clicks", project(tmp_path, merge(merge(GOOD, SECRETS), trino)))
     assert_no_canary(repr(cfg), str(cfg.trino))
-    # A committed run whose summary quotes the Trino URL it published to, and a client
+    # A committed run whose summary quotes the Trino URL it registered in, and a client
     # library's warning that quotes a password ("..." with quotes, as JSON escapes them).
     outcome = RunOutcome(cfg.name, "committed", batch=1)
-    outcome.published = f"tables registered; 4 statement(s) run in Trino at {cfg.trino.url}"
+    outcome.registered = f"tables registered; 4 statement(s) run in Trino at {cfg.trino.url}"
     password = cfg.kafka.properties["sasl.password"]
     outcome.warnings.append(f'could not publish offsets: SASL PLAIN "{password}" refused')
     assert run_guarded(lambda: (render_summary(outcome), summary_dict(outcome)), True) == 0
@@ -255,52 +211,6 @@ def test_what_the_command_prints_is_redacted_even_when_a_message_quotes_a_secret
     failed = capsys.readouterr()
     assert "broker said: bad secret ***" in failed.err
     assert_no_canary(shown.out, shown.err, failed.out, failed.err)
-
-
-@pytest.mark.integration
-def test_run_and_status_against_a_down_broker_print_no_secret(make_pipeline, canaries):
-    p = make_pipeline(
-        create=False,
-        overrides=merge(
-            SECRETS, {"kafka": {"bootstrap_servers": f"127.0.0.1:{free_port()}", "timeout_s": 3}}
-        ),
-    )
-    run = p.cli("run", "--json")
-    assert run.returncode == 1 and "cannot reach the brokers" in run.stderr, run.stderr
-    status = p.cli("status", "--json")
-    assert status.returncode == 0, status.stderr
-    assert "lag unknown" in status.stdout
-    assert_no_canary(run.stdout, run.stderr, status.stdout, status.stderr)
-
-
-@pytest.mark.integration
-def test_a_batch_to_s3_with_every_credential_set_prints_none_of_them(
-    make_pipeline, broker, s3_endpoint, tmp_path, canaries
-):
-    # moto accepts any key pair, so the canaries are the credentials Spark's tasks use.
-    options = {
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_REGION": "us-east-1",
-        "AWS_ALLOW_HTTP": "true",
-        **S3_SECRETS,
-    }
-    p, _ = s3_pipeline(
-        make_pipeline,
-        s3_endpoint,
-        tmp_path,
-        "secrets",
-        storage_options=options,
-        kafka=SECRETS["kafka"],
-        spark=SECRETS["spark"],
-    )
-    per = produce_clicks(broker, p.topic, 2, 300)
-    run = p.cli("run", "--json")
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads(run.stdout.strip().splitlines()[-1])["batch"] == 1
-    status = p.cli("status", "--json")
-    assert status.returncode == 0, status.stderr[-3000:]
-    assert_no_canary(run.stdout, run.stderr, status.stdout, status.stderr)
-    assert s3_landed(p, p.cfg().storage_options) == expected_offsets(per)
 
 
 def test_column_names_and_described_credentials_are_not_secrets(tmp_path):

@@ -10,8 +10,7 @@ import yaml
 
 from strata.config import load_pipeline
 from strata.spark import default_tasks, parallelism_from_conf
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 def _cfg(tmp_path: Path, **overrides):
@@ -59,8 +58,10 @@ def test_the_override_and_local_masters(tmp_path):
 
 def test_planning_for_an_unsized_cluster_starts_no_spark(tmp_path):
     _cfg(tmp_path, spark={"master": "spark://nowhere:7077"})
-    # A fresh interpreter: no session of the test run may answer for the cluster.
+    # A fresh interpreter: no session of the test run may answer for the cluster. It
+    # logs as a host does (Airflow's plan task): Strata adds no handler of its own.
     probe = (
+        "import logging; logging.basicConfig(); "
         "import sys; from strata.config import load_pipeline; from strata.spark import "
         "default_tasks; from pyspark import SparkContext; "
         f"n = default_tasks(load_pipeline('clicks', {str(tmp_path / 'conf')!r})); "

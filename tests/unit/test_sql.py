@@ -108,7 +108,7 @@ def test_hostile_topic_pipeline_and_database_names_fail_at_load():
 
 
 def test_only_partition_directories_strata_writes_become_partitions(tmp_path):
-    from strata.publish import storage_partitions
+    from strata.register import storage_partitions
 
     table = tmp_path / "wh" / "clicks"
     for d in [

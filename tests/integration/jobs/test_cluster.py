@@ -24,8 +24,6 @@ from strata.local.cluster import LocalSparkCluster, spark_home, submit_command, 
 from strata.plan import PlanStore
 from tests.conftest import ROOT, expected_offsets, produce_clicks, s3_landed, s3_pipeline
 
-pytestmark = pytest.mark.integration
-
 CORES = 3  # not 2, the old fallback for any non-local master
 
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 import socket
 
 import psutil
-import pytest
 
 from strata.local.metastore import LOOPBACK
 from strata.metastore import MetastoreClient
-
-pytestmark = pytest.mark.integration
 
 
 def _listening_addresses(port: int) -> set[str]:

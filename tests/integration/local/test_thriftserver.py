@@ -14,7 +14,6 @@ from strata.local.thriftserver import LocalThriftServer
 from strata.run import run_batch
 from tests.conftest import ROOT, START_MS, produce_clicks
 
-pytestmark = pytest.mark.integration
 QUERIES = ROOT / "sql" / "queries"
 
 
@@ -43,11 +42,11 @@ def test_the_thrift_server_sees_exactly_what_the_ledger_says(
         partitions=2, overrides={"table_format": "parquet", "metastore": {"uri": metastore.uri}}
     )
     produce_clicks(broker, p.topic, 2, 1200, hours=4, late=5, malformed=4)
-    assert run_batch(p.cfg(), session=lambda _: spark).publish_error is None
+    assert run_batch(p.cfg(), session=lambda _: spark).register_error is None
     produce_clicks(
         broker, p.topic, 2, 600, seed=2, start_ms=START_MS + 4 * 3_600_000, hours=2, late=2
     )
-    assert run_batch(p.cfg(), session=lambda _: spark).publish_error is None
+    assert run_batch(p.cfg(), session=lambda _: spark).register_error is None
     ledger = read_ledger(p.cfg()).to_pylist()
     assert sorted({r["batch"] for r in ledger}) == [1, 2]
 

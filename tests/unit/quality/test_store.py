@@ -75,9 +75,9 @@ def test_the_page_and_the_docs_land_under_the_location(tmp_path):
     (built / "validations" / "clicks").mkdir(parents=True)
     (built / "index.html").write_text("site")
     (built / "validations" / "clicks" / "batch.html").write_text("page")
-    docs = store.publish_docs(built, "validations/clicks/batch.html")
+    docs = store.copy_docs(built, "validations/clicks/batch.html")
     assert docs == "docs/validations/clicks/batch.html"
     assert (tmp_path / "quality" / docs).read_text() == "page"
     assert (tmp_path / "quality" / "docs" / "index.html").read_text() == "site"
-    assert store.publish_docs(built, None) is None
-    assert store.publish_docs(tmp_path / "never-built", "x.html") is None
+    assert store.copy_docs(built, None) is None
+    assert store.copy_docs(tmp_path / "never-built", "x.html") is None

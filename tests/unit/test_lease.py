@@ -1,0 +1,83 @@
+"""The run lease on a local folder, and the create-if-absent write it stands on.
+
+The same on a real S3 endpoint, with runners killed, paused and cut off, is in
+tests/integration/test_lease.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from strata.errors import LockBusy
+from strata.lease import Epoch, Lease, hold_lease
+from strata.storage import list_names, put_if_absent, read_object
+from tests.locking import check_put_if_absent, check_racing_creates
+
+
+def test_put_if_absent_creates_once_and_never_replaces(tmp_path):
+    base = str(tmp_path / "objects")
+    check_put_if_absent(base, {})
+    # No temporary file is left beside it.
+    assert sorted(os.listdir(f"{base}/plans")) == ["batch-1.json"]
+
+
+def test_two_processes_racing_to_create_the_same_names_never_both_win(tmp_path):
+    check_racing_creates(str(tmp_path / "objects"), {})
+
+
+def test_a_holder_on_this_host_whose_pid_was_reused_is_not_taken_for_alive(tmp_path):
+    # A recycled pid cannot be produced on demand, so the records are written by hand:
+    # one naming a live process with its true start time, then one naming the same pid
+    # with another start time, as a holder that died and whose pid was reused would.
+    where = str(tmp_path / "lease")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        stat = Path(f"/proc/{sleeper.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        holder = Epoch(
+            number=1,
+            pipeline="p",
+            run="someone",
+            host=socket.gethostname(),
+            pid=sleeper.pid,
+            pid_start=int(stat[19]),
+            boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+            pid_ns=os.readlink("/proc/self/ns/pid"),
+            since="2025-11-22T10:00:00+00:00",
+            expires=time.time() + 600,
+        )
+        assert put_if_absent(f"{where}/epoch-000000000001.json", {}, holder.to_bytes())
+        with pytest.raises(LockBusy, match=f'"pid": {sleeper.pid}'):
+            with hold_lease(where, {}, "p", 600):
+                pass
+        reused = dataclasses.replace(holder, number=2, pid_start=(holder.pid_start or 0) - 1)
+        assert put_if_absent(f"{where}/epoch-000000000002.json", {}, reused.to_bytes())
+        with hold_lease(where, {}, "p", 600) as lease:
+            lease.check()
+            names = list_names(where, {})
+            taken = Epoch.from_bytes(read_object(f"{where}/{names[-1]}", {}) or b"", names[-1])
+            assert (taken.number, taken.run, taken.pid) == (3, lease.run, os.getpid())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_lease_given_up_is_free_at_once_and_a_second_hold_in_one_process_is_refused(
+    tmp_path,
+):
+    where = str(tmp_path / "lease")
+    with hold_lease(where, {}, "p", 600) as first:
+        with pytest.raises(LockBusy, match=f'"pid": {os.getpid()}'):
+            Lease(where, {}, "p", 600).acquire()
+        first.check()
+    with hold_lease(where, {}, "p", 600) as second:
+        second.check()
+    names = list_names(where, {})
+    released = Epoch.from_bytes(read_object(f"{where}/{names[-1]}", {}) or b"", names[-1])
+    assert released.release and released.run == second.run
