@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from strata.config import PipelineConfig, load_pipeline, redact, redact_json
 from strata.errors import ConfigError, StrataError, from_task_failure
@@ -371,14 +371,18 @@ def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 
 
 def entry() -> None:
-    """The `strata` console script: run, flush, and leave without interpreter teardown.
+    """The `strata` console script: run, then `leave`."""
+    leave(main())
+
+
+def leave(code: int) -> NoReturn:
+    """Flush the output and end the process without interpreter teardown.
 
     Native thread pools (Arrow's, delta-rs's) can abort the process while Python
     finalises modules after the work is done and reported, turning a successful run
-    into exit code -6. Everything the command does is committed and flushed by then,
+    into exit code -6. Everything a command does is committed and flushed by then,
     and the run lock is the kernel's, so the process ends with its own exit code.
     """
-    code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

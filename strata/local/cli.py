@@ -8,13 +8,11 @@ exit codes follow the `strata` command's.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from strata.cli import run_guarded
+from strata.cli import leave, run_guarded
 from strata.local.metastore import metastore_down, metastore_running, metastore_up
 from strata.log import configure as configure_logging
 
@@ -88,8 +86,5 @@ def _metastore(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
 
 
 def entry() -> None:
-    """The `strata-local` console script; leaves as `strata` does (see `strata.cli.entry`)."""
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    """The `strata-local` console script; ends as `strata` does (see `strata.cli.leave`)."""
+    leave(main())
