@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from strata.config import PipelineConfig, load_pipeline, redact, redact_json
-from strata.errors import ConfigError, StrataError, from_task_failure
+from strata.errors import StrataError, from_task_failure
 from strata.log import configure as configure_logging
 
 
@@ -177,11 +177,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     configure_logging()
-    try:
-        cfg = load_pipeline(args.pipeline, args.conf_dir)
-    except ConfigError as exc:
-        print(f"strata: {redact(str(exc))}", file=sys.stderr)
-        return exc.exit_code
     handler: Callable[[PipelineConfig, argparse.Namespace], tuple[str, dict[str, Any]]] = {
         "run": _run,
         "status": _status,
@@ -194,7 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "plan": _plan,
         "ledger": _ledger,
     }[args.command]
-    return run_guarded(lambda: handler(cfg, args), args.json)
+    # Loading is guarded too: a bad config is a `ConfigError`, exit code 2.
+    return run_guarded(
+        lambda: handler(load_pipeline(args.pipeline, args.conf_dir), args), args.json
+    )
 
 
 def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool) -> int:

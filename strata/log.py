@@ -13,15 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import TextIO
 
 LEVEL_ENV = "STRATA_LOG_LEVEL"
 
 _ROOT = logging.getLogger("strata")
-
-
-class _Human(logging.StreamHandler[TextIO]):
-    """The handler `configure` installs; recognised so that it is installed once."""
 
 
 def configure() -> None:
@@ -32,7 +27,7 @@ def configure() -> None:
     """
     if any(not isinstance(h, logging.NullHandler) for h in _ROOT.handlers):
         return
-    handler = _Human(sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("strata: %(message)s"))
     _ROOT.addHandler(handler)
     level = os.environ.get(LEVEL_ENV, "INFO").upper()

@@ -91,28 +91,23 @@ def dataset(ref: TableRef, schema: pa.Schema | None = None) -> ds.Dataset | None
     )
 
 
-def read(
-    ref: TableRef,
-    columns: list[str],
-    where: ds.Expression | None = None,
-    empty: pa.Schema | None = None,
-) -> pa.Table:
-    """Rows of the table, the columns asked for; an empty table if there is no table yet.
+def read(ref: TableRef, columns: list[str], where: ds.Expression | None = None) -> pa.Table:
+    """Rows of the table, the columns asked for; no rows if there is no table yet.
 
     Args:
         ref: The table.
         columns: The columns to read.
         where: Which rows.
-        empty: The schema of the empty result when the table does not exist; by default
-            the columns asked for, as strings, except the coordinates' own types.
 
     Returns:
-        The rows.
+        The rows. Without a table, an empty table of those columns: the coordinates
+        with their own types, any other column as a string.
     """
     found = dataset(ref)
     if found is None:
-        schema = empty or pa.schema([(c, _COORDINATE_TYPES.get(c, pa.string())) for c in columns])
-        return schema.empty_table().select(columns)
+        return pa.schema(
+            [(c, _COORDINATE_TYPES.get(c, pa.string())) for c in columns]
+        ).empty_table()
     return found.to_table(columns=columns, filter=where)
 
 

@@ -19,7 +19,6 @@ import sys
 
 from strata.cli import run_guarded
 from strata.config import load_pipeline
-from strata.errors import ConfigError
 from strata.log import configure as configure_logging
 from strata.report import render_summary, summary_dict
 from strata.run import run_batch
@@ -40,13 +39,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     configure_logging()
-    try:
-        cfg = load_pipeline(args.pipeline, args.conf_dir)
-    except ConfigError as exc:
-        print(f"strata: {exc}", file=sys.stderr)
-        return exc.exit_code
 
     def action() -> tuple[str, dict[str, object]]:
+        cfg = load_pipeline(args.pipeline, args.conf_dir)
         master = submitted_master() or cfg.spark.master
         if not master.startswith("local") and not cfg.spark.tasks:
             # Started before the plan, so the batch is split over the cluster's cores.

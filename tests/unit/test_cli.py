@@ -5,6 +5,7 @@ Runs against the real broker are in tests/integration/test_cli.py.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -53,4 +54,19 @@ def test_bad_config_fails_at_load_naming_file_key_and_fix(tmp_path):
     )
     assert done.returncode == 2
     assert "clicks.yaml: key `limits.target_file_mb`: Input should be greater than 0" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_bad_config_with_json_ends_with_a_json_error_line(tmp_path):
+    (tmp_path / "conf" / "pipelines").mkdir(parents=True)
+    (tmp_path / "conf" / "pipelines" / "clicks.yaml").write_text("topics: [clicks]\nnope: 1\n")
+    done = subprocess.run(
+        [STRATA, "status", "--pipeline", "clicks", "--conf-dir", str(tmp_path / "conf"), "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    assert body["status"] == "failed" and body["exit_code"] == 2
+    assert "clicks.yaml" in body["error"] and "nope" in body["error"]
     assert "Traceback" not in done.stderr
