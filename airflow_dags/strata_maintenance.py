@@ -1,8 +1,16 @@
-"""Strata maintenance: delete Delta files that were removed long enough ago.
+"""Strata maintenance: compaction, log checkpoints and vacuum, per pipeline, daily.
 
-Each pipeline's tables (data, raw copy, quarantine, ledger) are vacuumed daily with
-the pipeline's `airflow.vacuum_retention`: files a backfill or compaction replaced
-stay for time-travel readers until then.
+For each pipeline in `conf/pipelines/`, in order:
+
+1. `compact`: the small files of settled event-time partitions (and of the raw,
+   quarantine and ledger tables) are merged into target-sized files, one Delta
+   transaction per partition marked as no data change; ingest goes on beside it.
+2. `checkpoint`: each Delta table's log gets a checkpoint and loses its expired
+   commits, so opening a table costs the same on day 1 and on day 1,000.
+3. `vacuum`: files removed longer ago than `maintenance.vacuum_retention` are
+   deleted, and so are files of killed attempts that can never be committed.
+
+Each step is also a command: `strata compact|checkpoint|vacuum --pipeline NAME`.
 """
 
 from __future__ import annotations
@@ -28,10 +36,22 @@ with DAG(
 ) as dag:
     for _name in list_pipelines(CONF_DIR):
 
+        @task(task_id=f"compact_{_name}")
+        def compact(pipeline: str = _name) -> dict[str, object]:
+            from strata.orchestrate import compact_task
+
+            return compact_task(pipeline, CONF_DIR)
+
+        @task(task_id=f"checkpoint_{_name}")
+        def checkpoint(pipeline: str = _name) -> dict[str, object]:
+            from strata.orchestrate import checkpoint_task
+
+            return checkpoint_task(pipeline, CONF_DIR)
+
         @task(task_id=f"vacuum_{_name}")
         def vacuum(pipeline: str = _name) -> dict[str, object]:
             from strata.orchestrate import vacuum_task
 
             return vacuum_task(pipeline, CONF_DIR)
 
-        vacuum()
+        compact() >> checkpoint() >> vacuum()

@@ -163,6 +163,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sql.add_argument("what", choices=["ddl"])
     _common(sql)
+    compact = sub.add_parser(
+        "compact",
+        help="merge small files of settled partitions into target-sized ones",
+        description="Merge the small files of settled event-time partitions (and of the "
+        "raw, quarantine and ledger tables) into files of limits.target_file_mb, sorted as "
+        "the writer wrote them; one Delta transaction per partition, marked as no data "
+        "change, so readers and ingest go on undisturbed.",
+    )
+    _common(compact)
+    compact.add_argument("--partition", help="only this data partition, dt=YYYY-MM-DD[/hr=HH]")
+    compact.add_argument(
+        "--older-than", metavar="DURATION", help="settle time instead of maintenance.settle"
+    )
+    compact.add_argument("--dry-run", action="store_true", help="report; change nothing")
+    checkpoint = sub.add_parser(
+        "checkpoint",
+        help="checkpoint every Delta table's log and delete its expired commits",
+        description="Write a Delta checkpoint of the data, raw, quarantine and ledger "
+        "tables, so opening them replays few commits, and delete log entries past Delta's "
+        "log retention that the checkpoint covers.",
+    )
+    _common(checkpoint)
+    vacuum = sub.add_parser(
+        "vacuum",
+        help="delete removed files past the retention, and files never committed",
+        description="Delete files that compaction, a backfill or a replay removed longer "
+        "than maintenance.vacuum_retention ago, and files of killed attempts that can never "
+        "be committed. Files this pipeline did not write are left and listed.",
+    )
+    _common(vacuum)
+    vacuum.add_argument("--dry-run", action="store_true", help="list; delete nothing")
     return parser
 
 
@@ -188,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "quality": _quality,
         "plan": _plan,
         "ledger": _ledger,
+        "compact": _compact,
+        "checkpoint": _checkpoint,
+        "vacuum": _vacuum,
     }[args.command]
     # Loading is guarded too: a bad config is a `ConfigError`, exit code 2.
     return run_guarded(
@@ -359,6 +393,27 @@ def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
 
     ddl = pipeline_ddl(cfg)
     return ddl.rstrip("\n"), {"pipeline": cfg.name, "ddl": ddl}
+
+
+def _compact(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.compact import compact, render_compaction
+
+    report = compact(cfg, args.partition, args.older_than, args.dry_run)
+    return render_compaction(report), report.as_dict()
+
+
+def _checkpoint(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.maintain import checkpoint, render_maintenance
+
+    report = checkpoint(cfg)
+    return render_maintenance("checkpoint", report), report
+
+
+def _vacuum(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.maintain import render_maintenance, vacuum
+
+    report = vacuum(cfg, args.dry_run)
+    return render_maintenance("vacuum" + (" (dry run)" if args.dry_run else ""), report), report
 
 
 def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

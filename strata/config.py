@@ -378,8 +378,6 @@ class AirflowConfig(_Strict):
         spark_conn_id: Airflow connection of the Spark cluster, for `spark_submit`.
         retries: Retries of each task; safe, since batches are idempotent.
         retry_delay: Wait before a retry.
-        vacuum_retention: Age past which removed Delta files are deleted by the
-            maintenance DAG (a time-travel reader older than this fails).
     """
 
     schedule: str = "@hourly"
@@ -387,7 +385,51 @@ class AirflowConfig(_Strict):
     spark_conn_id: str = "spark_default"
     retries: int = Field(default=2, ge=0)
     retry_delay: Duration = "1m"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:  # noqa: ANN401 - pydantic hands over the raw mapping
+        if isinstance(data, dict) and "vacuum_retention" in data:
+            raise ValueError(
+                "airflow.vacuum_retention moved to maintenance.vacuum_retention (vacuum is a "
+                "command of its own now); move the key there"
+            )
+        return data
+
+
+# Below this, vacuum could delete a file a running query or a time-travel reader still
+# reads: removed files are kept at least this long whatever the configuration says.
+VACUUM_FLOOR = "1h"
+
+
+class MaintenanceConfig(_Strict):
+    """Compaction, log checkpoints and vacuum of the pipeline's tables.
+
+    Attributes:
+        settle: An event-time partition is compacted once its end is this long past,
+            so the hour being written is left alone.
+        small_file_mb: Files under this size are merged; unset, half of
+            `limits.target_file_mb`. Merged files are cut at `limits.target_file_mb`.
+        min_small_files: A partition is compacted once it holds this many small files.
+        vacuum_retention: How long files removed from a Delta table (by compaction, a
+            backfill, a replay) stay for readers that still use them; never under 1h.
+    """
+
+    settle: Duration = "2h"
+    small_file_mb: int | None = Field(default=None, gt=0)
+    min_small_files: int = Field(default=2, ge=2)
     vacuum_retention: Duration = "7d"
+
+    @field_validator("vacuum_retention")
+    @classmethod
+    def _floor(cls, value: str) -> str:
+        if parse_duration_ms(value) < parse_duration_ms(VACUUM_FLOOR):
+            raise ValueError(
+                f"{value!r} is under the {VACUUM_FLOOR} floor: a query running that long, or a "
+                f"time-travel reader, would lose files; write at least {VACUUM_FLOOR} (7d is "
+                "Delta's default)"
+            )
+        return value
 
 
 class RangeRule(_Strict):
@@ -508,6 +550,7 @@ class PipelineConfig(_Strict):
         trino: A Trino to notify after registering the tables.
         airflow: Scheduling of the pipeline's DAGs.
         quality: The data-quality suite and gate.
+        maintenance: Compaction, log checkpoints and vacuum.
         storage_options: Object-store options (endpoint, region...) for s3:// locations.
         schemas_dir: Directory holding `schema_file`; set by the loader.
     """
@@ -540,6 +583,7 @@ class PipelineConfig(_Strict):
     trino: TrinoConfig = Field(default_factory=TrinoConfig)
     airflow: AirflowConfig = Field(default_factory=AirflowConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
+    maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
     # Its keys (AWS_SECRET_ACCESS_KEY, ...) show as *** in every repr, by the one rule.
     storage_options: dict[str, str] = Field(default_factory=dict)
     schemas_dir: str = "schemas"

@@ -74,6 +74,10 @@ class LedgerEditError(StrataError):
     """A ledger edit cannot be made as asked; nothing was changed."""
 
 
+class MaintenanceError(StrataError):
+    """Compaction, a checkpoint or vacuum cannot be done as asked; nothing was changed."""
+
+
 class MetastoreError(StrataError):
     """The metastore could not be reached, or refused a change."""
 

@@ -224,7 +224,12 @@ class Lease:
     """A pipeline's run lease in a store folder; see the module docstring for the protocol."""
 
     def __init__(
-        self, location: str, options: dict[str, str], pipeline: str, lease_s: float
+        self,
+        location: str,
+        options: dict[str, str],
+        pipeline: str,
+        lease_s: float,
+        what: str = "run",
     ) -> None:
         """Describe the lease; nothing is read or written until `acquire`.
 
@@ -233,7 +238,9 @@ class Lease:
             options: The pipeline's `storage_options`.
             pipeline: Pipeline name, for records and messages.
             lease_s: `lock_lease` in seconds.
+            what: What holds the lease (`run`, `maintenance`), for messages.
         """
+        self._what = what
         self.location = location.rstrip("/")
         self._options = options
         self._pipeline = pipeline
@@ -409,16 +416,17 @@ class Lease:
     def _busy(self, holder: Epoch | None) -> LockBusy:
         if holder is None:
             return LockBusy(
-                f"pipeline {self._pipeline}: another run is in flight and keeps renewing its "
-                f"lease at {self.location}; nothing was done. Wait for it to finish."
+                f"pipeline {self._pipeline}: another {self._what} is in flight and keeps "
+                f"renewing its lease at {self.location}; nothing was done. Wait for it to "
+                "finish."
             )
         left = max(0.0, holder.expires - time.time())
         return LockBusy(
-            f"pipeline {self._pipeline}: another run is in flight ({holder.holder()}); its "
-            f"lease at {self.location} runs until {_iso(holder.expires)} ({left:.0f} s from "
-            "now) and is renewed while it runs; nothing was done. Wait for it to finish; if "
-            "that run is gone (its host died or lost the network), the first run after "
-            "that time takes over."
+            f"pipeline {self._pipeline}: another {self._what} is in flight "
+            f"({holder.holder()}); its lease at {self.location} runs until "
+            f"{_iso(holder.expires)} ({left:.0f} s from now) and is renewed while it runs; "
+            "nothing was done. Wait for it to finish; if that run is gone (its host died "
+            "or lost the network), the first run after that time takes over."
         )
 
     def _uri(self, number: int) -> str:
@@ -449,7 +457,7 @@ class Lease:
 
 @contextmanager
 def hold_lease(
-    location: str, options: dict[str, str], pipeline: str, lease_s: float
+    location: str, options: dict[str, str], pipeline: str, lease_s: float, what: str = "run"
 ) -> Iterator[Lease]:
     """Hold a pipeline's run lease for the duration of the block, then release it.
 
@@ -458,6 +466,7 @@ def hold_lease(
         options: The pipeline's `storage_options`.
         pipeline: Pipeline name.
         lease_s: `lock_lease` in seconds.
+        what: What holds the lease (`run`, `maintenance`), for messages.
 
     Yields:
         The held lease; call its `check()` before each commit.
@@ -466,7 +475,7 @@ def hold_lease(
         LockBusy: Naming the holder and when its lease expires.
         LeaseUnavailable: If the store could not be read or written.
     """
-    lease = Lease(location, options, pipeline, lease_s)
+    lease = Lease(location, options, pipeline, lease_s, what)
     lease.acquire()
     try:
         yield lease

@@ -1,4 +1,11 @@
-"""One run per pipeline at a time.
+"""One run per pipeline at a time, and one table maintenance.
+
+Two locks: the run lock (ingest, backfill, replay, ledger edits) and the maintenance
+lock (compaction, vacuum). Ingest only appends, which Delta lets land beside a
+compaction, so compaction never makes an ingest wait. Whatever removes files takes the
+maintenance lock: a backfill or replay (which rewrites files compaction may be merging)
+on top of the run lock; vacuum, so it never deletes the files of a compaction that has
+not committed yet.
 
 Where the state location is a local path, the lock is an OS file lock (flock) on a
 local file: the kernel releases it when the holder dies, even by SIGKILL, so a
@@ -54,7 +61,7 @@ class FileLock:
 
 
 @contextmanager
-def run_lock(cfg: PipelineConfig) -> Iterator[RunLock]:
+def run_lock(cfg: PipelineConfig, what: str = "run") -> Iterator[RunLock]:
     """Hold the pipeline's run lock, or fail at once if another run holds it.
 
     A local state location gets an flock on `cfg.lock_path`; an object-store state
@@ -63,6 +70,8 @@ def run_lock(cfg: PipelineConfig) -> Iterator[RunLock]:
 
     Args:
         cfg: The pipeline configuration.
+        what: `run`, or `maintenance` for the maintenance lock (beside the run lock's
+            file, `<name>.maintenance.lock`; under `<state location>/maintenance-lease/`).
 
     Yields:
         The held lock; call its `check()` before each commit.
@@ -73,12 +82,14 @@ def run_lock(cfg: PipelineConfig) -> Iterator[RunLock]:
     """
     path = cfg.lock_path
     if path is not None:
-        with _flock(path, cfg.name) as lock:
+        if what != "run":
+            path = path.with_suffix(f".{what}.lock")
+        with _flock(path, cfg.name, what) as lock:
             yield lock
         return
     from strata.lease import hold_lease
 
-    location = f"{cfg.location('state')}/lease"
+    location = f"{cfg.location('state')}/{'lease' if what == 'run' else what + '-lease'}"
     if cfg.lock_dir:
         logger.warning(
             "pipeline %s: lock_dir is not used, because the state location is an object "
@@ -87,12 +98,12 @@ def run_lock(cfg: PipelineConfig) -> Iterator[RunLock]:
             location,
         )
     lease_s = parse_duration_ms(cfg.lock_lease) / 1000
-    with hold_lease(location, cfg.storage_options, cfg.name, lease_s) as lease:
+    with hold_lease(location, cfg.storage_options, cfg.name, lease_s, what) as lease:
         yield lease
 
 
 @contextmanager
-def _flock(path: Path, pipeline: str) -> Iterator[FileLock]:
+def _flock(path: Path, pipeline: str, what: str) -> Iterator[FileLock]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -101,7 +112,7 @@ def _flock(path: Path, pipeline: str) -> Iterator[FileLock]:
         except BlockingIOError:
             holder = Path(path).read_text().strip() or "{}"
             raise LockBusy(
-                f"pipeline {pipeline}: another run is in flight ({holder}); nothing was done. "
+                f"pipeline {pipeline}: another {what} is in flight ({holder}); nothing was done. "
                 "Wait for it to finish, or check that process if it seems stuck."
             ) from None
         os.ftruncate(fd, 0)

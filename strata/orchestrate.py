@@ -101,33 +101,22 @@ def backfill_task(
     return redact_json(summary_dict(outcome))
 
 
+def compact_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """Merge the small files of the pipeline's settled partitions (see `strata.compact`)."""
+    from strata.compact import compact
+
+    return redact_json(compact(load_pipeline(pipeline, conf_dir)).as_dict())
+
+
+def checkpoint_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """Checkpoint the pipeline's Delta logs and delete their expired commits."""
+    from strata.maintain import checkpoint
+
+    return redact_json(checkpoint(load_pipeline(pipeline, conf_dir)))
+
+
 def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
-    """Delete Delta files removed, or never committed, longer ago than the retention.
+    """Delete removed files past the retention, and files that can never be committed."""
+    from strata.maintain import vacuum
 
-    Files a failed attempt or a runner that lost its lease wrote are never in the log
-    (every attempt writes files of its own names): vacuum's full mode deletes them too.
-    It runs under the pipeline's run lock, so no run's not-yet-committed files are
-    mistaken for such leftovers.
-    """
-    from deltalake import DeltaTable
-
-    from strata.delta import open_table
-    from strata.durations import parse_duration_ms
-    from strata.lock import run_lock
-
-    cfg = load_pipeline(pipeline, conf_dir)
-    hours = parse_duration_ms(cfg.airflow.vacuum_retention) // 3_600_000
-    deleted: dict[str, int] = {}
-    if cfg.table_format != "delta":
-        return {"pipeline": pipeline, "deleted": deleted, "reason": "plain Parquet tables"}
-    with run_lock(cfg):
-        for which in ("table", "raw", "quarantine", "ledger"):
-            uri = cfg.location(which)
-            table: DeltaTable | None = open_table(uri, cfg.storage_options)
-            if table is None:
-                continue
-            removed = table.vacuum(
-                retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True
-            )
-            deleted[which] = len(removed)
-    return {"pipeline": pipeline, "retention_hours": hours, "deleted": deleted}
+    return redact_json(vacuum(load_pipeline(pipeline, conf_dir)))

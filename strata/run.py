@@ -261,9 +261,11 @@ def execute_reprocess(
             "read from the raw copy"
         )
     tables = ("quarantine", "table") if plan.source == "raw" else TABLES
-    results = outcome.ranges = write_and_commit(
-        cfg, plan, tables, session, outcome, lock, resumed
-    ).results
+    # It rewrites files a compaction may be merging: the two never run at once.
+    with run_lock(cfg, "maintenance"):
+        results = outcome.ranges = write_and_commit(
+            cfg, plan, tables, session, outcome, lock, resumed
+        ).results
     lock.check()
     commit_ledger(
         cfg,

@@ -15,8 +15,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from strata.config import PipelineConfig
 from strata.errors import JavaMissing
@@ -25,7 +27,11 @@ from strata.task import SplitJob, SplitResult, map_split, reduce_rows, run_split
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+_Item = TypeVar("_Item")
+_Out = TypeVar("_Out")
 
 
 def require_java() -> str:
@@ -234,8 +240,48 @@ def execute(
     Returns:
         Each task's result (with `shuffle`, plus one holding the reducers' files).
     """
+    if not reducers:
+        return run_each(spark, run_split, jobs, label)
     sc = spark.sparkContext
     sc.setJobDescription(label)
+    with _progress(sc, label, len(jobs)):
+        cfg, batch = jobs[0].cfg, jobs[0].batch
+        out = (
+            sc.parallelize(jobs, len(jobs))
+            .flatMap(map_split)
+            .partitionBy(reducers)
+            .mapPartitionsWithIndex(partial(reduce_rows, cfg, batch))
+            .collect()
+        )
+    results: list[SplitResult] = [payload for kind, payload in out if kind == "meta"]
+    files = [f for kind, payload in out if kind == "files" for f in payload]
+    results.append(SplitResult(task=-1, ranges=[], files={"table": files}, seconds=0.0))
+    return results
+
+
+def run_each(
+    spark: SparkSession, fn: Callable[[_Item], _Out], items: list[_Item], label: str
+) -> list[_Out]:
+    """Run `fn` on each item in a Spark task of its own and collect the results, in order.
+
+    Args:
+        spark: The session.
+        fn: A module-level function (Spark pickles it by name for the executors).
+        items: Its arguments, one task each.
+        label: The Spark job's description, printed with progress lines.
+
+    Returns:
+        `fn(item)` per item.
+    """
+    sc = spark.sparkContext
+    sc.setJobDescription(label)
+    with _progress(sc, label, len(items)):
+        return sc.parallelize(items, len(items)).map(fn).collect()
+
+
+@contextmanager
+def _progress(sc: SparkContext, label: str, total: int) -> Iterator[None]:
+    """Log the tasks done and running every 10 s while the block runs."""
     stop = threading.Event()
 
     def report() -> None:
@@ -252,7 +298,7 @@ def execute(
                 "%s: %s/%s tasks done, %s running, %.0fs",
                 label,
                 done,
-                len(jobs),
+                total,
                 running,
                 time.monotonic() - began,
             )
@@ -260,19 +306,6 @@ def execute(
     watcher = threading.Thread(target=report, daemon=True)
     watcher.start()
     try:
-        splits = sc.parallelize(jobs, len(jobs))
-        if not reducers:
-            return splits.map(run_split).collect()
-        cfg, batch = jobs[0].cfg, jobs[0].batch
-        out = (
-            splits.flatMap(map_split)
-            .partitionBy(reducers)
-            .mapPartitionsWithIndex(partial(reduce_rows, cfg, batch))
-            .collect()
-        )
-        results: list[SplitResult] = [payload for kind, payload in out if kind == "meta"]
-        files = [f for kind, payload in out if kind == "files" for f in payload]
-        results.append(SplitResult(task=-1, ranges=[], files={"table": files}, seconds=0.0))
-        return results
+        yield
     finally:
         stop.set()

@@ -300,6 +300,44 @@ def write_file(
     return out.close()
 
 
+def write_sized(
+    fs: pafs.FileSystem,
+    root: str,
+    stem: str,
+    table: pa.Table,
+    partition_values: dict[str, str],
+    target_bytes: int,
+    row_group_rows: int,
+) -> list[WrittenFile]:
+    """Write rows, in their order, into files closed once they pass `target_bytes`.
+
+    Args:
+        fs: Filesystem of the table.
+        root: Table root path inside `fs`.
+        stem: Path of the files relative to the root, without `-fNNN.snappy.parquet`.
+        table: The rows (without partition columns).
+        partition_values: The files' partition values.
+        target_bytes: Size at which a file is closed.
+        row_group_rows: Rows per row group.
+
+    Returns:
+        The files written, in row order.
+    """
+    files: list[WrittenFile] = []
+    out: _OpenFile | None = None
+    for start in range(0, table.num_rows, row_group_rows):
+        if out is None:
+            rel = f"{stem}-f{len(files):03d}.snappy.parquet"
+            out = _OpenFile(fs, root, rel, table.schema, partition_values)
+        out.write(table.slice(start, row_group_rows))
+        if out.bytes_written >= target_bytes:
+            files.append(out.close())
+            out = None
+    if out is not None:
+        files.append(out.close())
+    return files
+
+
 class PartitionedWriter:
     """Writes one task's rows of one table, a file (or a few) per partition value.
 

@@ -1,0 +1,519 @@
+"""Compaction: merge a table's small files into a few large ones, disturbing nobody.
+
+Each batch writes at most one file per task and event hour, which is right for the
+batch, but hourly runs and late events pile small files into every partition. A
+compaction run picks the settled partitions holding small files, rewrites them in
+Spark tasks into files of `limits.target_file_mb` (rows sorted by the keys the writer
+wrote them in, so row-group statistics keep pruning), and commits each partition in a
+Delta transaction of its own whose removes and adds are marked `dataChange=false`.
+
+Who may run beside it:
+
+- An ingest only appends: Delta lands its commit beside the compaction's (the two
+  touch different files), so no ingest ever waits for or fails on a compaction. Only
+  files of batches the ledger holds are picked: an unfinished batch's files are left
+  to the run that finishes (or drops) it.
+- A backfill or replay rewrites files, and vacuum deletes them: each takes the
+  maintenance lock, as compaction does, so none of them runs beside it.
+- A schema change landing meanwhile fails the compaction's commit; it is retried on
+  the new snapshot, with the same files (old rows read a new column as null).
+
+A compaction killed at any step leaves the table as it was, or with some partitions
+done: files it wrote but did not commit are never read, vacuum removes them, and the
+next compaction picks the partitions left.
+
+Plain Parquet tables are not compacted: their directory is the table, so files cannot
+be swapped for readers in one step (see the README).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
+
+from strata.config import Location, PipelineConfig
+from strata.delta import committed_batch, open_table
+from strata.durations import parse_duration_ms
+from strata.errors import MaintenanceError
+from strata.faults import crash_point
+from strata.storage import filesystem
+from strata.write import WrittenFile, write_sized
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from strata.lock import RunLock
+
+logger = logging.getLogger(__name__)
+
+COMPACTION_KEY = "strata.compaction"
+# Every table Strata owns, in the order they are maintained.
+MAINTAINED: tuple[Location, ...] = ("table", "raw", "quarantine", "ledger")
+# The keys each table's rows are written in: compacted files keep that order.
+_SORT_KEYS = {
+    "ledger": ["batch", "topic", "partition"],
+    "other": ["_topic", "_partition", "_offset"],
+}
+# A commit beaten by a schema change is retried this often on the new snapshot.
+_COMMIT_TRIES = 5
+
+
+@dataclass(frozen=True)
+class Bin:
+    """Small files of one partition that one Spark task merges.
+
+    Attributes:
+        uri: The table's location.
+        options: Storage options.
+        paths: The files, relative to the table root.
+        partition_values: Their partition values.
+        stem: The merged files' path, relative to the root, without the file number.
+        sort_by: The columns the merged rows are sorted by.
+        target_bytes: Size at which a merged file is closed.
+        row_group_rows: Rows per row group.
+    """
+
+    uri: str
+    options: dict[str, str] = field(repr=False)
+    paths: list[str]
+    partition_values: dict[str, str]
+    stem: str
+    sort_by: list[str]
+    target_bytes: int
+    row_group_rows: int
+
+
+@dataclass
+class PartitionCompaction:
+    """What compaction did (or, in a dry run, would do) to one partition.
+
+    Attributes:
+        table: `table`, `raw`, `quarantine` or `ledger`.
+        partition: `dt=…/hr=…`, or `` for an unpartitioned table.
+        files_before: The partition's files before.
+        bytes_before: Their bytes.
+        files_after: The partition's files after (in a dry run, the estimate).
+        bytes_after: Their bytes (in a dry run, as before).
+        merged: Files merged.
+        seconds: Time the rewrite and the commit took.
+        outcome: `compacted`, `planned` (dry run), or why it was left as it was.
+    """
+
+    table: str
+    partition: str
+    files_before: int
+    bytes_before: int
+    files_after: int
+    bytes_after: int
+    merged: int
+    seconds: float = 0.0
+    outcome: str = "planned"
+
+
+@dataclass
+class CompactionReport:
+    """What a compaction run did, per partition.
+
+    Attributes:
+        pipeline: The pipeline.
+        dry_run: Whether nothing was changed.
+        partitions: One entry per partition picked.
+        skipped: Tables left alone, with why.
+        seconds: The whole run's time.
+    """
+
+    pipeline: str
+    dry_run: bool
+    partitions: list[PartitionCompaction] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready values."""
+        return asdict(self)
+
+
+@dataclass
+class _Picked:
+    """One partition's plan: its files now, and the bins its small files go into."""
+
+    table: Location
+    key: tuple[str, ...]
+    values: dict[str, str]
+    files: list[dict[str, Any]]
+    bins: list[Bin]
+
+
+def parse_partition(text: str, columns: list[str]) -> dict[str, str]:
+    """`dt=2026-01-01/hr=03` (or a prefix of the partition columns) as values.
+
+    Raises:
+        MaintenanceError: If it names other columns than the table's, or out of order.
+    """
+    values: dict[str, str] = {}
+    for part in text.strip("/").split("/"):
+        name, eq, value = part.partition("=")
+        if not eq or not value:
+            raise MaintenanceError(f"--partition {text!r}: write it as dt=YYYY-MM-DD[/hr=HH]")
+        values[name] = value
+    if list(values) != columns[: len(values)]:
+        raise MaintenanceError(
+            f"--partition {text!r}: the data table is partitioned by "
+            f"{'/'.join(columns)}; name those columns, in that order"
+        )
+    return values
+
+
+def partition_end(values: dict[str, str]) -> datetime | None:
+    """When an event-time partition's time span ends; None if the values are not times."""
+    try:
+        day = datetime.strptime(values["dt"], "%Y-%m-%d").replace(tzinfo=UTC)
+        if "hr" in values:
+            return day + timedelta(hours=int(values["hr"]) + 1)
+    except (KeyError, ValueError):
+        return None
+    return day + timedelta(days=1)
+
+
+def small_bytes(cfg: PipelineConfig) -> int:
+    """Files under this many bytes count as small."""
+    mb = cfg.maintenance.small_file_mb or max(1, cfg.limits.target_file_mb // 2)
+    return mb << 20
+
+
+def pack(files: list[dict[str, Any]], target: int) -> list[list[dict[str, Any]]]:
+    """Consecutive files grouped into bins of about `target` bytes; single files dropped.
+
+    Files come sorted by where their rows start, so a bin holds neighbouring rows and
+    the merged files' statistics stay narrow.
+    """
+    bins: list[list[dict[str, Any]]] = [[]]
+    size = 0
+    for f in files:
+        if bins[-1] and size + f["size_bytes"] > target:
+            bins.append([])
+            size = 0
+        bins[-1].append(f)
+        size += f["size_bytes"]
+    return [b for b in bins if len(b) > 1]
+
+
+def plan_table(
+    cfg: PipelineConfig,
+    which: Location,
+    table: DeltaTable,
+    settled_before: datetime,
+    only: dict[str, str] | None,
+    token: str,
+) -> list[_Picked]:
+    """The partitions of one Delta table to compact, with their bins.
+
+    A file is picked when it is small and every row in it belongs to a batch the ledger
+    holds (its `_batch`, or for the ledger `batch`, statistics say so); a partition when
+    it is settled and holds at least `min_small_files` such files.
+    """
+    batch_column = "batch" if which == "ledger" else "_batch"
+    last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
+    partition_by = list(table.metadata().partition_columns)
+    small = small_bytes(cfg)
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    by_key: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for add in adds:
+        key = tuple(str(add[f"partition.{c}"]) for c in partition_by)
+        by_key.setdefault(key, []).append(add)
+    sort_by = _SORT_KEYS["ledger" if which == "ledger" else "other"]
+    picked = []
+    for key, files in sorted(by_key.items()):
+        values = dict(zip(partition_by, key, strict=True))
+        if only is not None and any(values.get(k) != v for k, v in only.items()):
+            continue
+        if partition_by:
+            end = partition_end(values)
+            if end is None or end > settled_before:
+                continue
+        mergeable = [
+            f
+            for f in files
+            if f["size_bytes"] < small
+            and f.get(f"max.{batch_column}") is not None
+            and f[f"max.{batch_column}"] <= last
+            # An unpartitioned table has no event hours: its newest files settle first.
+            and (partition_by or _modified(f) <= settled_before)
+        ]
+        if len(mergeable) < cfg.maintenance.min_small_files:
+            continue
+        mergeable.sort(key=lambda f: tuple(_bound(f, c) for c in sort_by) + (f["path"],))
+        directory = "/".join(f"{c}={v}" for c, v in values.items())
+        bins = [
+            Bin(
+                cfg.location(which),
+                cfg.storage_options,
+                [f["path"] for f in group],
+                values,
+                f"{directory}/part-c{token}-{number:04d}".lstrip("/"),
+                sort_by,
+                cfg.limits.target_file_mb << 20,
+                cfg.limits.row_group_rows,
+            )
+            for number, group in enumerate(pack(mergeable, cfg.limits.target_file_mb << 20))
+        ]
+        if bins:
+            picked.append(_Picked(which, key, values, files, bins))
+    return picked
+
+
+def _bound(add: dict[str, Any], column: str) -> Any:  # noqa: ANN401 - a statistic of any type
+    value = add.get(f"min.{column}")
+    return (value is None, "" if value is None else str(value).zfill(20))
+
+
+def _modified(add: dict[str, Any]) -> datetime:
+    moment = add["modification_time"]
+    if isinstance(moment, datetime):
+        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return datetime.fromtimestamp(int(moment) / 1000, UTC)
+
+
+def rewrite_bin(job: Bin) -> list[WrittenFile]:
+    """Merge one bin's files into sorted, target-sized files (runs in a Spark task).
+
+    Files written before a column was added lack it: the bin is read with the union of
+    its files' schemas, so their rows read it as null, as the table shows them.
+    """
+    fs, root = filesystem(job.uri, job.options)
+    paths = [f"{root}/{p}" for p in job.paths]
+    schema = pa.unify_schemas([pq.read_schema(p, filesystem=fs) for p in paths])
+    rows = ds.dataset(paths, schema=schema, format="parquet", filesystem=fs).to_table()
+    keys = [(c, "ascending") for c in job.sort_by if c in schema.names]
+    if keys:
+        rows = rows.sort_by(keys)
+    return write_sized(
+        fs, root, job.stem, rows, job.partition_values, job.target_bytes, job.row_group_rows
+    )
+
+
+def compact(
+    cfg: PipelineConfig,
+    partition: str | None = None,
+    older_than: str | None = None,
+    dry_run: bool = False,
+    session: Callable[[PipelineConfig], SparkSession] | None = None,
+) -> CompactionReport:
+    """Compact the pipeline's Delta tables (data, raw copy, quarantine, ledger).
+
+    Args:
+        cfg: The pipeline configuration.
+        partition: Only this partition of the data table (`dt=…[/hr=…]`).
+        older_than: Settle time overriding `maintenance.settle`.
+        dry_run: Report what would be merged; change nothing and start no JVM.
+        session: Builds the Spark session (tests pass a shared one).
+
+    Returns:
+        What was merged, per partition.
+
+    Raises:
+        LockBusy: If a backfill, a replay, vacuum or another compaction is in flight.
+        MaintenanceError: If `partition` does not name the data table's columns.
+    """
+    from strata.lock import run_lock
+    from strata.schema import partition_columns
+
+    began = time.monotonic()
+    report = CompactionReport(cfg.name, dry_run)
+    try:
+        settle_ms = parse_duration_ms(older_than or cfg.maintenance.settle)
+    except ValueError as exc:
+        raise MaintenanceError(f"--older-than {older_than!r}: {exc}") from None
+    settled_before = datetime.now(UTC) - timedelta(milliseconds=settle_ms)
+    only = (
+        None
+        if partition is None
+        else parse_partition(partition, partition_columns(cfg.partitioning))
+    )
+    token = datetime.now(UTC).strftime("%Y%m%d%H%M%S") + uuid.uuid4().hex[:8]
+    if dry_run:
+        _plan_all(cfg, settled_before, only, token, report)
+        report.seconds = time.monotonic() - began
+        return report
+    with run_lock(cfg, "maintenance") as lock:
+        picked = _plan_all(cfg, settled_before, only, token, report)
+        if picked:
+            _rewrite_and_commit(cfg, picked, report, session, lock)
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _plan_all(
+    cfg: PipelineConfig,
+    settled_before: datetime,
+    only: dict[str, str] | None,
+    token: str,
+    report: CompactionReport,
+) -> list[_Picked]:
+    picked: list[_Picked] = []
+    for which in MAINTAINED if only is None else ("table",):
+        if which != "ledger" and cfg.table_format != "delta":
+            report.skipped[which] = "plain Parquet: its directory is the table (see the README)"
+            continue
+        table = open_table(cfg.location(which), cfg.storage_options)
+        if table is None:
+            report.skipped[which] = "no table yet"
+            continue
+        found = plan_table(cfg, which, table, settled_before, only, token)
+        picked += found
+        for p in found:
+            merged = sum(len(b.paths) for b in p.bins)
+            merged_bytes = sum(f["size_bytes"] for f in p.files if _in_bins(f, p.bins))
+            estimate = -(-merged_bytes // (cfg.limits.target_file_mb << 20))
+            size = sum(f["size_bytes"] for f in p.files)
+            report.partitions.append(
+                PartitionCompaction(
+                    which,
+                    _partition_name(p.values),
+                    len(p.files),
+                    size,
+                    len(p.files) - merged + max(estimate, len(p.bins)),
+                    size,
+                    merged,
+                )
+            )
+    return picked
+
+
+def _in_bins(add: dict[str, Any], bins: list[Bin]) -> bool:
+    return any(add["path"] in b.paths for b in bins)
+
+
+def _partition_name(values: dict[str, str]) -> str:
+    return "/".join(f"{c}={v}" for c, v in values.items())
+
+
+def _rewrite_and_commit(
+    cfg: PipelineConfig,
+    picked: list[_Picked],
+    report: CompactionReport,
+    session: Callable[[PipelineConfig], SparkSession] | None,
+    lock: RunLock,
+) -> None:
+    from strata.spark import build_session, run_each
+
+    jobs = [b for p in picked for b in p.bins]
+    spark = (session or build_session)(cfg)
+    t0 = time.monotonic()
+    written = run_each(spark, rewrite_bin, jobs, f"{cfg.name} compaction of {len(jobs)} bins")
+    rewrite_s = (time.monotonic() - t0) / max(1, len(jobs))
+    crash_point("after_compact_files")
+    by_bin = {(job.uri, job.stem): files for job, files in zip(jobs, written, strict=True)}
+    entries = {(e.table, e.partition): e for e in report.partitions}
+    for p in picked:
+        entry = entries[(p.table, _partition_name(p.values))]
+        t1 = time.monotonic()
+        new = [f for b in p.bins for f in by_bin[(b.uri, b.stem)]]
+        old = {path for b in p.bins for path in b.paths}
+        # A compaction that lost its lease must not commit: vacuum may run by now.
+        lock.check()
+        entry.outcome = _commit_partition(cfg, p, old, new)
+        kept = [f for f in p.files if f["path"] not in old]
+        if entry.outcome == "compacted":
+            entry.files_after = len(kept) + len(new)
+            entry.bytes_after = sum(f["size_bytes"] for f in kept) + sum(f.size for f in new)
+        else:
+            entry.files_after, entry.bytes_after = entry.files_before, entry.bytes_before
+            _delete(cfg, p.table, [f.path for f in new])
+        entry.seconds = rewrite_s * len(p.bins) + time.monotonic() - t1
+        logger.info(
+            "%s %s %s: %s files -> %s (%s)",
+            cfg.name,
+            p.table,
+            entry.partition or "(whole table)",
+            entry.files_before,
+            entry.files_after,
+            entry.outcome,
+        )
+        crash_point("after_compact_commit")
+
+
+def _commit_partition(
+    cfg: PipelineConfig, picked: _Picked, old: set[str], new: list[WrittenFile]
+) -> str:
+    """Swap a partition's merged files for the new ones in one transaction.
+
+    Returns:
+        `compacted`, or why not: a file to be removed is no longer in the table (only a
+        run that broke the maintenance lock's rule could cause that; the partition is
+        left as it is and the new files are deleted).
+    """
+    uri = cfg.location(picked.table)
+    info = {f["path"]: f for f in picked.files}
+    for attempt in range(_COMMIT_TRIES):
+        table = open_table(uri, cfg.storage_options)
+        if table is None:
+            raise MaintenanceError(f"{uri}: the table disappeared during compaction")
+        active = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+        if not old <= active:
+            return "left: files to merge were removed meanwhile"
+        now = int(time.time() * 1000)
+        values = picked.values or None
+        actions: list[AddAction | RemoveAction] = [
+            RemoveAction(path, False, now, info[path]["size_bytes"], values) for path in sorted(old)
+        ]
+        actions += [AddAction(f.path, f.size, f.partition_values, now, False, f.stats) for f in new]
+        summary = {
+            "partition": _partition_name(picked.values),
+            "removed": len(old),
+            "added": len(new),
+        }
+        try:
+            table.create_write_transaction(
+                actions,
+                mode="append",
+                schema=table.schema(),
+                partition_by=list(table.metadata().partition_columns) or None,
+                commit_properties=CommitProperties(
+                    custom_metadata={COMPACTION_KEY: json.dumps(summary)}
+                ),
+            )
+        except CommitFailedError as exc:
+            # A schema change landed after this snapshot: try again on the new one.
+            logger.info("%s: compaction commit retried (%s), attempt %s", uri, exc, attempt + 1)
+            continue
+        return "compacted"
+    return f"left: {_COMMIT_TRIES} commits were beaten by concurrent changes"
+
+
+def _delete(cfg: PipelineConfig, which: Location, paths: list[str]) -> None:
+    fs, root = filesystem(cfg.location(which), cfg.storage_options)
+    for path in paths:
+        fs.delete_file(f"{root}/{path}")
+
+
+def render_compaction(report: CompactionReport) -> str:
+    """The report as lines an operator reads."""
+    verb = "would merge" if report.dry_run else "merged"
+    lines = [f"pipeline {report.pipeline}: compaction{' (dry run)' if report.dry_run else ''}"]
+    for which, why in report.skipped.items():
+        lines.append(f"  {which}: skipped, {why}")
+    if not report.partitions:
+        lines.append("  nothing to compact: no settled partition holds enough small files")
+    for p in report.partitions:
+        where = f"{p.table} {p.partition}" if p.partition else f"{p.table} (whole table)"
+        lines.append(
+            f"  {where}: {verb} {p.merged} files; {p.files_before} files "
+            f"{p.bytes_before / 1e6:.1f} MB -> {p.files_after} files "
+            f"{p.bytes_after / 1e6:.1f} MB, {p.seconds:.1f}s, {p.outcome}"
+        )
+    lines.append(f"  took {report.seconds:.1f}s")
+    return "\n".join(lines)

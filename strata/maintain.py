@@ -1,0 +1,246 @@
+"""Keeping a pipeline's Delta tables small to open: log checkpoints, vacuum, health.
+
+- **Checkpoints.** Every commit adds a file to a table's `_delta_log`, and opening a
+  table replays the log from its last checkpoint. A checkpoint per maintenance run
+  keeps that replay short, and log cleanup deletes the commits older than Delta's log
+  retention (`delta.logRetentionDuration`, 30 days by default) that the checkpoint
+  covers. Neither writes a commit, so neither can collide with a run's.
+- **Vacuum.** Files a compaction, a backfill or a replay removed stay for readers that
+  still use them until `maintenance.vacuum_retention` has passed (never less than its
+  floor), then are deleted. Files the log never listed (a killed attempt's, a runner's
+  that lost its lease) are deleted only when they provably can never be committed:
+  their batch's number already stands in the table (a commit refuses a batch the table
+  holds), or they are a compaction's (vacuum holds the maintenance lock, so no
+  compaction is between writing and committing). Any other file is left and counted.
+- **Health.** Per table: files, their mean size, how many are small, and the commits
+  since the last checkpoint, for `strata status`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+
+from strata.compact import MAINTAINED, small_bytes
+from strata.config import Location, PipelineConfig
+from strata.delta import open_table
+from strata.durations import parse_duration_ms
+from strata.ledger import COLUMNS_KEY, TOPIC_IDS_KEY
+from strata.storage import filesystem, read_bytes
+
+logger = logging.getLogger(__name__)
+
+# Delta's default `delta.logRetentionDuration`.
+_LOG_RETENTION = timedelta(days=30)
+_INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.I)
+# `part-b0000000042-…` (a batch's data, raw or quarantine file, or a backfill's
+# rewrite), `ledger-b0000000042-…`, `part-c…` (a compaction's); a leading dot and a
+# `.tmp-…` tail mark a write that never finished.
+_BATCH_FILE = re.compile(r"^\.?(?:part|ledger)-b(\d{10})-")
+_COMPACTION_FILE = re.compile(r"^\.?part-c\d{14}[0-9a-f]{8}-")
+
+
+def delta_tables(cfg: PipelineConfig) -> list[tuple[Location, DeltaTable]]:
+    """The pipeline's Delta tables that exist: the ledger always, the rest under Delta."""
+    found = []
+    for which in MAINTAINED:
+        if which != "ledger" and cfg.table_format != "delta":
+            continue
+        table = open_table(cfg.location(which), cfg.storage_options)
+        if table is not None:
+            found.append((which, table))
+    return found
+
+
+def log_since_checkpoint(cfg: PipelineConfig, which: Location, table: DeltaTable) -> int:
+    """Commits a reader replays on top of the last checkpoint (all of them without one)."""
+    fs, root = filesystem(cfg.location(which), cfg.storage_options)
+    last = read_bytes(fs, f"{root}/_delta_log/_last_checkpoint")
+    version = table.version()
+    if last is None:
+        return version + 1
+    return version - int(json.loads(last)["version"])
+
+
+def _log_retention(table: DeltaTable) -> timedelta:
+    text = table.metadata().configuration.get("delta.logRetentionDuration")
+    match = _INTERVAL.match(text or "")
+    if match is None:
+        return _LOG_RETENTION
+    return timedelta(**{f"{match.group(2).lower()}s": int(match.group(1))})
+
+
+def checkpoint(cfg: PipelineConfig) -> dict[str, Any]:
+    """Checkpoint every Delta table of the pipeline and clean up its expired log.
+
+    The ledger's log is cleaned only while the newest commit recording the data
+    table's columns and the topics' ids stays within the log retention: plans read
+    them from there (a pipeline idle for that long keeps its log until it runs again).
+
+    Returns:
+        Per table: its version, and the log files before and after.
+    """
+    out: dict[str, Any] = {"pipeline": cfg.name, "tables": {}}
+    for which, table in delta_tables(cfg):
+        before = _log_files(cfg, which)
+        table.create_checkpoint()
+        cleaned = _cleanup_allowed(table) if which == "ledger" else True
+        if cleaned:
+            table.cleanup_metadata()
+        out["tables"][which] = {
+            "version": table.version(),
+            "log_files_before": before,
+            "log_files_after": _log_files(cfg, which),
+            "log_cleaned": cleaned,
+        }
+    return out
+
+
+def _cleanup_allowed(ledger: DeltaTable) -> bool:
+    horizon = datetime.now(UTC) - _log_retention(ledger) + timedelta(days=1)
+    for limit in (50, None):
+        for commit in ledger.history(limit):
+            if COLUMNS_KEY in commit or TOPIC_IDS_KEY in commit:
+                stamp = datetime.fromtimestamp(int(commit["timestamp"]) / 1000, UTC)
+                return stamp > horizon
+    return True
+
+
+def _log_files(cfg: PipelineConfig, which: Location) -> int:
+    fs, root = filesystem(cfg.location(which), cfg.storage_options)
+    selector = pafs.FileSelector(f"{root}/_delta_log", allow_not_found=True)
+    return sum(1 for info in fs.get_file_info(selector) if info.type == pafs.FileType.File)
+
+
+def retention_hours(cfg: PipelineConfig) -> int:
+    """`maintenance.vacuum_retention` in whole hours, rounded up (the floor is checked at load)."""
+    return math.ceil(parse_duration_ms(cfg.maintenance.vacuum_retention) / 3_600_000)
+
+
+def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
+    """Delete removed files past the retention and files that can never be committed.
+
+    Runs under the maintenance lock (no compaction in flight); ingest goes on beside it.
+
+    Args:
+        cfg: The pipeline configuration.
+        dry_run: List what would be deleted; delete nothing.
+
+    Returns:
+        Per table: removed files deleted, never-committed files deleted, and unknown
+        files left.
+    """
+    from strata.lock import run_lock
+
+    hours = retention_hours(cfg)
+    out: dict[str, Any] = {"pipeline": cfg.name, "retention_hours": hours, "tables": {}}
+    with run_lock(cfg, "maintenance") as lock:
+        for which, table in delta_tables(cfg):
+            removed = table.vacuum(
+                retention_hours=hours,
+                dry_run=dry_run,
+                enforce_retention_duration=False,
+                full=False,
+            )
+            lock.check()
+            orphans, unknown = never_committed(cfg, which)
+            if not dry_run:
+                fs, root = filesystem(cfg.location(which), cfg.storage_options)
+                for path in orphans:
+                    fs.delete_file(f"{root}/{path}")
+            out["tables"][which] = {
+                "removed_files": len(removed),
+                "never_committed": len(orphans),
+                "unknown_left": unknown,
+            }
+    return out
+
+
+def never_committed(cfg: PipelineConfig, which: Location) -> tuple[list[str], list[str]]:
+    """Files in a table's folder its log does not list, split by whether that is final.
+
+    The table's batch number is read before the folder is listed against the log, so a
+    file committed meanwhile has a number above it and is never taken for an orphan.
+
+    Returns:
+        (paths that can never be committed, other paths the log does not list), relative
+        to the table root.
+    """
+    table = open_table(cfg.location(which), cfg.storage_options)
+    if table is None:
+        return [], []
+    stands = table.transaction_version(cfg.name) or 0
+    # Full mode at zero hours lists every file the log does not hold, and removed ones;
+    # the plain mode lists the removed ones alone.
+    untracked = set(table.vacuum(0, dry_run=True, enforce_retention_duration=False, full=True))
+    untracked -= set(table.vacuum(0, dry_run=True, enforce_retention_duration=False))
+    final, unknown = [], []
+    for path in sorted(untracked):
+        base = path.rsplit("/", 1)[-1]
+        batch = _BATCH_FILE.match(base)
+        if (batch is not None and int(batch.group(1)) <= stands) or _COMPACTION_FILE.match(base):
+            final.append(path)
+        else:
+            unknown.append(path)
+    return final, unknown
+
+
+def table_health(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
+    """Per table: files, mean file size, small files, and commits since the checkpoint."""
+    small = small_bytes(cfg)
+    out: dict[str, dict[str, Any]] = {}
+    delta = dict(delta_tables(cfg))
+    for which in MAINTAINED:
+        if which in delta:
+            table = delta[which]
+            sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
+            log: int | None = log_since_checkpoint(cfg, which, table)
+        elif which != "ledger" and cfg.table_format == "parquet":
+            sizes = _parquet_sizes(cfg, which)
+            log = None
+        else:
+            continue
+        out[which] = {
+            "files": len(sizes),
+            "mean_file_mb": round(sum(sizes) / len(sizes) / 1e6, 2) if sizes else 0.0,
+            "small_files": sum(1 for s in sizes if s < small),
+            "log_since_checkpoint": log,
+        }
+    return out
+
+
+def _parquet_sizes(cfg: PipelineConfig, which: Location) -> list[int]:
+    fs, root = filesystem(cfg.location(which), cfg.storage_options)
+    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
+    return [
+        int(info.size or 0)
+        for info in fs.get_file_info(selector)
+        if info.type == pafs.FileType.File
+        and info.base_name.endswith(".parquet")
+        and not info.base_name.startswith((".", "_"))
+    ]
+
+
+def render_maintenance(title: str, report: dict[str, Any]) -> str:
+    """A checkpoint or vacuum report as lines an operator reads."""
+    lines = [f"pipeline {report['pipeline']}: {title}"]
+    if "retention_hours" in report:
+        lines[0] += f" (removed files kept {report['retention_hours']}h)"
+    if not report["tables"]:
+        lines.append("  no Delta table yet")
+    for which, figures in report["tables"].items():
+        shown = {k: len(v) if isinstance(v, list) else v for k, v in figures.items()}
+        lines.append(
+            f"  {which}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in shown.items())
+        )
+        for path in figures.get("unknown_left", [])[:10]:
+            lines.append(f"    left, not written by this pipeline: {path}")
+    return "\n".join(lines)

@@ -1,0 +1,181 @@
+"""Compaction and table maintenance on real tables written by real runs.
+
+Every test breaks or races real processes: the compaction runs as the `strata`
+command where it must be killed or frozen, while ingest runs in this process.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from strata.compact import compact
+from strata.maintain import checkpoint, log_since_checkpoint, never_committed, table_health, vacuum
+from strata.run import run_batch
+from tests.conftest import START_MS, expected_offsets, produce_clicks
+
+HOUR_MS = 3_600_000
+
+
+def small_batches(p, broker, spark, batches: int, partitions: int = 2) -> Counter:
+    """Several small batches over the same three event hours: late data piles up files."""
+    expected: Counter = Counter()
+    for n in range(batches):
+        per = produce_clicks(broker, p.topic, partitions, 120, seed=n + 1, hours=3)
+        for part, count in per.items():
+            expected[part] += count
+        run_batch(p.cfg(), session=lambda _: spark)
+    return expected
+
+
+def rows(p, which: str = "table") -> list[tuple]:
+    table = DeltaTable(p.cfg().location(which)).to_pyarrow_table()
+    names = sorted(table.column_names)
+    return sorted(tuple(r[n] for n in names) for r in table.select(names).to_pylist())
+
+
+def files_per_partition(p) -> dict[tuple[str, str], list[int]]:
+    adds = pa.table(DeltaTable(p.cfg().location("table")).get_add_actions(flatten=True))
+    out: dict[tuple[str, str], list[int]] = {}
+    for a in adds.to_pylist():
+        out.setdefault((a["partition.dt"], a["partition.hr"]), []).append(a["size_bytes"])
+    return out
+
+
+def test_compaction_merges_late_hours_small_files_and_changes_no_row(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=2)
+    small_batches(p, broker, spark, 4)
+    cfg = p.cfg()
+    before_rows, before_raw = rows(p), rows(p, "raw")
+    before_files = files_per_partition(p)
+    assert all(len(sizes) >= 4 for sizes in before_files.values()), before_files
+    version = DeltaTable(cfg.location("table")).version()
+
+    dry = compact(cfg, older_than="0s", dry_run=True)
+    assert dry.dry_run and {e.table for e in dry.partitions} == {"table", "raw", "ledger"}
+    assert DeltaTable(cfg.location("table")).version() == version, "a dry run changed the table"
+    assert files_per_partition(p) == before_files
+
+    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    assert {e.outcome for e in report.partitions} == {"compacted"}
+    after_files = files_per_partition(p)
+    target = cfg.limits.target_file_mb << 20
+    for key, sizes in after_files.items():
+        assert len(sizes) == math.ceil(sum(sizes) / target), (key, sizes)
+        assert len(sizes) < len(before_files[key])
+    assert rows(p) == before_rows and rows(p, "raw") == before_raw
+    assert set(p.landed().values()) == {1}
+    # The commits are no data change: nothing a streaming reader would take for new rows.
+    history = DeltaTable(cfg.location("table")).history(1)[0]
+    assert history["operation"] == "WRITE" and "strata.compaction" in history
+    # The ledger still answers: the next plan starts where the last batch ended.
+    assert run_batch(cfg, session=lambda _: spark).batch is None
+
+    health = table_health(cfg)
+    assert health["table"]["files"] == sum(len(s) for s in after_files.values())
+    assert health["ledger"]["files"] == 1 and health["ledger"]["log_since_checkpoint"] > 0
+    done = checkpoint(cfg)
+    assert set(done["tables"]) == {"table", "raw", "quarantine", "ledger"} - (
+        set() if Path(cfg.location("quarantine")).exists() else {"quarantine"}
+    )
+    assert table_health(cfg)["ledger"]["log_since_checkpoint"] == 0
+
+
+def strata(p, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "strata"), *args, "--pipeline", p.name,
+         "--conf-dir", str(p.conf_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=p.env(**env),
+    )
+
+
+def wait_stopped(proc: subprocess.Popen[str], timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = Path(f"/proc/{proc.pid}/stat").read_text().split()[2]
+        if state == "T":
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError("the compaction never reached its commit")
+
+
+def test_an_ingest_committing_during_compaction_loses_nothing(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=2)
+    expected = small_batches(p, broker, spark, 3)
+    # Frozen after writing its merged files, before committing any of them.
+    proc = strata(p, "compact", "--older-than", "0s", STRATA_STOP_AT="after_compact_files")
+    try:
+        wait_stopped(proc)
+        # Late events into the very hours being compacted, committed meanwhile.
+        late = produce_clicks(broker, p.topic, 2, 150, seed=99, hours=3)
+        assert run_batch(p.cfg(), session=lambda _: spark).status == "committed"
+        for part, count in late.items():
+            expected[part] += count
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    assert "compacted" in out
+    assert p.landed() == expected_offsets(expected)
+    # The compaction committed after the ingest, on top of it, not instead of it.
+    history = DeltaTable(p.cfg().location("table")).history(10)
+    ingest = [h["version"] for h in history if str(h.get("strata.batch")) == "4"]
+    merged = [h["version"] for h in history if "strata.compaction" in h]
+    assert ingest and merged and min(merged) > ingest[0]
+
+
+def test_a_killed_compaction_leaves_a_readable_table_a_rerun_finishes_it_and_vacuum_tidies(
+    make_pipeline, broker, spark
+):
+    p = make_pipeline(partitions=2)
+    expected = small_batches(p, broker, spark, 3)
+    cfg = p.cfg()
+    before = rows(p)
+    # Killed right after its first partition's commit: the others are written, not committed.
+    proc = strata(p, "compact", "--older-than", "0s", STRATA_CRASH_AT="after_compact_commit")
+    proc.communicate(timeout=240)
+    assert proc.returncode == -signal.SIGKILL
+    assert rows(p) == before and p.landed() == expected_offsets(expected)
+    orphans, _ = never_committed(cfg, "table")
+    assert orphans and all("/part-c" in f"/{o}" for o in orphans), orphans
+
+    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    assert report.partitions and {e.outcome for e in report.partitions} == {"compacted"}
+    assert all(len(s) == 1 for s in files_per_partition(p).values())
+    assert rows(p) == before
+
+    # Files vacuum may and may not delete, planted beside the killed compaction's.
+    table_dir = Path(cfg.location("table"))
+    some = next(table_dir.rglob("part-b0000000001-*.parquet"))
+    stale = some.with_name("part-b0000000001-t00099-a0-deadbeef-f000.snappy.parquet")
+    future = some.with_name("part-b0000000009-t00000-a0-deadbeef-f000.snappy.parquet")
+    foreign = some.with_name("notes.parquet")
+    for f in (stale, future, foreign):
+        f.write_bytes(some.read_bytes())
+    replaced = {f.name for f in table_dir.rglob("part-b*.parquet")} - {
+        stale.name, future.name
+    }
+    done = vacuum(cfg)
+    assert done["retention_hours"] == 168
+    assert not stale.exists() and future.exists() and foreign.exists()
+    assert not any(table_dir.rglob("part-c*")) or all(
+        f"{f.relative_to(table_dir)}" in DeltaTable(str(table_dir)).file_uris()
+        or str(f) in DeltaTable(str(table_dir)).file_uris()
+        for f in table_dir.rglob("part-c*")
+    )
+    # Files the compaction replaced stay for readers until the retention has passed.
+    assert replaced <= {f.name for f in table_dir.rglob("part-b*.parquet")}
+    assert rows(p) == before
