@@ -466,7 +466,7 @@ def _commit_partition(
         if not old <= active:
             return "left: files to merge were removed meanwhile"
         now = int(time.time() * 1000)
-        values = picked.values or None
+        values: dict[str, str | None] | None = dict(picked.values) or None
         actions: list[AddAction | RemoveAction] = [
             RemoveAction(path, False, now, info[path]["size_bytes"], values) for path in sorted(old)
         ]

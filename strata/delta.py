@@ -209,9 +209,12 @@ def batch_metadata(uri: str, batch: int, options: dict[str, str], key: str) -> A
     table = open_table(uri, options)
     if table is None:
         return None
-    for commit in table.history():
-        if commit.get(BATCH_KEY) == batch and key in commit:
-            return json.loads(commit[key])
+    # Asked about the newest batches almost always: read the recent commits first, the
+    # whole history only when they do not hold it.
+    for limit in (20, None):
+        for commit in table.history(limit):
+            if commit.get(BATCH_KEY) == batch and key in commit:
+                return json.loads(commit[key])
     return None
 
 

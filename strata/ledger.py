@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from strata.config import PipelineConfig
@@ -87,21 +88,30 @@ def read_ledger(cfg: PipelineConfig) -> pa.Table:
 def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerState:
     """The last committed batch and where reading goes on in every partition.
 
+    Only the rows that move a position are read, and only their five columns: what a
+    run reads stays small however long the pipeline has run (the log itself stays
+    short through `strata checkpoint`, its files few through `strata compact`).
+
     Args:
         cfg: The pipeline configuration.
         rows: The ledger, if already read.
     """
     table = open_table(cfg.location("ledger"), cfg.storage_options)
+    if table is None:
+        return LedgerState(0, {})
+    kinds = (*POSITION_KINDS, "abandon")
     if rows is None:
-        rows = LEDGER_SCHEMA.empty_table() if table is None else table.to_pyarrow_table()
+        rows = table.to_pyarrow_dataset().to_table(
+            columns=["batch", "kind", "topic", "partition", "end_offset"],
+            filter=ds.field("kind").isin(list(kinds)),
+        )
     # A batch can be committed without rows (an abandoned plan of a pipeline that has
     # read nothing yet): its number is taken all the same.
-    last = 0 if table is None else table.transaction_version(cfg.name) or 0
+    last = table.transaction_version(cfg.name) or 0
     if rows.num_rows == 0:
         return LedgerState(last, {})
     last = max(last, pc.max(rows.column("batch")).as_py())
     committed: dict[tuple[str, int], int] = {}
-    kinds = (*POSITION_KINDS, "abandon")
     positions = rows.filter(pc.is_in(rows.column("kind"), pa.array(kinds)))
     ordered = positions.sort_by([("batch", "ascending")])
     for kind, topic, partition, end in zip(

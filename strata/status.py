@@ -14,6 +14,7 @@ from strata.durations import human_duration
 from strata.errors import KafkaUnavailable, PlanError
 from strata.kafka import oldest_unread_ms, partition_states, retention_limits
 from strata.ledger import ledger_state, read_ledger
+from strata.maintain import table_health
 from strata.plan import PlanStore
 
 
@@ -88,6 +89,13 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
         for r in (edits.to_pylist() if rows.num_rows else [])
     ]
     out["unfinished"] = _unfinished(cfg, state.last_batch + 1)
+    out["tables"] = table_health(cfg)
+    small = sum(t["small_files"] for name, t in out["tables"].items() if name != "ledger")
+    if small >= 100:
+        out["warnings"].append(
+            f"{small:,} small files in the tables: Trino and Spark scans slow down; "
+            f"`strata compact --pipeline {cfg.name}` merges them (the maintenance DAG does daily)"
+        )
     return out
 
 
@@ -329,6 +337,16 @@ def render_status(status: dict[str, Any]) -> str:
                 f"UNFINISHED: batch {unfinished['batch']}, a {unfinished['kind']} planned at "
                 f"{unfinished['created_at']} ({', '.join(unfinished['ranges'])}); the next "
                 "`strata run` finishes it"
+            )
+    if status.get("tables"):
+        lines.append(
+            f"{'table':>16} {'files':>8} {'mean MB':>9} {'small':>8} {'log since checkpoint':>21}"
+        )
+        for name, t in status["tables"].items():
+            log = t["log_since_checkpoint"]
+            lines.append(
+                f"{name:>16} {t['files']:>8,} {t['mean_file_mb']:>9.2f} {t['small_files']:>8,} "
+                f"{'-' if log is None else f'{log:,} commits':>21}"
             )
     if status["batches"]:
         lines.append("recent batches:")

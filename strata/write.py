@@ -309,7 +309,10 @@ def write_sized(
     target_bytes: int,
     row_group_rows: int,
 ) -> list[WrittenFile]:
-    """Write rows, in their order, into files closed once they pass `target_bytes`.
+    """Write rows, in their order, into files of at most about `target_bytes`.
+
+    A file is closed before the row group that would take it past the target (judged
+    by the size of the group before), so every file but the last is close to it.
 
     Args:
         fs: Filesystem of the table.
@@ -325,14 +328,17 @@ def write_sized(
     """
     files: list[WrittenFile] = []
     out: _OpenFile | None = None
+    group = 0
     for start in range(0, table.num_rows, row_group_rows):
+        if out is not None and out.bytes_written + group > target_bytes:
+            files.append(out.close())
+            out = None
         if out is None:
             rel = f"{stem}-f{len(files):03d}.snappy.parquet"
             out = _OpenFile(fs, root, rel, table.schema, partition_values)
+        before = out.bytes_written
         out.write(table.slice(start, row_group_rows))
-        if out.bytes_written >= target_bytes:
-            files.append(out.close())
-            out = None
+        group = out.bytes_written - before
     if out is not None:
         files.append(out.close())
     return files

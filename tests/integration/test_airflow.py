@@ -155,24 +155,42 @@ def test_the_spark_submit_path_ships_the_job_to_spark(
     assert p.landed() == expected_offsets(per)
 
 
-def test_the_maintenance_dag_vacuums_files_a_backfill_replaced(
+def test_the_maintenance_dag_compacts_checkpoints_and_vacuums_each_pipeline(
     make_pipeline, broker, spark, airflow_db, monkeypatch
 ):
+    from deltalake import DeltaTable
+
     from strata.backfill import backfill
     from strata.plan import OffsetRange
     from strata.run import run_batch
 
-    p = make_pipeline(partitions=1, overrides={"airflow": {"vacuum_retention": "0s"}})
-    per = produce_clicks(broker, p.topic, 1, 800)
+    p = make_pipeline(partitions=1)
+    per = produce_clicks(broker, p.topic, 1, 400)
     run_batch(p.cfg(), session=lambda _: spark)
-    backfill(p.cfg(), OffsetRange(p.topic, 0, 0, 400), "vacuum test", session=lambda _: spark)
+    late = produce_clicks(broker, p.topic, 1, 400, seed=3)
+    per = {0: per[0] + late[0]}
+    run_batch(p.cfg(), session=lambda _: spark)
+    backfill(p.cfg(), OffsetRange(p.topic, 0, 0, 200), "maintenance test", session=lambda _: spark)
     table_dir = Path(p.cfg().location("table"))
-    before = {f.name for f in table_dir.rglob("*.parquet")}
+    replaced = {f.name for f in table_dir.rglob("part-b*.parquet")}
+    some = next(table_dir.rglob("part-b0000000001-*.parquet"))
+    # What a killed attempt of batch 1 left: never in the log, and never can be.
+    orphan = some.with_name("part-b0000000001-t00007-a9-0badf00d-f000.snappy.parquet")
+    orphan.write_bytes(some.read_bytes())
     monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
-    run = load_dags(p.conf_dir).dags["strata_maintenance"].test()
+    dag = load_dags(p.conf_dir).dags["strata_maintenance"]
+    assert [t.task_id for t in dag.tasks if p.name in t.task_id] == [
+        f"compact_{p.name}",
+        f"checkpoint_{p.name}",
+        f"vacuum_{p.name}",
+    ]
+    run = dag.test()
     assert str(run.state) == "success", states(run)
-    after = {f.name for f in table_dir.rglob("*.parquet")}
-    assert after < before and all("b0000000001" in name for name in before - after)
+    assert any("strata.compaction" in c for c in DeltaTable(str(table_dir)).history(10))
+    assert not orphan.exists()
+    # What the backfill and the compaction replaced stays for readers until the retention.
+    assert replaced - {orphan.name} <= {f.name for f in table_dir.rglob("part-b*.parquet")}
+    assert (table_dir / "_delta_log" / "_last_checkpoint").exists()
     assert p.landed() == expected_offsets(per)
 
 

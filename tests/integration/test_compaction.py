@@ -19,11 +19,9 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from strata.compact import compact
-from strata.maintain import checkpoint, log_since_checkpoint, never_committed, table_health, vacuum
+from strata.maintain import checkpoint, never_committed, table_health, vacuum
 from strata.run import run_batch
-from tests.conftest import START_MS, expected_offsets, produce_clicks
-
-HOUR_MS = 3_600_000
+from tests.conftest import expected_offsets, produce_clicks
 
 
 def small_batches(p, broker, spark, batches: int, partitions: int = 2) -> Counter:
@@ -92,8 +90,14 @@ def test_compaction_merges_late_hours_small_files_and_changes_no_row(make_pipeli
 
 def strata(p, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [str(Path(sys.executable).parent / "strata"), *args, "--pipeline", p.name,
-         "--conf-dir", str(p.conf_dir)],
+        [
+            str(Path(sys.executable).parent / "strata"),
+            *args,
+            "--pipeline",
+            p.name,
+            "--conf-dir",
+            str(p.conf_dir),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -165,9 +169,7 @@ def test_a_killed_compaction_leaves_a_readable_table_a_rerun_finishes_it_and_vac
     foreign = some.with_name("notes.parquet")
     for f in (stale, future, foreign):
         f.write_bytes(some.read_bytes())
-    replaced = {f.name for f in table_dir.rglob("part-b*.parquet")} - {
-        stale.name, future.name
-    }
+    replaced = {f.name for f in table_dir.rglob("part-b*.parquet")} - {stale.name, future.name}
     done = vacuum(cfg)
     assert done["retention_hours"] == 168
     assert not stale.exists() and future.exists() and foreign.exists()

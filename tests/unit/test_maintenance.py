@@ -1,0 +1,126 @@
+"""Compaction's and vacuum's decisions, on real files and real Delta tables (no Spark)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from deltalake.transaction import RemoveAction
+
+from strata.compact import pack, parse_partition, partition_end
+from strata.config import PipelineConfig, load_pipeline
+from strata.delta import commit_files, commit_removes, ensure_table
+from strata.errors import ConfigError, LockBusy, MaintenanceError
+from strata.lock import run_lock
+from strata.maintain import never_committed, retention_hours
+from strata.write import write_file, write_sized
+from tests.locking import pipeline_body
+from tests.unit.test_config import GOOD, _project
+
+
+def test_a_vacuum_retention_under_the_floor_is_refused_at_load(tmp_path):
+    conf = _project(tmp_path, {**GOOD, "maintenance": {"vacuum_retention": "30m"}})
+    with pytest.raises(ConfigError) as err:
+        load_pipeline("clicks", conf)
+    text = str(err.value)
+    assert "clicks.yaml" in text and "maintenance.vacuum_retention" in text
+    assert "floor" in text and "at least 1h" in text
+
+
+def test_the_old_vacuum_key_names_where_it_moved(tmp_path):
+    conf = _project(tmp_path, {**GOOD, "airflow": {"vacuum_retention": "7d"}})
+    with pytest.raises(ConfigError, match=r"moved to maintenance\.vacuum_retention"):
+        load_pipeline("clicks", conf)
+
+
+def test_retention_hours_round_up_never_down(tmp_path):
+    body = pipeline_body(str(tmp_path), maintenance={"vacuum_retention": "90m"})
+    assert retention_hours(PipelineConfig.model_validate(body)) == 2
+
+
+def test_partitions_parse_in_column_order_and_end_with_their_span():
+    assert parse_partition("dt=2026-01-02/hr=03", ["dt", "hr"]) == {"dt": "2026-01-02", "hr": "03"}
+    assert parse_partition("dt=2026-01-02", ["dt", "hr"]) == {"dt": "2026-01-02"}
+    for bad in ("hr=03", "dt=2026-01-02/x=1", "2026-01-02"):
+        with pytest.raises(MaintenanceError):
+            parse_partition(bad, ["dt", "hr"])
+    end = partition_end({"dt": "2026-01-02", "hr": "03"})
+    assert end is not None and end.isoformat() == "2026-01-02T04:00:00+00:00"
+    day = partition_end({"dt": "2026-01-02"})
+    assert day is not None and day.isoformat() == "2026-01-03T00:00:00+00:00"
+    assert partition_end({"dt": "not-a-day"}) is None
+
+
+def test_packing_keeps_neighbours_together_and_never_rewrites_a_lone_file():
+    files = [{"path": str(i), "size_bytes": s} for i, s in enumerate([40, 40, 40, 30, 90])]
+    bins = pack(files, 100)
+    assert [[f["path"] for f in b] for b in bins] == [["0", "1"], ["2", "3"]]
+    assert pack([{"path": "a", "size_bytes": 10}], 100) == []
+
+
+def test_merged_rows_are_cut_into_target_sized_files_in_their_order(tmp_path):
+    n = 200_000
+    rows = pa.table({"_offset": pa.array(range(n), pa.int64()), "v": [f"x{i}" for i in range(n)]})
+    fs = pafs.LocalFileSystem()
+    target = 400_000
+    files = write_sized(
+        fs, str(tmp_path), "dt=2026-01-01/part-cX", rows, {"dt": "2026-01-01"}, target, 2_000
+    )
+    total = sum(f.size for f in files)
+    # Closed before a row group would pass the target: never one file per row group.
+    assert 1 < len(files) <= math.ceil(total / target) + 1
+    assert all(f.size <= target for f in files)
+    back = pa.concat_tables(pq.read_table(tmp_path / f.path) for f in files)
+    assert back.column("_offset").to_pylist() == list(range(n))
+    assert all(f.partition_values == {"dt": "2026-01-01"} for f in files)
+
+
+def test_vacuum_takes_only_files_that_can_never_be_committed(tmp_path):
+    uri = str(tmp_path / "t")
+    schema = pa.schema([("_batch", pa.int64()), ("dt", pa.string())])
+    table = ensure_table(uri, schema, ["dt"], {}, "t")
+    fs = pafs.LocalFileSystem()
+
+    def write(name: str, batch: int):
+        return write_file(fs, uri, f"dt=d/{name}", pa.table({"_batch": [batch]}), {"dt": "d"})
+
+    one = write("part-b0000000001-t00000-a0-r1-f000.snappy.parquet", 1)
+    commit_files(table, schema, ["dt"], [one], "p", 1, {})
+    two = write("part-b0000000002-t00000-a0-r1-f000.snappy.parquet", 2)
+    commit_files(DeltaTable(uri), schema, ["dt"], [two], "p", 2, {})
+    # Batch 1's file removed (a backfill replaced it): a tombstone, not an orphan.
+    now = int(time.time() * 1000)
+    commit_removes(
+        DeltaTable(uri),
+        schema,
+        ["dt"],
+        [RemoveAction(one.path, True, now, one.size, {"dt": "d"})],
+        3,
+        {},
+    )
+    lost = write("part-b0000000002-t00001-a1-r0-f000.snappy.parquet", 2).path
+    killed = write("part-c20261123000000deadbeef-0000-f000.snappy.parquet", 1).path
+    pending = write("part-b0000000003-t00000-a0-r2-f000.snappy.parquet", 3).path
+    foreign = write("export.parquet", 0).path
+    cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), name="p", table=uri))
+    final, unknown = never_committed(cfg, "table")
+    assert sorted(final) == sorted([lost, killed])
+    # Batch 3 is not in the table yet: a run may still commit that file.
+    assert sorted(unknown) == sorted([pending, foreign])
+    assert Path(uri, one.path).exists()
+
+
+def test_the_maintenance_lock_is_apart_from_the_run_lock(tmp_path):
+    cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path / "wh")))
+    with run_lock(cfg, "maintenance"):
+        with run_lock(cfg):
+            pass
+        with pytest.raises(LockBusy, match="another maintenance is in flight"):
+            with run_lock(cfg, "maintenance"):
+                pass
