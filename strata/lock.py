@@ -60,6 +60,24 @@ class FileLock:
         """Nothing to do: an flock held by a live process cannot be taken from it."""
 
 
+class BothLocks:
+    """Two held locks checked as one: a backfill holds the run and maintenance locks."""
+
+    def __init__(self, first: RunLock, second: RunLock) -> None:
+        """Hold both.
+
+        Args:
+            first: One held lock.
+            second: The other.
+        """
+        self.first, self.second = first, second
+
+    def check(self) -> None:
+        """Raise `LeaseLost` if either lock is no longer held."""
+        self.first.check()
+        self.second.check()
+
+
 @contextmanager
 def run_lock(cfg: PipelineConfig, what: str = "run") -> Iterator[RunLock]:
     """Hold the pipeline's run lock, or fail at once if another run holds it.

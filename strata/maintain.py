@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import re
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,8 +39,9 @@ from strata.storage import filesystem, read_bytes
 
 logger = logging.getLogger(__name__)
 
-# Delta's default `delta.logRetentionDuration`.
+# Delta's defaults of `delta.logRetentionDuration` and `delta.deletedFileRetentionDuration`.
 _LOG_RETENTION = timedelta(days=30)
+_TOMBSTONE_RETENTION = timedelta(days=7)
 _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.I)
 # `part-b0000000042-…` (a batch's data, raw or quarantine file, or a backfill's
 # rewrite), `ledger-b0000000042-…`, `part-c…` (a compaction's); a leading dot and a
@@ -70,12 +72,16 @@ def log_since_checkpoint(cfg: PipelineConfig, which: Location, table: DeltaTable
     return version - int(json.loads(last)["version"])
 
 
-def _log_retention(table: DeltaTable) -> timedelta:
-    text = table.metadata().configuration.get("delta.logRetentionDuration")
-    match = _INTERVAL.match(text or "")
+def _interval(table: DeltaTable, key: str, default: timedelta) -> timedelta:
+    """A table property written as Delta writes durations (`interval 30 days`)."""
+    match = _INTERVAL.match(table.metadata().configuration.get(key) or "")
     if match is None:
-        return _LOG_RETENTION
+        return default
     return timedelta(**{f"{match.group(2).lower()}s": int(match.group(1))})
+
+
+def _log_retention(table: DeltaTable) -> timedelta:
+    return _interval(table, "delta.logRetentionDuration", _LOG_RETENTION)
 
 
 def checkpoint(cfg: PipelineConfig) -> dict[str, Any]:
@@ -142,7 +148,8 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
 
     hours = retention_hours(cfg)
     out: dict[str, Any] = {"pipeline": cfg.name, "retention_hours": hours, "tables": {}}
-    with run_lock(cfg, "maintenance") as lock:
+    # A dry run deletes nothing: it needs no lock, and never waits on a compaction.
+    with nullcontext(None) if dry_run else run_lock(cfg, "maintenance") as lock:
         for which, table in delta_tables(cfg):
             removed = table.vacuum(
                 retention_hours=hours,
@@ -150,17 +157,27 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
                 enforce_retention_duration=False,
                 full=False,
             )
-            lock.check()
-            orphans, unknown = never_committed(cfg, which)
-            if not dry_run:
-                fs, root = filesystem(cfg.location(which), cfg.storage_options)
-                for path in orphans:
-                    fs.delete_file(f"{root}/{path}")
-            out["tables"][which] = {
-                "removed_files": len(removed),
-                "never_committed": len(orphans),
-                "unknown_left": unknown,
-            }
+            if lock is not None:
+                lock.check()
+            figures: dict[str, Any] = {"removed_files": len(removed)}
+            # The log forgets a removed file once `delta.deletedFileRetentionDuration` has
+            # passed; past it, such a file looks never committed. Below the retention
+            # asked for, it must not be swept as one.
+            kept = _interval(table, "delta.deletedFileRetentionDuration", _TOMBSTONE_RETENTION)
+            if timedelta(hours=hours) > kept:
+                figures["sweep"] = (
+                    f"skipped: vacuum_retention is longer than the table's "
+                    f"delta.deletedFileRetentionDuration ({kept}), past which the log no "
+                    "longer tells a removed file from one never committed"
+                )
+            else:
+                orphans, unknown = never_committed(cfg, which)
+                if not dry_run:
+                    fs, root = filesystem(cfg.location(which), cfg.storage_options)
+                    for path in orphans:
+                        fs.delete_file(f"{root}/{path}")
+                figures |= {"never_committed": len(orphans), "unknown_left": unknown}
+            out["tables"][which] = figures
     return out
 
 
@@ -242,5 +259,5 @@ def render_maintenance(title: str, report: dict[str, Any]) -> str:
             f"  {which}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in shown.items())
         )
         for path in figures.get("unknown_left", [])[:10]:
-            lines.append(f"    left, not written by this pipeline: {path}")
+            lines.append(f"    left (not provably uncommitted): {path}")
     return "\n".join(lines)

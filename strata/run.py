@@ -53,7 +53,7 @@ from strata.ledger import (
     read_ledger,
     unread_row,
 )
-from strata.lock import RunLock, run_lock
+from strata.lock import BothLocks, RunLock, run_lock
 from strata.plan import (
     BatchPlan,
     OffsetRange,
@@ -262,9 +262,9 @@ def execute_reprocess(
         )
     tables = ("quarantine", "table") if plan.source == "raw" else TABLES
     # It rewrites files a compaction may be merging: the two never run at once.
-    with run_lock(cfg, "maintenance"):
+    with run_lock(cfg, "maintenance") as maintenance:
         results = outcome.ranges = write_and_commit(
-            cfg, plan, tables, session, outcome, lock, resumed
+            cfg, plan, tables, session, outcome, BothLocks(lock, maintenance), resumed
         ).results
     lock.check()
     commit_ledger(
