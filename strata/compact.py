@@ -293,6 +293,8 @@ def rewrite_bin(job: Bin) -> list[WrittenFile]:
     Files written before a column was added lack it: the bin is read with the union of
     its files' schemas, so their rows read it as null, as the table shows them.
     """
+    from strata.task import task_attempt
+
     fs, root = filesystem(job.uri, job.options)
     paths = [f"{root}/{p}" for p in job.paths]
     schema = pa.unify_schemas([pq.read_schema(p, filesystem=fs) for p in paths])
@@ -300,8 +302,11 @@ def rewrite_bin(job: Bin) -> list[WrittenFile]:
     keys = [(c, "ascending") for c in job.sort_by if c in schema.names]
     if keys:
         rows = rows.sort_by(keys)
+    # Names of this attempt's own: a speculative or retried attempt never writes over
+    # a file another attempt may have reported.
+    stem = f"{job.stem}-a{task_attempt()}"
     return write_sized(
-        fs, root, job.stem, rows, job.partition_values, job.target_bytes, job.row_group_rows
+        fs, root, stem, rows, job.partition_values, job.target_bytes, job.row_group_rows
     )
 
 
@@ -463,6 +468,9 @@ def _commit_partition(
         if table is None:
             raise MaintenanceError(f"{uri}: the table disappeared during compaction")
         active = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+        if new and {f.path for f in new} <= active:
+            # An attempt whose reply was lost landed after all.
+            return "compacted"
         if not old <= active:
             return "left: files to merge were removed meanwhile"
         now = int(time.time() * 1000)
