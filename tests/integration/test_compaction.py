@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from strata.compact import compact
 from strata.maintain import checkpoint, never_committed, table_health, vacuum
 from strata.run import run_batch
+from strata.status import pipeline_status, render_status
 from tests.conftest import expected_offsets, produce_clicks
 
 
@@ -80,6 +81,10 @@ def test_compaction_merges_late_hours_small_files_and_changes_no_row(make_pipeli
 
     health = table_health(cfg)
     assert health["table"]["files"] == sum(len(s) for s in after_files.values())
+    shown = pipeline_status(cfg)
+    assert shown["tables"] == health
+    header, line = [x for x in render_status(shown).splitlines() if x.split()[:1] == ["table"]]
+    assert "small" in header and line.split()[1] == str(health["table"]["files"])
     assert health["ledger"]["files"] == 1 and health["ledger"]["log_since_checkpoint"] > 0
     done = checkpoint(cfg)
     assert set(done["tables"]) == {"table", "raw", "quarantine", "ledger"} - (
