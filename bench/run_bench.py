@@ -5,6 +5,9 @@ the same run, on the same data: the bare consume loop, the naive one-process pee
 and `strata run` (a real process: Spark driver, JVM and Python workers). The job is
 then run again on 3,000,000 events to show that its memory is flat in batch size, and
 on the 1M load with `local[1]`, on the S3 endpoint, and on a standalone cluster.
+Last comes table maintenance (bench/maintenance.py): a no-op run after 2 and after 200
+small batches, compacting the 200 batches' small files, and a Spark scan of one event
+hour before and after.
 
 CPU is measured for each program's whole process tree, never the broker's.
 """
@@ -131,10 +134,12 @@ def strata_project(
     layout: str,
     master: str = "local[2,4]",
     s3: str | None = None,
+    tasks: int = 0,
 ) -> Path:
     """A throw-away project directory (conf + schemas) for the bench pipeline.
 
-    With `s3` (an endpoint URL) the warehouse is a bucket there instead of local disk.
+    With `s3` (an endpoint URL) the warehouse is a bucket there instead of local disk;
+    `tasks` sets `spark.tasks` (0: the master's cores).
     """
     (work / "conf" / "pipelines").mkdir(parents=True)
     shutil.copytree(ROOT / "schemas", work / "schemas")
@@ -145,7 +150,7 @@ def strata_project(
         "warehouse": str(work / "warehouse"),
         "event_time": {"field": "ts", "unit": "ms"},
         "kafka": {"bootstrap_servers": bootstrap},
-        "spark": {"master": master},
+        "spark": {"master": master, "tasks": tasks},
         "layout": layout,
         # The ingest is measured; the quality suite is its own step (`strata quality`).
         "quality": {"gate": "off"},
@@ -266,17 +271,22 @@ def placements(
     return lines
 
 
-def files_per_hour(table_uri: str) -> tuple[int, int, float]:
-    """(files, event hours, max files in one hour) of a Delta table."""
+def files_by_hour(table_uri: str) -> Counter[tuple[str, str]]:
+    """The files of a Delta table per event hour, (dt, hr)."""
     adds = pa.table(DeltaTable(table_uri).get_add_actions(flatten=True))
-    hours = Counter(
+    return Counter(
         zip(
             adds.column("partition.dt").to_pylist(),
             adds.column("partition.hr").to_pylist(),
             strict=True,
         )
     )
-    return adds.num_rows, len(hours), max(hours.values())
+
+
+def files_per_hour(table_uri: str) -> tuple[int, int, float]:
+    """(files, event hours, max files in one hour) of a Delta table."""
+    hours = files_by_hour(table_uri)
+    return sum(hours.values()), len(hours), max(hours.values())
 
 
 def row(
@@ -290,6 +300,9 @@ def row(
 
 def main() -> int:
     """Run the benchmark and print the comparison."""
+    # Imported here, not at the top: bench.maintenance builds on this module's helpers.
+    from bench.maintenance import maintenance
+
     python = sys.executable
     strata = str(Path(python).parent / "strata")
     work = Path(tempfile.mkdtemp(prefix="strata-bench-"))
@@ -350,6 +363,7 @@ def main() -> int:
                 )
 
             where = placements(broker, work, runs["1M"], refs["bare"]["result"]["bytes"])
+            upkeep_lines, upkeep = maintenance(broker, work)
 
         bare, naive = refs["bare"], refs["naive"]
         n, b = bare["result"]["messages"], bare["result"]["bytes"]
@@ -423,6 +437,7 @@ def main() -> int:
             "shuffle_vs_per_task": round(
                 one["read_seconds"] / runs["1M shuffle"]["result"]["read_seconds"], 2
             ),
+            **upkeep,
         }
         lines += [
             "",
@@ -438,6 +453,7 @@ def main() -> int:
             "(fewer files per hour, rows moved once more)",
             json.dumps(figures),
             *where,
+            *upkeep_lines,
         ]
         print("\n".join(lines))
         return 0
