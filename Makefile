@@ -43,7 +43,7 @@ demo: setup ## Start a local broker, seed ~100k click events, run one batch, sho
 	$(BIN)/python -m strata.local.demo
 
 test: setup chromium ## Run the whole suite (real broker, real Spark, headless Chromium)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=15
 
 test-unit: setup ## Run the fast unit tier only (tests/unit)
 	$(BIN)/pytest -q tests/unit
