@@ -370,7 +370,9 @@ def _plan_all(
 ) -> list[_Picked]:
     picked: list[_Picked] = []
     for which in MAINTAINED if only is None else ("table",):
-        if which != "ledger" and cfg.table_format != "delta":
+        if cfg.table_format != "delta":
+            # The ledger too: it is registered for SQL as a plain Parquet directory, where
+            # the files a compaction replaced would read as rows until vacuum.
             report.skipped[which] = "plain Parquet: its directory is the table (see the README)"
             continue
         table = open_table(cfg.location(which), cfg.storage_options)
@@ -428,16 +430,15 @@ def _rewrite_and_commit(
         t1 = time.monotonic()
         new = [f for b in p.bins for f in by_bin[(b.uri, b.stem)]]
         old = {path for b in p.bins for path in b.paths}
-        # A compaction that lost its lease must not commit: vacuum may run by now.
-        lock.check()
-        entry.outcome = _commit_partition(cfg, p, old, new)
+        entry.outcome = _commit_partition(cfg, p, old, new, lock)
         kept = [f for f in p.files if f["path"] not in old]
         if entry.outcome == "compacted":
             entry.files_after = len(kept) + len(new)
             entry.bytes_after = sum(f["size_bytes"] for f in kept) + sum(f.size for f in new)
         else:
+            # Its files are left for vacuum, which deletes a compaction's uncommitted
+            # files: deleting them here could take ones a commit whose reply was lost holds.
             entry.files_after, entry.bytes_after = entry.files_before, entry.bytes_before
-            _delete(cfg, p.table, [f.path for f in new])
         entry.seconds = rewrite_s * len(p.bins) + time.monotonic() - t1
         logger.info(
             "%s %s %s: %s files -> %s (%s)",
@@ -452,14 +453,14 @@ def _rewrite_and_commit(
 
 
 def _commit_partition(
-    cfg: PipelineConfig, picked: _Picked, old: set[str], new: list[WrittenFile]
+    cfg: PipelineConfig, picked: _Picked, old: set[str], new: list[WrittenFile], lock: RunLock
 ) -> str:
     """Swap a partition's merged files for the new ones in one transaction.
 
     Returns:
         `compacted`, or why not: a file to be removed is no longer in the table (only a
         run that broke the maintenance lock's rule could cause that; the partition is
-        left as it is and the new files are deleted).
+        left as it is, its new files to vacuum).
     """
     uri = cfg.location(picked.table)
     info = {f["path"]: f for f in picked.files}
@@ -479,6 +480,8 @@ def _commit_partition(
             RemoveAction(path, False, now, info[path]["size_bytes"], values) for path in sorted(old)
         ]
         actions += [AddAction(f.path, f.size, f.partition_values, now, False, f.stats) for f in new]
+        # A compaction that lost its lease must not commit: vacuum may run by now.
+        lock.check()
         summary = {
             "partition": _partition_name(picked.values),
             "removed": len(old),
@@ -500,12 +503,6 @@ def _commit_partition(
             continue
         return "compacted"
     return f"left: {_COMMIT_TRIES} commits were beaten by concurrent changes"
-
-
-def _delete(cfg: PipelineConfig, which: Location, paths: list[str]) -> None:
-    fs, root = filesystem(cfg.location(which), cfg.storage_options)
-    for path in paths:
-        fs.delete_file(f"{root}/{path}")
 
 
 def render_compaction(report: CompactionReport) -> str:

@@ -32,7 +32,7 @@ from deltalake import DeltaTable
 
 from strata.compact import MAINTAINED, small_bytes
 from strata.config import Location, PipelineConfig
-from strata.delta import open_table
+from strata.delta import committed_batch, open_table
 from strata.durations import parse_duration_ms
 from strata.ledger import COLUMNS_KEY, TOPIC_IDS_KEY
 from strata.storage import filesystem, read_bytes
@@ -72,33 +72,46 @@ def log_since_checkpoint(cfg: PipelineConfig, which: Location, table: DeltaTable
     return version - int(json.loads(last)["version"])
 
 
-def _interval(table: DeltaTable, key: str, default: timedelta) -> timedelta:
-    """A table property written as Delta writes durations (`interval 30 days`)."""
-    match = _INTERVAL.match(table.metadata().configuration.get(key) or "")
-    if match is None:
+def _interval(table: DeltaTable, key: str, default: timedelta) -> timedelta | None:
+    """A table property written as Delta writes durations (`interval 30 days`).
+
+    Returns:
+        The duration; `default` when the property is not set; None when it is set in a
+        form not understood here, which callers take as the cautious answer.
+    """
+    text = table.metadata().configuration.get(key)
+    if text is None:
         return default
+    match = _INTERVAL.match(text)
+    if match is None:
+        return None
     return timedelta(**{f"{match.group(2).lower()}s": int(match.group(1))})
-
-
-def _log_retention(table: DeltaTable) -> timedelta:
-    return _interval(table, "delta.logRetentionDuration", _LOG_RETENTION)
 
 
 def checkpoint(cfg: PipelineConfig) -> dict[str, Any]:
     """Checkpoint every Delta table of the pipeline and clean up its expired log.
 
-    The ledger's log is cleaned only while the newest commit recording the data
-    table's columns and the topics' ids stays within the log retention: plans read
-    them from there (a pipeline idle for that long keeps its log until it runs again).
+    Log cleanup deletes commits' records, and some are still needed:
+
+    - a data, raw or quarantine table holding a batch the ledger does not (a batch
+      left unfinished) keeps its log: finishing or dropping that batch reads the
+      batch's commit;
+    - the ledger keeps its log while the newest commit recording the data table's
+      columns, or the one recording the topics' ids, would expire: plans read them.
 
     Returns:
-        Per table: its version, and the log files before and after.
+        Per table: its version, the log files before and after, and whether the log
+        was cleaned.
     """
+    ledger_batch = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
     out: dict[str, Any] = {"pipeline": cfg.name, "tables": {}}
     for which, table in delta_tables(cfg):
         before = _log_files(cfg, which)
         table.create_checkpoint()
-        cleaned = _cleanup_allowed(table) if which == "ledger" else True
+        if which == "ledger":
+            cleaned = _cleanup_allowed(table)
+        else:
+            cleaned = (table.transaction_version(cfg.name) or 0) <= ledger_batch
         if cleaned:
             table.cleanup_metadata()
         out["tables"][which] = {
@@ -111,13 +124,24 @@ def checkpoint(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def _cleanup_allowed(ledger: DeltaTable) -> bool:
-    horizon = datetime.now(UTC) - _log_retention(ledger) + timedelta(days=1)
+    retention = _interval(ledger, "delta.logRetentionDuration", _LOG_RETENTION)
+    if retention is None:
+        return False
+    horizon = datetime.now(UTC) - retention + timedelta(days=1)
+    for key in (COLUMNS_KEY, TOPIC_IDS_KEY):
+        newest = _newest_with(ledger, key)
+        if newest is not None and newest <= horizon:
+            return False
+    return True
+
+
+def _newest_with(ledger: DeltaTable, key: str) -> datetime | None:
+    """When the newest commit recording `key` was made, or None if none did."""
     for limit in (50, None):
         for commit in ledger.history(limit):
-            if COLUMNS_KEY in commit or TOPIC_IDS_KEY in commit:
-                stamp = datetime.fromtimestamp(int(commit["timestamp"]) / 1000, UTC)
-                return stamp > horizon
-    return True
+            if key in commit:
+                return datetime.fromtimestamp(int(commit["timestamp"]) / 1000, UTC)
+    return None
 
 
 def _log_files(cfg: PipelineConfig, which: Location) -> int:
@@ -157,24 +181,25 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
                 enforce_retention_duration=False,
                 full=False,
             )
-            if lock is not None:
-                lock.check()
             figures: dict[str, Any] = {"removed_files": len(removed)}
             # The log forgets a removed file once `delta.deletedFileRetentionDuration` has
             # passed; past it, such a file looks never committed. Below the retention
             # asked for, it must not be swept as one.
             kept = _interval(table, "delta.deletedFileRetentionDuration", _TOMBSTONE_RETENTION)
-            if timedelta(hours=hours) > kept:
+            if kept is None or timedelta(hours=hours) > kept:
                 figures["sweep"] = (
-                    f"skipped: vacuum_retention is longer than the table's "
-                    f"delta.deletedFileRetentionDuration ({kept}), past which the log no "
-                    "longer tells a removed file from one never committed"
+                    "skipped: vacuum_retention is longer than the table's "
+                    f"delta.deletedFileRetentionDuration ({kept or 'not understood'}), past "
+                    "which the log no longer tells a removed file from one never committed"
                 )
             else:
                 orphans, unknown = never_committed(cfg, which)
-                if not dry_run:
+                if lock is not None:
                     fs, root = filesystem(cfg.location(which), cfg.storage_options)
                     for path in orphans:
+                        # A vacuum that lost its lease must stop: a compaction may hold
+                        # it now, with files written and not yet committed.
+                        lock.check()
                         fs.delete_file(f"{root}/{path}")
                 figures |= {"never_committed": len(orphans), "unknown_left": unknown}
             out["tables"][which] = figures

@@ -124,3 +124,24 @@ def test_the_maintenance_lock_is_apart_from_the_run_lock(tmp_path):
         with pytest.raises(LockBusy, match="another maintenance is in flight"):
             with run_lock(cfg, "maintenance"):
                 pass
+
+
+def test_a_table_holding_an_unfinished_batch_keeps_its_log(tmp_path):
+    from strata.ledger import LEDGER_SCHEMA
+    from strata.maintain import checkpoint
+
+    cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), name="p"))
+    short = {"delta.logRetentionDuration": "interval 0 seconds"}
+    schema = pa.schema([("_batch", pa.int64())])
+    DeltaTable.create(cfg.location("table"), schema=schema, configuration=short)
+    DeltaTable.create(cfg.location("ledger"), schema=LEDGER_SCHEMA, configuration=short)
+    for batch in (1, 2):
+        commit_files(DeltaTable(cfg.location("table")), schema, [], [], "p", batch, {})
+    commit_files(DeltaTable(cfg.location("ledger")), LEDGER_SCHEMA, [], [], "p", 1, {})
+    # Batch 2 stands in the data table and not in the ledger: finishing or dropping it
+    # reads its commit, which log cleanup would delete.
+    kept = checkpoint(cfg)["tables"]["table"]
+    assert not kept["log_cleaned"] and kept["log_files_after"] == kept["log_files_before"] + 2
+    commit_files(DeltaTable(cfg.location("ledger")), LEDGER_SCHEMA, [], [], "p", 2, {})
+    cleaned = checkpoint(cfg)["tables"]["table"]
+    assert cleaned["log_cleaned"] and cleaned["log_files_after"] < cleaned["log_files_before"]
