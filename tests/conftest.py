@@ -171,6 +171,23 @@ class Pipeline:
             timeout=timeout,
         )
 
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """Start the installed `strata` command as a separate process, without waiting."""
+        return subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "strata"),
+                *args,
+                "--pipeline",
+                self.name,
+                "--conf-dir",
+                str(self.conf_dir),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env or self.env(),
+        )
+
     def table_rows(self, which: str, columns: list[str] | None = None):
         cfg = self.cfg()
         if cfg.table_format == "parquet" and which != "ledger":

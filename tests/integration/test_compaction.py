@@ -10,7 +10,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -93,23 +92,6 @@ def test_compaction_merges_late_hours_small_files_and_changes_no_row(make_pipeli
     assert table_health(cfg)["ledger"]["log_since_checkpoint"] == 0
 
 
-def strata(p, *args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "strata"),
-            *args,
-            "--pipeline",
-            p.name,
-            "--conf-dir",
-            str(p.conf_dir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=p.env(**env),
-    )
-
-
 def wait_stopped(proc: subprocess.Popen[str], timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -125,7 +107,7 @@ def test_an_ingest_committing_during_compaction_loses_nothing(make_pipeline, bro
     p = make_pipeline(partitions=2)
     expected = small_batches(p, broker, spark, 3)
     # Frozen after writing its merged files, before committing any of them.
-    proc = strata(p, "compact", "--older-than", "0s", STRATA_STOP_AT="after_compact_files")
+    proc = p.spawn("compact", "--older-than", "0s", env=p.env(STRATA_STOP_AT="after_compact_files"))
     try:
         wait_stopped(proc)
         # Late events into the very hours being compacted, committed meanwhile.
@@ -154,7 +136,9 @@ def test_a_killed_compaction_leaves_a_readable_table_a_rerun_finishes_it_and_vac
     cfg = p.cfg()
     before = rows(p)
     # Killed right after its first partition's commit: the others are written, not committed.
-    proc = strata(p, "compact", "--older-than", "0s", STRATA_CRASH_AT="after_compact_commit")
+    proc = p.spawn(
+        "compact", "--older-than", "0s", env=p.env(STRATA_CRASH_AT="after_compact_commit")
+    )
     proc.communicate(timeout=240)
     assert proc.returncode == -signal.SIGKILL
     assert rows(p) == before and p.landed() == expected_offsets(expected)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -167,20 +165,7 @@ def test_a_run_with_nothing_new_starts_no_jvm(make_pipeline, broker, spark, tmp_
 def test_a_second_run_while_one_is_in_flight_fails_cleanly(make_pipeline, broker):
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 20_000)
-    first = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "strata"),
-            "run",
-            "--pipeline",
-            p.name,
-            "--conf-dir",
-            str(p.conf_dir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=p.env(),
-    )
+    first = p.spawn("run")
     lock = p.cfg().lock_path
     deadline = time.monotonic() + 60
     while not (lock.exists() and f'"pid": {first.pid}' in lock.read_text()):

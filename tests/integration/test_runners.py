@@ -14,7 +14,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -38,21 +37,7 @@ def second_host(p, tmp_path: Path):
 
 
 def start(p, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "strata"),
-            "run",
-            *args,
-            "--pipeline",
-            p.name,
-            "--conf-dir",
-            str(p.conf_dir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env or p.env(),
-    )
+    return p.spawn("run", *args, env=env)
 
 
 def delta(p, which: str, options: dict[str, str]) -> DeltaTable:
