@@ -43,6 +43,7 @@ from bench.run_bench import (
 from strata.config import load_pipeline
 from strata.local.broker import LocalBroker
 from strata.run import run_batch
+from strata.spark import build_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -70,26 +71,6 @@ def without_strata_env() -> Iterator[None]:
         yield
     finally:
         os.environ.update(hidden)
-
-
-def local_session() -> SparkSession:
-    """An in-process Spark session shared by the batches and the scans."""
-    from pyspark.sql import SparkSession
-
-    # Workers must run this interpreter (it has strata); loopback is all a local
-    # master needs, as `strata.spark.build_session` sets it up.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("strata-bench-maintenance")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.worker.reuse", "true")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def ingest(conf: Path, batches: int, spark: SparkSession) -> list[float]:
@@ -205,7 +186,8 @@ def maintenance(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, A
     uri = load_pipeline("bench", confs[MANY]).location("table")
 
     with without_strata_env():
-        spark = local_session()
+        # The job's own session builder, as `strata run` starts it.
+        spark = build_session(load_pipeline("bench", confs[MANY]))
     try:
         with without_strata_env():
             ingest(confs[FEW], FEW, spark)

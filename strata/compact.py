@@ -50,7 +50,7 @@ from strata.durations import parse_duration_ms
 from strata.errors import MaintenanceError
 from strata.faults import crash_point
 from strata.storage import filesystem
-from strata.write import WrittenFile, write_sized
+from strata.write import WrittenFile, partition_path, write_sized
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -151,10 +151,19 @@ class _Picked:
     """One partition's plan: its files now, and the bins its small files go into."""
 
     table: Location
-    key: tuple[str, ...]
     values: dict[str, str]
     files: list[dict[str, Any]]
     bins: list[Bin]
+
+    @property
+    def name(self) -> str:
+        """`dt=…/hr=…`, or `` for an unpartitioned table."""
+        return partition_path(list(self.values), list(self.values.values()))
+
+    @property
+    def merged(self) -> set[str]:
+        """The paths of the files its bins merge."""
+        return {path for b in self.bins for path in b.paths}
 
 
 def parse_partition(text: str, columns: list[str]) -> dict[str, str]:
@@ -218,15 +227,15 @@ def plan_table(
     settled_before: datetime,
     only: dict[str, str] | None,
     token: str,
+    last: int,
 ) -> list[_Picked]:
     """The partitions of one Delta table to compact, with their bins.
 
     A file is picked when it is small and every row in it belongs to a batch the ledger
-    holds (its `_batch`, or for the ledger `batch`, statistics say so); a partition when
-    it is settled and holds at least `min_small_files` such files.
+    holds (its `_batch`, or for the ledger `batch`, statistics say so: at most `last`);
+    a partition when it is settled and holds at least `min_small_files` such files.
     """
     batch_column = "batch" if which == "ledger" else "_batch"
-    last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
     partition_by = list(table.metadata().partition_columns)
     small = small_bytes(cfg)
     adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
@@ -255,8 +264,14 @@ def plan_table(
         ]
         if len(mergeable) < cfg.maintenance.min_small_files:
             continue
-        mergeable.sort(key=lambda f: tuple(_bound(f, c) for c in sort_by) + (f["path"],))
-        directory = "/".join(f"{c}={v}" for c, v in values.items())
+        # Statistics of one column share a type across files; a missing one sorts last.
+        mergeable.sort(
+            key=lambda f: (
+                tuple((f.get(f"min.{c}") is None, f.get(f"min.{c}")) for c in sort_by)
+                + (f["path"],)
+            )
+        )
+        directory = partition_path(partition_by, key)
         bins = [
             Bin(
                 cfg.location(which),
@@ -271,30 +286,27 @@ def plan_table(
             for number, group in enumerate(pack(mergeable, cfg.limits.target_file_mb << 20))
         ]
         if bins:
-            picked.append(_Picked(which, key, values, files, bins))
+            picked.append(_Picked(which, values, files, bins))
     return picked
 
 
-def _bound(add: dict[str, Any], column: str) -> Any:  # noqa: ANN401 - a statistic of any type
-    value = add.get(f"min.{column}")
-    return (value is None, "" if value is None else str(value).zfill(20))
-
-
 def _modified(add: dict[str, Any]) -> datetime:
-    moment = add["modification_time"]
-    if isinstance(moment, datetime):
-        return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-    return datetime.fromtimestamp(int(moment) / 1000, UTC)
+    """When a file was written (its add action's `modification_time`, epoch ms)."""
+    return datetime.fromtimestamp(add["modification_time"] / 1000, UTC)
 
 
-def rewrite_bin(job: Bin) -> list[WrittenFile]:
+def rewrite_bin(job: Bin) -> tuple[list[WrittenFile], float]:
     """Merge one bin's files into sorted, target-sized files (runs in a Spark task).
 
     Files written before a column was added lack it: the bin is read with the union of
     its files' schemas, so their rows read it as null, as the table shows them.
+
+    Returns:
+        The files written, and the seconds it took.
     """
     from strata.task import task_attempt
 
+    began = time.monotonic()
     fs, root = filesystem(job.uri, job.options)
     paths = [f"{root}/{p}" for p in job.paths]
     schema = pa.unify_schemas([pq.read_schema(p, filesystem=fs) for p in paths])
@@ -305,9 +317,10 @@ def rewrite_bin(job: Bin) -> list[WrittenFile]:
     # Names of this attempt's own: a speculative or retried attempt never writes over
     # a file another attempt may have reported.
     stem = f"{job.stem}-a{task_attempt()}"
-    return write_sized(
+    files = write_sized(
         fs, root, stem, rows, job.partition_values, job.target_bytes, job.row_group_rows
     )
+    return files, time.monotonic() - began
 
 
 def compact(
@@ -369,6 +382,7 @@ def _plan_all(
     report: CompactionReport,
 ) -> list[_Picked]:
     picked: list[_Picked] = []
+    last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
     for which in MAINTAINED if only is None else ("table",):
         if cfg.table_format != "delta":
             # The ledger too: it is registered for SQL as a plain Parquet directory, where
@@ -379,33 +393,25 @@ def _plan_all(
         if table is None:
             report.skipped[which] = "no table yet"
             continue
-        found = plan_table(cfg, which, table, settled_before, only, token)
+        found = plan_table(cfg, which, table, settled_before, only, token, last)
         picked += found
         for p in found:
-            merged = sum(len(b.paths) for b in p.bins)
-            merged_bytes = sum(f["size_bytes"] for f in p.files if _in_bins(f, p.bins))
+            merged = p.merged
+            merged_bytes = sum(f["size_bytes"] for f in p.files if f["path"] in merged)
             estimate = -(-merged_bytes // (cfg.limits.target_file_mb << 20))
             size = sum(f["size_bytes"] for f in p.files)
             report.partitions.append(
                 PartitionCompaction(
                     which,
-                    _partition_name(p.values),
+                    p.name,
                     len(p.files),
                     size,
-                    len(p.files) - merged + max(estimate, len(p.bins)),
+                    len(p.files) - len(merged) + max(estimate, len(p.bins)),
                     size,
-                    merged,
+                    len(merged),
                 )
             )
     return picked
-
-
-def _in_bins(add: dict[str, Any], bins: list[Bin]) -> bool:
-    return any(add["path"] in b.paths for b in bins)
-
-
-def _partition_name(values: dict[str, str]) -> str:
-    return "/".join(f"{c}={v}" for c, v in values.items())
 
 
 def _rewrite_and_commit(
@@ -419,17 +425,16 @@ def _rewrite_and_commit(
 
     jobs = [b for p in picked for b in p.bins]
     spark = (session or build_session)(cfg)
-    t0 = time.monotonic()
     written = run_each(spark, rewrite_bin, jobs, f"{cfg.name} compaction of {len(jobs)} bins")
-    rewrite_s = (time.monotonic() - t0) / max(1, len(jobs))
     crash_point("after_compact_files")
-    by_bin = {(job.uri, job.stem): files for job, files in zip(jobs, written, strict=True)}
+    by_bin = {(job.uri, job.stem): out for job, out in zip(jobs, written, strict=True)}
     entries = {(e.table, e.partition): e for e in report.partitions}
     for p in picked:
-        entry = entries[(p.table, _partition_name(p.values))]
-        t1 = time.monotonic()
-        new = [f for b in p.bins for f in by_bin[(b.uri, b.stem)]]
-        old = {path for b in p.bins for path in b.paths}
+        entry = entries[(p.table, p.name)]
+        began = time.monotonic()
+        outs = [by_bin[(b.uri, b.stem)] for b in p.bins]
+        new = [f for files, _ in outs for f in files]
+        old = p.merged
         entry.outcome = _commit_partition(cfg, p, old, new, lock)
         kept = [f for f in p.files if f["path"] not in old]
         if entry.outcome == "compacted":
@@ -439,7 +444,7 @@ def _rewrite_and_commit(
             # Its files are left for vacuum, which deletes a compaction's uncommitted
             # files: deleting them here could take ones a commit whose reply was lost holds.
             entry.files_after, entry.bytes_after = entry.files_before, entry.bytes_before
-        entry.seconds = rewrite_s * len(p.bins) + time.monotonic() - t1
+        entry.seconds = sum(took for _, took in outs) + time.monotonic() - began
         logger.info(
             "%s %s %s: %s files -> %s (%s)",
             cfg.name,
@@ -483,7 +488,7 @@ def _commit_partition(
         # A compaction that lost its lease must not commit: vacuum may run by now.
         lock.check()
         summary = {
-            "partition": _partition_name(picked.values),
+            "partition": picked.name,
             "removed": len(old),
             "added": len(new),
         }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -209,12 +210,22 @@ def batch_metadata(uri: str, batch: int, options: dict[str, str], key: str) -> A
     table = open_table(uri, options)
     if table is None:
         return None
-    # Asked about the newest batches almost always: read the recent commits first, the
-    # whole history only when they do not hold it.
+    found = newest_commit(table, lambda c: c.get(BATCH_KEY) == batch and key in c)
+    return None if found is None else json.loads(found[key])
+
+
+def newest_commit(
+    table: DeltaTable, match: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any] | None:
+    """The newest commit whose info matches, or None.
+
+    Asked almost always about recent commits: the last 20 are read first, the whole
+    history only when they do not hold it (it grows with the table's age).
+    """
     for limit in (20, None):
         for commit in table.history(limit):
-            if commit.get(BATCH_KEY) == batch and key in commit:
-                return json.loads(commit[key])
+            if match(commit):
+                return commit
     return None
 
 

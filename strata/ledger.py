@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from strata.config import PipelineConfig
-from strata.delta import BATCH_KEY, commit_files, ensure_table, open_table
+from strata.delta import BATCH_KEY, commit_files, ensure_table, newest_commit, open_table
 from strata.storage import filesystem
 from strata.write import write_file
 
@@ -273,10 +273,5 @@ def _newest_recorded(cfg: PipelineConfig, key: str) -> tuple[int, Any] | None:
     table = open_table(cfg.location("ledger"), cfg.storage_options)
     if table is None:
         return None
-    # The newest commits come first; maintenance commits (vacuum, optimize) carry no
-    # metadata of ours, so look further back only when the recent ones have none.
-    for limit in (20, None):
-        for commit in table.history(limit):
-            if key in commit:
-                return int(commit[BATCH_KEY]), json.loads(commit[key])
-    return None
+    commit = newest_commit(table, lambda c: key in c)
+    return None if commit is None else (int(commit[BATCH_KEY]), json.loads(commit[key]))

@@ -24,6 +24,7 @@ import math
 import re
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -32,7 +33,7 @@ from deltalake import DeltaTable
 
 from strata.compact import MAINTAINED, small_bytes
 from strata.config import Location, PipelineConfig
-from strata.delta import committed_batch, open_table
+from strata.delta import committed_batch, newest_commit, open_table
 from strata.durations import parse_duration_ms
 from strata.ledger import COLUMNS_KEY, TOPIC_IDS_KEY
 from strata.storage import filesystem, read_bytes
@@ -129,19 +130,16 @@ def _cleanup_allowed(ledger: DeltaTable) -> bool:
         return False
     horizon = datetime.now(UTC) - retention + timedelta(days=1)
     for key in (COLUMNS_KEY, TOPIC_IDS_KEY):
-        newest = _newest_with(ledger, key)
-        if newest is not None and newest <= horizon:
-            return False
+        newest = newest_commit(ledger, partial(_records, key))
+        if newest is not None:
+            made = datetime.fromtimestamp(int(newest["timestamp"]) / 1000, UTC)
+            if made <= horizon:
+                return False
     return True
 
 
-def _newest_with(ledger: DeltaTable, key: str) -> datetime | None:
-    """When the newest commit recording `key` was made, or None if none did."""
-    for limit in (50, None):
-        for commit in ledger.history(limit):
-            if key in commit:
-                return datetime.fromtimestamp(int(commit["timestamp"]) / 1000, UTC)
-    return None
+def _records(key: str, commit: dict[str, Any]) -> bool:
+    return key in commit
 
 
 def _log_files(cfg: PipelineConfig, which: Location) -> int:

@@ -35,6 +35,7 @@ from strata.ledger import LEDGER_SCHEMA
 from strata.metastore import MetastoreClient
 from strata.schema import TABLE_SUFFIXES, partition_columns, table_layout
 from strata.storage import filesystem
+from strata.write import partition_path
 
 DELTA_PROVIDER = "delta"
 
@@ -249,7 +250,7 @@ def _reconcile_partitions(
     report.partitions = len(on_storage)
 
     def name(values: tuple[str, ...]) -> str:
-        return "/".join(f"{c}={v}" for c, v in zip(columns, values, strict=True))
+        return partition_path(columns, values)
 
     registered = set(client.partition_names(table.dbName, table.tableName))
     missing = [values for values in on_storage if name(values) not in registered]

@@ -17,6 +17,7 @@ import math
 import re
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -300,6 +301,15 @@ def write_file(
     return out.close()
 
 
+def partition_path(columns: Sequence[str], values: Sequence[str]) -> str:
+    """A partition's directory relative to its table, Hive-style: `dt=…/hr=…`.
+
+    The one spelling of it: the writer makes the directories, and registration,
+    quality and compaction name partitions by it.
+    """
+    return "/".join(f"{c}={v}" for c, v in zip(columns, values, strict=True))
+
+
 def write_sized(
     fs: pafs.FileSystem,
     root: str,
@@ -452,7 +462,7 @@ class PartitionedWriter:
                 self.files.append(oldest.close())
             number = self._numbers.get(key, 0)
             self._numbers[key] = number + 1
-            directory = "/".join(f"{c}={v}" for c, v in zip(self.partition_by, key, strict=True))
+            directory = partition_path(self.partition_by, key)
             name = file_name(self.batch, self.tag, number, self.attempt, self.run_id)
             out = _OpenFile(
                 self.fs,

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.reconcile import EXPECTED, count_problems, ledger_continuity, span_problems
+from strata.write import partition_path
 
 if TYPE_CHECKING:
     from strata.config import TableName
@@ -229,10 +230,7 @@ def partition_counts(data: pa.Table, columns: list[str]) -> dict[str, int]:
     grouped = data.group_by(columns).aggregate([(columns[0], "count")])
     keys = zip(*(grouped.column(c).to_pylist() for c in columns), strict=True)
     counts = grouped.column(f"{columns[0]}_count").to_pylist()
-    return {
-        "/".join(f"{c}={v}" for c, v in zip(columns, key, strict=True)): n
-        for key, n in zip(keys, counts, strict=True)
-    }
+    return {partition_path(columns, key): n for key, n in zip(keys, counts, strict=True)}
 
 
 def lateness_bucket(seconds: float) -> str:
