@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Merge the small files of settled event-time partitions (and of the "
         "raw, quarantine and ledger tables) into files of limits.target_file_mb, sorted as "
         "the writer wrote them; one Delta transaction per partition, marked as no data "
-        "change, so readers and ingest go on undisturbed.",
+        "change, so readers and ingest go on undisturbed. A plain Parquet partition moves "
+        "to a new directory, and the metastore with it.",
     )
     _common(compact)
     compact.add_argument("--partition", help="only this data partition, dt=YYYY-MM-DD[/hr=HH]")
@@ -189,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
         "vacuum",
         help="delete removed files past the retention, and files never committed",
         description="Delete files that compaction, a backfill or a replay removed longer "
-        "than maintenance.vacuum_retention ago, and files of killed attempts that can never "
-        "be committed. Files this pipeline did not write are left and listed.",
+        "than maintenance.vacuum_retention ago (for plain Parquet, the directories compacted "
+        "partitions moved away from), and files of killed attempts that can never be "
+        "committed. Files this pipeline did not write are left and listed.",
     )
     _common(vacuum)
     vacuum.add_argument("--dry-run", action="store_true", help="list; delete nothing")

@@ -22,8 +22,15 @@ A compaction killed at any step leaves the table as it was, or with some partiti
 done: files it wrote but did not commit are never read, vacuum removes them, and the
 next compaction picks the partitions left.
 
-Plain Parquet tables are not compacted: their directory is the table, so files cannot
-be swapped for readers in one step (see the README).
+A plain Parquet data table has no log: a partition's directory is the partition. Its
+merged files, and copies of the files the merge leaves, go into a new directory of the
+partition's, and one marker moves the partition there (see `strata.locations`); the
+metastore's partition location follows at once. The move happens under the run lock,
+after copying the files a run added since the merge began, so late rows are never left
+behind; the old files stay for queries that listed them until vacuum's grace period.
+Such tables need a metastore: an engine that finds partitions by directory name would
+not see the move. Unpartitioned plain Parquet tables (raw copy, quarantine, ledger) are
+left alone: their location is the table's own, which other catalogs may hold.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
@@ -47,10 +55,18 @@ from deltalake.transaction import AddAction, RemoveAction
 from strata.config import Location, PipelineConfig
 from strata.delta import committed_batch, open_table
 from strata.durations import parse_duration_ms
-from strata.errors import MaintenanceError
+from strata.errors import MaintenanceError, MetastoreError
 from strata.faults import crash_point
+from strata.locations import TableFile, current_files, generation_dir, mark, new_stamp
+from strata.schema import table_layout
 from strata.storage import filesystem
-from strata.write import WrittenFile, partition_path, write_sized
+from strata.write import (
+    WrittenFile,
+    file_batch,
+    is_compaction_file,
+    partition_path,
+    write_sized,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -148,12 +164,18 @@ class CompactionReport:
 
 @dataclass
 class _Picked:
-    """One partition's plan: its files now, and the bins its small files go into."""
+    """One partition's plan: its files now, and the bins its small files go into.
+
+    For a plain Parquet partition, `directory` is the new directory the merged files go
+    to, and `stamp` the marker that moves the partition there.
+    """
 
     table: Location
     values: dict[str, str]
     files: list[dict[str, Any]]
     bins: list[Bin]
+    directory: str = ""
+    stamp: str = ""
 
     @property
     def name(self) -> str:
@@ -290,6 +312,73 @@ def plan_table(
     return picked
 
 
+def plan_directory(
+    cfg: PipelineConfig,
+    settled_before: datetime,
+    only: dict[str, str] | None,
+    token: str,
+    last: int,
+) -> list[_Picked]:
+    """The partitions of a plain Parquet data table to compact, with their bins.
+
+    The same rules as `plan_table`, with the batch read from each file's name: a batch's
+    file is committed once the ledger holds the batch, a compaction's once its partition
+    was moved to it.
+    """
+    _, partition_by = table_layout(cfg, "table")
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    small = small_bytes(cfg)
+    target = cfg.limits.target_file_mb << 20
+    by_partition: dict[str, list[TableFile]] = {}
+    for f in current_files(fs, root):
+        by_partition.setdefault(f.partition, []).append(f)
+    stamp = new_stamp()
+    picked = []
+    for name, found in sorted(by_partition.items()):
+        values = dict(part.split("=", 1) for part in name.split("/") if part)
+        if list(values) != partition_by:
+            continue
+        if only is not None and any(values.get(k) != v for k, v in only.items()):
+            continue
+        end = partition_end(values)
+        if end is None or end > settled_before:
+            continue
+        files = [{"path": f.path, "size_bytes": f.size} for f in sorted(found, key=_by_name)]
+        mergeable = [f for f in files if f["size_bytes"] < small and _committed(f["path"], last)]
+        if len(mergeable) < cfg.maintenance.min_small_files:
+            continue
+        directory = generation_dir(name, stamp)
+        bins = [
+            Bin(
+                cfg.location("table"),
+                cfg.storage_options,
+                [f["path"] for f in group],
+                values,
+                f"{directory}/part-c{token}-{number:04d}",
+                _SORT_KEYS["other"],
+                target,
+                cfg.limits.row_group_rows,
+            )
+            for number, group in enumerate(pack(mergeable, target))
+        ]
+        if bins:
+            picked.append(_Picked("table", values, files, bins, directory, stamp))
+    return picked
+
+
+def _by_name(f: TableFile) -> str:
+    # Batch files are named by batch number first: name order is offset order.
+    return f.path.rsplit("/", 1)[-1]
+
+
+def _committed(path: str, last: int) -> bool:
+    """Whether a plain Parquet file's rows stand: its batch is in the ledger, or it is a
+    compaction's (found in a partition's directory in use), or it is no batch's at all
+    (put there by hand, and read as the table's like any other file)."""
+    batch = file_batch(path)
+    return batch is None or batch <= last or is_compaction_file(path)
+
+
 def _modified(add: dict[str, Any]) -> datetime:
     """When a file was written (its add action's `modification_time`, epoch ms)."""
     return datetime.fromtimestamp(add["modification_time"] / 1000, UTC)
@@ -330,7 +419,7 @@ def compact(
     dry_run: bool = False,
     session: Callable[[PipelineConfig], SparkSession] | None = None,
 ) -> CompactionReport:
-    """Compact the pipeline's Delta tables (data, raw copy, quarantine, ledger).
+    """Compact a pipeline's tables: all four under Delta; plain Parquet's data table.
 
     Args:
         cfg: The pipeline configuration.
@@ -343,7 +432,8 @@ def compact(
         What was merged, per partition.
 
     Raises:
-        LockBusy: If a backfill, a replay, vacuum or another compaction is in flight.
+        LockBusy: If a backfill, a replay, vacuum or another compaction is in flight; for
+            plain Parquet, also if a run still holds the run lock after 10 minutes.
         MaintenanceError: If `partition` does not name the data table's columns.
     """
     from strata.lock import run_lock
@@ -385,15 +475,17 @@ def _plan_all(
     last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
     for which in MAINTAINED if only is None else ("table",):
         if cfg.table_format != "delta":
-            # The ledger too: it is registered for SQL as a plain Parquet directory, where
-            # the files a compaction replaced would read as rows until vacuum.
-            report.skipped[which] = "plain Parquet: its directory is the table (see the README)"
-            continue
-        table = open_table(cfg.location(which), cfg.storage_options)
-        if table is None:
-            report.skipped[which] = "no table yet"
-            continue
-        found = plan_table(cfg, which, table, settled_before, only, token, last)
+            skipped = _parquet_skip(cfg, which)
+            if skipped:
+                report.skipped[which] = skipped
+                continue
+            found = plan_directory(cfg, settled_before, only, token, last)
+        else:
+            table = open_table(cfg.location(which), cfg.storage_options)
+            if table is None:
+                report.skipped[which] = "no table yet"
+                continue
+            found = plan_table(cfg, which, table, settled_before, only, token, last)
         picked += found
         for p in found:
             merged = p.merged
@@ -414,6 +506,22 @@ def _plan_all(
     return picked
 
 
+def _parquet_skip(cfg: PipelineConfig, which: Location) -> str | None:
+    """Why a plain Parquet pipeline's table is not compacted, or None if it is."""
+    if which != "table":
+        # The ledger too: it is registered for SQL as a plain Parquet directory.
+        return (
+            "unpartitioned plain Parquet: its location is the table's own, which catalogs "
+            "other than Strata's may hold (see the README)"
+        )
+    if not cfg.metastore.uri:
+        return (
+            "plain Parquet without a metastore: engines that find partitions by directory "
+            "would not see a compacted partition's new location; set metastore.uri"
+        )
+    return None
+
+
 def _rewrite_and_commit(
     cfg: PipelineConfig,
     picked: list[_Picked],
@@ -429,13 +537,23 @@ def _rewrite_and_commit(
     crash_point("after_compact_files")
     by_bin = {(job.uri, job.stem): out for job, out in zip(jobs, written, strict=True)}
     entries = {(e.table, e.partition): e for e in report.partitions}
+    moved: dict[str, str] = {}
+    if cfg.table_format == "parquet":
+        began = time.monotonic()
+        moved = _move_partitions(cfg, picked, lock)
+        logger.info(
+            "%s: %s partitions moved in %.1fs", cfg.name, len(moved), time.monotonic() - began
+        )
     for p in picked:
         entry = entries[(p.table, p.name)]
         began = time.monotonic()
         outs = [by_bin[(b.uri, b.stem)] for b in p.bins]
         new = [f for files, _ in outs for f in files]
         old = p.merged
-        entry.outcome = _commit_partition(cfg, p, old, new, lock)
+        if cfg.table_format == "parquet":
+            entry.outcome = moved[p.name]
+        else:
+            entry.outcome = _commit_partition(cfg, p, old, new, lock)
         kept = [f for f in p.files if f["path"] not in old]
         if entry.outcome == "compacted":
             entry.files_after = len(kept) + len(new)
@@ -455,6 +573,72 @@ def _rewrite_and_commit(
             entry.outcome,
         )
         crash_point("after_compact_commit")
+
+
+def _move_partitions(cfg: PipelineConfig, picked: list[_Picked], lock: RunLock) -> dict[str, str]:
+    """Move each plain Parquet partition to its new directory, then the metastore too.
+
+    The files the merge left are copied into the new directory first (committed files
+    never change). Then, under the run lock, so no batch writes meanwhile: the files a
+    run added since the partition was listed are copied too, the ledger is read again
+    to tell them committed, and the marker is written. Files of a batch the ledger does
+    not hold are not carried: the run that finishes that batch deletes and rewrites them,
+    in the partition's directory in use.
+
+    Returns:
+        Per partition, `compacted` or why it was left as it was.
+    """
+    from strata.lock import BothLocks, lock_when_free
+    from strata.register import register_tables
+
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
+    carried: dict[str, set[str]] = {}
+    for p in picked:
+        carried[p.name] = set()
+        for f in p.files:
+            if f["path"] not in p.merged and _committed(f["path"], last):
+                _carry(fs, root, f["path"], p.directory)
+                carried[p.name].add(f["path"])
+    outcome: dict[str, str] = {}
+    with lock_when_free(cfg, "run", _RUN_LOCK_WAIT_S) as run:
+        both = BothLocks(lock, run)
+        last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
+        now: dict[str, set[str]] = {}
+        for f in current_files(fs, root):
+            now.setdefault(f.partition, set()).add(f.path)
+        for p in picked:
+            there = now.get(p.name, set())
+            if not p.merged <= there:
+                outcome[p.name] = "left: files to merge were removed meanwhile"
+                continue
+            for path in sorted(there - p.merged - carried[p.name]):
+                if _committed(path, last):
+                    _carry(fs, root, path, p.directory)
+            # A compaction that lost its lease must not move anything: vacuum may run.
+            both.check()
+            mark(fs, root, p.name, p.stamp)
+            outcome[p.name] = "compacted"
+            crash_point("after_compact_move")
+        if any(o == "compacted" for o in outcome.values()):
+            try:
+                register_tables(cfg)
+            except MetastoreError as exc:
+                note = (
+                    f"compacted; the metastore still lists the old location ({exc}); the "
+                    f"next run, or `strata register --pipeline {cfg.name}`, moves it"
+                )
+                outcome = {k: note if v == "compacted" else v for k, v in outcome.items()}
+    return outcome
+
+
+# How long a compaction waits for a run in flight before moving its partitions.
+_RUN_LOCK_WAIT_S = 600.0
+
+
+def _carry(fs: pafs.FileSystem, root: str, path: str, directory: str) -> None:
+    """Copy a file, under its own name, into a partition's new directory."""
+    fs.copy_file(f"{root}/{path}", f"{root}/{directory}/{path.rsplit('/', 1)[-1]}")
 
 
 def _commit_partition(

@@ -2,7 +2,9 @@
 
 Two locks: the run lock (ingest, backfill, replay, ledger edits) and the maintenance
 lock (compaction, vacuum). Ingest only appends, which Delta lets land beside a
-compaction, so compaction never makes an ingest wait. Whatever removes files takes the
+compaction, so compaction of a Delta table never makes an ingest wait; a plain Parquet
+partition is moved to its compacted files under the run lock for a moment, so late
+rows of a run are never left behind in the directory it leaves. Whatever removes files takes the
 maintenance lock: a backfill or replay (which rewrites files compaction may be merging)
 on top of the run lock; vacuum, so it never deletes the files of a compaction that has
 not committed yet.
@@ -25,8 +27,9 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -118,6 +121,30 @@ def run_lock(cfg: PipelineConfig, what: str = "run") -> Iterator[RunLock]:
     lease_s = parse_duration_ms(cfg.lock_lease) / 1000
     with hold_lease(location, cfg.storage_options, cfg.name, lease_s, what) as lease:
         yield lease
+
+
+@contextmanager
+def lock_when_free(cfg: PipelineConfig, what: str, wait_s: float) -> Iterator[RunLock]:
+    """Hold a lock as `run_lock` does, waiting up to `wait_s` for its holder to finish.
+
+    Raises:
+        LockBusy: If the lock is still held after `wait_s`.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        with ExitStack() as stack:
+            try:
+                held = stack.enter_context(run_lock(cfg, what))
+            except LockBusy:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(_WAIT_POLL_S)
+                continue
+            yield held
+            return
+
+
+_WAIT_POLL_S = 1.0
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Keeping a pipeline's Delta tables small to open: log checkpoints, vacuum, health.
+"""Keeping a pipeline's tables small to open: log checkpoints, vacuum, health.
 
 - **Checkpoints.** Every commit adds a file to a table's `_delta_log`, and opening a
   table replays the log from its last checkpoint. A checkpoint per maintenance run
@@ -12,6 +12,8 @@
   their batch's number already stands in the table (a commit refuses a batch the table
   holds), or they are a compaction's (vacuum holds the maintenance lock, so no
   compaction is between writing and committing). Any other file is left and counted.
+  A plain Parquet partition that compaction moved keeps its old directory for the
+  same retention; a new directory no move ever named goes at once (`sweep_moved`).
 - **Health.** Per table: files, their mean size, how many are small, and the commits
   since the last checkpoint, for `strata status`.
 """
@@ -25,7 +27,7 @@ import re
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -36,7 +38,19 @@ from strata.config import Location, PipelineConfig
 from strata.delta import committed_batch, newest_commit, open_table
 from strata.durations import parse_duration_ms
 from strata.ledger import COLUMNS_KEY, TOPIC_IDS_KEY
+from strata.locations import (
+    GENERATION,
+    MARKERS,
+    current_files,
+    read_markers,
+    stamp_time,
+    visible_files,
+)
 from strata.storage import filesystem, read_bytes
+from strata.write import file_batch, is_compaction_file
+
+if TYPE_CHECKING:
+    from strata.lock import RunLock
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +58,6 @@ logger = logging.getLogger(__name__)
 _LOG_RETENTION = timedelta(days=30)
 _TOMBSTONE_RETENTION = timedelta(days=7)
 _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.I)
-# `part-b0000000042-…` (a batch's data, raw or quarantine file, or a backfill's
-# rewrite), `ledger-b0000000042-…`, `part-c…` (a compaction's); a leading dot and a
-# `.tmp-…` tail mark a write that never finished.
-_BATCH_FILE = re.compile(r"^\.?(?:part|ledger)-b(\d{10})-")
-_COMPACTION_FILE = re.compile(r"^\.?part-c\d{14}[0-9a-f]{8}-")
 
 
 def delta_tables(cfg: PipelineConfig) -> list[tuple[Location, DeltaTable]]:
@@ -201,7 +210,70 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
                         fs.delete_file(f"{root}/{path}")
                 figures |= {"never_committed": len(orphans), "unknown_left": unknown}
             out["tables"][which] = figures
+        if cfg.table_format == "parquet":
+            out["tables"]["table"] = sweep_moved(cfg, timedelta(hours=hours), lock)
     return out
+
+
+def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> dict[str, Any]:
+    """Delete what compaction left in a plain Parquet data table, once it is safe.
+
+    - A directory a partition was moved away from (see `strata.locations`) goes once
+      `grace` has passed since the move: a query that listed it before has finished.
+      Its older markers go with it.
+    - A new directory no marker names is a compaction's that was stopped before the
+      move: vacuum holds the maintenance lock, so no compaction is about to make it,
+      and it goes at once.
+
+    Args:
+        cfg: The pipeline configuration.
+        grace: How long a directory stays after its partition was moved away.
+        lock: The maintenance lock; None for a dry run, which deletes nothing.
+
+    Returns:
+        Files of left directories deleted, and of never-used ones.
+    """
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    stamps = read_markers(fs, root).stamps
+    horizon = datetime.now(UTC) - grace
+
+    def moved_before_horizon(stamp: str) -> bool:
+        when = stamp_time(stamp)
+        return when is not None and when <= horizon
+
+    left: list[str] = []
+    never_used: set[str] = set()
+    for f in visible_files(fs, root):
+        moves = stamps.get(f.partition, [])
+        if f.directory == f.partition:
+            if moves and moved_before_horizon(moves[0]):
+                left.append(f.path)
+            continue
+        stamp = f.directory.rsplit("/", 1)[-1][len(GENERATION) :]
+        if stamp not in moves:
+            never_used.add(f.directory)
+        elif stamp != moves[-1] and moved_before_horizon(moves[moves.index(stamp) + 1]):
+            left.append(f.path)
+    # A marker goes once the move after it is past the grace period: its directory goes.
+    markers = [
+        f"{MARKERS}/{part}/c{stamp}".replace("//", "/")
+        for part, moves in stamps.items()
+        for stamp, following in zip(moves, moves[1:], strict=False)
+        if moved_before_horizon(following)
+    ]
+    never_used_files = (
+        [f.path for f in visible_files(fs, root) if f.directory in never_used] if never_used else []
+    )
+    if lock is not None:
+        for path in [*left, *never_used_files, *markers]:
+            # A vacuum that lost its lease must stop: a compaction may hold it now.
+            lock.check()
+            fs.delete_file(f"{root}/{path}")
+    return {
+        "left_by_compaction": len(left),
+        "never_moved_to": len(never_used_files),
+        "grace_hours": round(grace.total_seconds() / 3600, 1),
+    }
 
 
 def never_committed(cfg: PipelineConfig, which: Location) -> tuple[list[str], list[str]]:
@@ -224,9 +296,8 @@ def never_committed(cfg: PipelineConfig, which: Location) -> tuple[list[str], li
     untracked -= set(table.vacuum(0, dry_run=True, enforce_retention_duration=False))
     final, unknown = [], []
     for path in sorted(untracked):
-        base = path.rsplit("/", 1)[-1]
-        batch = _BATCH_FILE.match(base)
-        if (batch is not None and int(batch.group(1)) <= stands) or _COMPACTION_FILE.match(base):
+        batch = file_batch(path)
+        if (batch is not None and batch <= stands) or is_compaction_file(path):
             final.append(path)
         else:
             unknown.append(path)
@@ -259,14 +330,7 @@ def table_health(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
 
 def _parquet_sizes(cfg: PipelineConfig, which: Location) -> list[int]:
     fs, root = filesystem(cfg.location(which), cfg.storage_options)
-    selector = pafs.FileSelector(root, recursive=True, allow_not_found=True)
-    return [
-        int(info.size or 0)
-        for info in fs.get_file_info(selector)
-        if info.type == pafs.FileType.File
-        and info.base_name.endswith(".parquet")
-        and not info.base_name.startswith((".", "_"))
-    ]
+    return [f.size for f in current_files(fs, root) if f.path.endswith(".parquet")]
 
 
 def render_maintenance(title: str, report: dict[str, Any]) -> str:

@@ -137,6 +137,27 @@ class MetastoreClient:
         )
         return parts
 
+    def partitions_by_names(self, database: str, table: str, names: list[str]) -> list[Partition]:
+        """The named partitions of a table that exist, with storage descriptors."""
+        parts: list[Partition] = self._call(
+            f"get partitions of {database}.{table}",
+            self._client.get_partitions_by_names,
+            database,
+            table,
+            names,
+        )
+        return parts
+
+    def alter_partitions(self, database: str, table: str, parts: list[Partition]) -> None:
+        """Change existing partitions (their locations) in one call."""
+        self._call(
+            f"alter partitions of {database}.{table}",
+            self._client.alter_partitions,
+            database,
+            table,
+            parts,
+        )
+
     def add_partitions(self, database: str, table: str, parts: list[Partition]) -> None:
         """Add partitions in one call; those that exist already are left alone."""
         request = AddPartitionsRequest(

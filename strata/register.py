@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -32,6 +33,7 @@ from pymetastore.hive_metastore.ttypes import (
 from strata.config import PipelineConfig
 from strata.errors import MetastoreError
 from strata.ledger import LEDGER_SCHEMA
+from strata.locations import current_locations, place
 from strata.metastore import MetastoreClient
 from strata.schema import TABLE_SUFFIXES, partition_columns, table_layout
 from strata.storage import filesystem
@@ -52,6 +54,7 @@ class RegistrationReport:
         partitions: Event-time partitions the data table has on storage.
         partitions_added: Partitions the metastore lacked and now has.
         partitions_unknown: Partitions the metastore lists but storage lacks (left alone).
+        partitions_moved: Partitions whose location was set to their directory in use.
     """
 
     database: str
@@ -61,6 +64,7 @@ class RegistrationReport:
     partitions: int = 0
     partitions_added: list[str] = field(default_factory=list)
     partitions_unknown: list[str] = field(default_factory=list)
+    partitions_moved: list[str] = field(default_factory=list)
 
 
 def location_uri(location: str) -> str:
@@ -248,19 +252,25 @@ def _reconcile_partitions(
     columns = partition_columns(cfg.partitioning)
     on_storage = storage_partitions(cfg)
     report.partitions = len(on_storage)
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    current = current_locations(fs, root)
 
     def name(values: tuple[str, ...]) -> str:
         return partition_path(columns, values)
 
+    def location(partition: str) -> str:
+        return f"{table.sd.location}/{place(partition, current)}"
+
     registered = set(client.partition_names(table.dbName, table.tableName))
+    batch = cfg.metastore.partition_batch
+    _move_partitions(client, table, sorted(registered & set(current)), location, batch, report)
     missing = [values for values in on_storage if name(values) not in registered]
     report.partitions_unknown = sorted(registered - {name(v) for v in on_storage})
-    batch = cfg.metastore.partition_batch
     for at in range(0, len(missing), batch):
         parts = []
         for values in missing[at : at + batch]:
             storage = copy.deepcopy(table.sd)
-            storage.location = f"{table.sd.location}/{name(values)}"
+            storage.location = location(name(values))
             parts.append(
                 Partition(
                     values=list(values),
@@ -274,6 +284,35 @@ def _reconcile_partitions(
             )
         client.add_partitions(table.dbName, table.tableName, parts)
     report.partitions_added = [name(v) for v in missing]
+
+
+def _move_partitions(
+    client: MetastoreClient,
+    table: Table,
+    names: list[str],
+    location: Callable[[str], str],
+    batch: int,
+    report: RegistrationReport,
+) -> None:
+    """Point registered partitions at their directories in use, where they differ.
+
+    A compaction moves a plain Parquet partition on storage first (its marker), then in
+    the metastore; one killed in between, or a location changed by hand, is put right
+    here.
+    """
+    for at in range(0, len(names), batch):
+        parts = client.partitions_by_names(table.dbName, table.tableName, names[at : at + batch])
+        moved = []
+        for part in parts:
+            partition = partition_path(
+                [c.name for c in table.partitionKeys], [str(v) for v in part.values]
+            )
+            if part.sd.location != location(partition):
+                part.sd.location = location(partition)
+                moved.append(part)
+                report.partitions_moved.append(partition)
+        if moved:
+            client.alter_partitions(table.dbName, table.tableName, moved)
 
 
 def register_tables(cfg: PipelineConfig) -> RegistrationReport:
@@ -337,6 +376,8 @@ def render_registration(report: RegistrationReport) -> str:
     ]
     if report.partitions_added:
         parts.append(f"{len(report.partitions_added)} partitions added")
+    if report.partitions_moved:
+        parts.append(f"{len(report.partitions_moved)} partitions moved to their compacted files")
     if report.partitions_unknown:
         parts.append(
             f"{len(report.partitions_unknown)} registered partitions have no data on storage "

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 
 from strata.config import TableName
 from strata.delta import open_table, range_filter
+from strata.locations import current_files
 from strata.storage import filesystem
 
 if TYPE_CHECKING:
@@ -72,20 +72,25 @@ def dataset(ref: TableRef, schema: pa.Schema | None = None) -> ds.Dataset | None
             (a stray file in the directory) are left out rather than failing the read.
 
     Returns:
-        The dataset: for Delta, the files of the current snapshot; for Parquet, every
-        data file under the table's directory, with `dt`/`hr` from its path.
+        The dataset: for Delta, the files of the current snapshot; for Parquet, the
+        data files of each partition's directory in use, with `dt`/`hr` from the path
+        (None while there is none).
     """
     if ref.format == "delta":
         table = open_table(ref.uri, ref.options)
         return None if table is None else table.to_pyarrow_dataset()
     fs, root = filesystem(ref.uri, ref.options)
-    if fs.get_file_info(root).type == pafs.FileType.NotFound:
+    # Each partition's files are those of its directory in use (see strata.locations).
+    paths = [f"{root}/{f.path}" for f in current_files(fs, root)]
+    if not paths:
+        # No file, no schema: read as a table not written yet.
         return None
     return ds.dataset(
-        root,
+        paths,
         filesystem=fs,
         format="parquet",
         partitioning="hive",
+        partition_base_dir=root,
         schema=schema,
         exclude_invalid_files=schema is not None,
     )

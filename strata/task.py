@@ -18,6 +18,7 @@ from strata.config import PipelineConfig, TableName
 from strata.decode import DecodeRules, decode_chunk, partition_stats
 from strata.faults import crash_point
 from strata.kafka import client_conf
+from strata.locations import current_locations
 from strata.log import configure as configure_logging
 from strata.plan import OffsetRange
 from strata.read import RangeProgress, RawChunk, read_ranges, read_raw_copy
@@ -139,6 +140,9 @@ def _writer(
     schema, partition_by = table_layout(cfg, name)
     fs, root = filesystem(cfg.location(name), cfg.storage_options)
     limits = cfg.limits
+    # A compacted plain Parquet partition takes late rows in its directory in use; no
+    # compaction moves one while a run holds the run lock, so one look per task is enough.
+    current = current_locations(fs, root) if cfg.table_format == "parquet" else {}
     return PartitionedWriter(
         fs,
         root,
@@ -152,6 +156,7 @@ def _writer(
         max_open_files=limits.max_open_files,
         attempt=task_attempt(),
         run_id=run_id,
+        locations=current,
     )
 
 

@@ -17,7 +17,7 @@ import math
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -80,6 +80,24 @@ def file_name(batch: int, tag: str, number: int, attempt: int = 0, run_id: str =
         raise ValueError(f"run id {run_id!r} may hold only letters, digits and `_`")
     run = f"-{run_id}" if run_id else ""
     return f"part-b{batch:010d}-{tag}-a{attempt}{run}-f{number:03d}.snappy.parquet"
+
+
+# `part-b0000000042-…` (a batch's data, raw or quarantine file, or a backfill's
+# rewrite), `ledger-b0000000042-…`, `part-c…` (a compaction's); a leading dot and a
+# `.tmp-…` tail mark a write that never finished.
+_BATCH_FILE = re.compile(r"^\.?(?:part|ledger)-b(\d{10})-")
+_COMPACTION_FILE = re.compile(r"^\.?part-c\d{14}[0-9a-f]{8}-")
+
+
+def file_batch(name: str) -> int | None:
+    """The batch a file (a path or a base name) was written for; None for any other file."""
+    found = _BATCH_FILE.match(name.rsplit("/", 1)[-1])
+    return None if found is None else int(found.group(1))
+
+
+def is_compaction_file(name: str) -> bool:
+    """Whether a file (a path or a base name) is one a compaction wrote."""
+    return _COMPACTION_FILE.match(name.rsplit("/", 1)[-1]) is not None
 
 
 def is_batch_file(name: str, batch: int) -> bool:
@@ -379,6 +397,7 @@ class PartitionedWriter:
         max_open_files: int = 64,
         attempt: int = 0,
         run_id: str = "",
+        locations: Mapping[str, str] | None = None,
     ) -> None:
         """Prepare a writer.
 
@@ -397,6 +416,8 @@ class PartitionedWriter:
             max_open_files: Most files open at once.
             attempt: The task's attempt number, for file names.
             run_id: The run's id, for file names.
+            locations: A plain Parquet table's compacted partitions (`dt=…/hr=…`) and
+                the directory each is in now (see `strata.locations`).
         """
         if max_open_files < 1:
             raise ValueError("max_open_files must be at least 1")
@@ -409,6 +430,7 @@ class PartitionedWriter:
         self.target_bytes, self.row_group_rows = target_bytes, row_group_rows
         self.buffer_bytes = buffer_bytes
         self.max_open_files = max_open_files
+        self.locations = dict(locations or {})
         self._held: dict[tuple[str, ...], int] = {}
         self._held_total = 0
         self._buffers: dict[tuple[str, ...], list[pa.Table]] = {}
@@ -463,6 +485,7 @@ class PartitionedWriter:
             number = self._numbers.get(key, 0)
             self._numbers[key] = number + 1
             directory = partition_path(self.partition_by, key)
+            directory = self.locations.get(directory, directory)
             name = file_name(self.batch, self.tag, number, self.attempt, self.run_id)
             out = _OpenFile(
                 self.fs,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 import yaml
@@ -28,6 +29,8 @@ from strata.config import ENV_BOOTSTRAP, ENV_WAREHOUSE, PipelineConfig, load_pip
 from strata.local.broker import LocalBroker
 from strata.local.events import HOUR_MS, click_events, produce
 from strata.local.service import free_port
+from strata.locations import current_files
+from strata.storage import filesystem
 
 ROOT = Path(__file__).resolve().parents[1]
 START_MS = 1_763_805_600_000  # 2025-11-22T10:00:00Z
@@ -191,8 +194,15 @@ class Pipeline:
     def table_rows(self, which: str, columns: list[str] | None = None):
         cfg = self.cfg()
         if cfg.table_format == "parquet" and which != "ledger":
-            # What a Hive-style reader sees: every visible file under the directory.
-            dataset = ds.dataset(cfg.location(which), format="parquet", partitioning="hive")
+            # What a Hive-style reader sees: every visible file of each partition's
+            # directory in use (a compacted partition's is named by its marker).
+            fs, root = filesystem(cfg.location(which), cfg.storage_options)
+            paths = [f"{root}/{f.path}" for f in current_files(fs, root)]
+            if not paths:
+                return pa.table({c: pa.array([], pa.int64()) for c in columns or []})
+            dataset = ds.dataset(
+                paths, filesystem=fs, format="parquet", partitioning="hive", partition_base_dir=root
+            )
             return dataset.to_table(columns=columns)
         return DeltaTable(cfg.location(which)).to_pyarrow_table(columns=columns)
 

@@ -18,9 +18,13 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from strata.compact import compact
+from strata.locations import current_files, current_locations, visible_files
 from strata.maintain import checkpoint, never_committed, table_health, vacuum
+from strata.metastore import MetastoreClient
+from strata.register import register_tables
 from strata.run import run_batch
 from strata.status import pipeline_status, render_status
+from strata.storage import filesystem
 from tests.conftest import expected_offsets, produce_clicks
 
 
@@ -169,3 +173,53 @@ def test_a_killed_compaction_leaves_a_readable_table_a_rerun_finishes_it_and_vac
     # Files the compaction replaced stay for readers until the retention has passed.
     assert replaced <= {f.name for f in table_dir.rglob("part-b*.parquet")}
     assert rows(p) == before
+
+
+def test_plain_parquet_compaction_carries_late_rows_and_survives_a_kill(
+    make_pipeline, broker, spark, metastore
+):
+    p = make_pipeline(
+        partitions=2, overrides={"table_format": "parquet", "metastore": {"uri": metastore.uri}}
+    )
+    expected = small_batches(p, broker, spark, 3)
+    cfg = p.cfg()
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    # Frozen after writing the merged files, before moving any partition; then, once
+    # woken, killed right after moving the first one.
+    env = p.env(STRATA_STOP_AT="after_compact_files", STRATA_CRASH_AT="after_compact_move")
+    proc = p.spawn("compact", "--older-than", "0s", env=env)
+    try:
+        wait_stopped(proc)
+        # Late events into the very hours being compacted: written to the old directories.
+        late = produce_clicks(broker, p.topic, 2, 150, seed=99, hours=3)
+        assert run_batch(cfg, session=lambda _: spark).status == "committed"
+        for part, count in late.items():
+            expected[part] += count
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    proc.communicate(timeout=240)
+    assert proc.returncode == -signal.SIGKILL
+    # The moved partition took the late rows along; the others are still where they were.
+    moved = current_locations(fs, root)
+    assert len(moved) == 1
+    assert p.landed() == expected_offsets(expected)
+    # The metastore was not told before the kill: registration puts it right.
+    fixed = register_tables(cfg)
+    assert fixed.partitions_moved == list(moved)
+    with MetastoreClient(metastore.uri, 30) as client:
+        [part] = client.partitions_by_names(cfg.metastore.database, cfg.name, list(moved))
+    assert part.sd.location.endswith("/" + next(iter(moved.values())))
+
+    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    assert report.partitions and {e.outcome for e in report.partitions} == {"compacted"}
+    assert len(current_locations(fs, root)) == 3
+    by_partition = Counter(f.partition for f in current_files(fs, root))
+    assert set(by_partition.values()) == {1}, by_partition
+    assert p.landed() == expected_offsets(expected)
+    # The killed run's new directories, never moved to, go at once; the old ones stay
+    # for the grace period.
+    done = vacuum(cfg)["tables"]["table"]
+    assert done["never_moved_to"] > 0 and done["left_by_compaction"] == 0
+    generations = {f.directory for f in visible_files(fs, root) if f.directory != f.partition}
+    assert generations == set(current_locations(fs, root).values()) | set(moved.values())
+    assert p.landed() == expected_offsets(expected)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,9 +18,11 @@ from strata.compact import pack, parse_partition, partition_end
 from strata.config import PipelineConfig, load_pipeline
 from strata.delta import commit_files, commit_removes, ensure_table
 from strata.errors import ConfigError, LockBusy, MaintenanceError
+from strata.locations import current_locations, mark, new_stamp, read_markers, visible_files
 from strata.lock import run_lock
-from strata.maintain import never_committed, retention_hours
-from strata.write import write_file, write_sized
+from strata.maintain import never_committed, retention_hours, sweep_moved
+from strata.tables import TableRef, read
+from strata.write import PartitionedWriter, write_file, write_sized
 from tests.locking import pipeline_body
 from tests.unit.test_config import GOOD, _project
 
@@ -145,3 +148,90 @@ def test_a_table_holding_an_unfinished_batch_keeps_its_log(tmp_path):
     commit_files(DeltaTable(cfg.location("ledger")), LEDGER_SCHEMA, [], [], "p", 2, {})
     cleaned = checkpoint(cfg)["tables"]["table"]
     assert cleaned["log_cleaned"] and cleaned["log_files_after"] < cleaned["log_files_before"]
+
+
+def _parquet_file(path: Path, values: list[int]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"_offset": pa.array(values, pa.int64())}), path)
+
+
+def test_a_plain_parquet_partition_is_read_from_its_newest_marked_directory(tmp_path):
+    fs, root = pafs.LocalFileSystem(), str(tmp_path)
+    hour1, hour2 = tmp_path / "dt=2026-01-01/hr=01", tmp_path / "dt=2026-01-01/hr=02"
+    first, second = new_stamp(), new_stamp(datetime.now(UTC) + timedelta(seconds=1))
+    _parquet_file(hour1 / "part-b0000000001-x.parquet", [1, 2])
+    _parquet_file(hour1 / f"_c{first}/part-c-merged.parquet", [1, 2, 3])
+    _parquet_file(hour1 / f"_c{second}/part-c-newer.parquet", [1, 2, 3, 4])
+    _parquet_file(hour1 / ".part-b0000000002-y.parquet.tmp-1", [9])
+    _parquet_file(hour2 / "part-b0000000001-z.parquet", [7])
+    _parquet_file(tmp_path / "_strata/other.parquet", [8])
+    ref = TableRef(root, "parquet")
+
+    def rows() -> list[tuple[str, int]]:
+        table = read(ref, ["hr", "_offset"])
+        return sorted(zip(table["hr"].to_pylist(), table["_offset"].to_pylist(), strict=True))
+
+    # No marker: every partition is its own directory; hidden names are never rows.
+    assert current_locations(fs, root) == {}
+    assert rows() == [(1, 1), (1, 2), (2, 7)]
+    # A marker moves one partition; the newest of several wins; an unmarked one is unused.
+    mark(fs, root, "dt=2026-01-01/hr=01", first)
+    assert rows() == [(1, 1), (1, 2), (1, 3), (2, 7)]
+    mark(fs, root, "dt=2026-01-01/hr=01", second)
+    assert current_locations(fs, root) == {"dt=2026-01-01/hr=01": f"dt=2026-01-01/hr=01/_c{second}"}
+    assert rows() == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 7)]
+    visible = {f.directory for f in visible_files(fs, root)}
+    assert visible == {
+        "dt=2026-01-01/hr=01",
+        f"dt=2026-01-01/hr=01/_c{first}",
+        f"dt=2026-01-01/hr=01/_c{second}",
+        "dt=2026-01-01/hr=02",
+    }
+    # The writer puts a moved partition's late rows into its directory in use.
+    writer = PartitionedWriter(
+        fs,
+        root,
+        pa.schema([("_offset", pa.int64()), ("dt", pa.string()), ("hr", pa.string())]),
+        ["dt", "hr"],
+        3,
+        "t00000",
+        1 << 20,
+        100,
+        locations=current_locations(fs, root),
+    )
+    writer.write(pa.table({"_offset": [5, 6], "dt": ["2026-01-01"] * 2, "hr": ["01", "02"]}))
+    placed = sorted(f.path.rsplit("/", 1)[0] for f in writer.close())
+    assert placed == [f"dt=2026-01-01/hr=01/_c{second}", "dt=2026-01-01/hr=02"]
+    assert rows() == [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (2, 6), (2, 7)]
+
+
+def test_vacuum_keeps_a_left_directory_for_the_grace_period_and_never_used_ones_go(tmp_path):
+    cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), table_format="parquet"))
+    fs, root = pafs.LocalFileSystem(), cfg.location("table")
+    hour = Path(root) / "dt=2026-01-01/hr=01"
+    now = datetime.now(UTC)
+    oldest, middle, newest, unused = (new_stamp(now - timedelta(hours=h)) for h in (3, 2, 0.5, 0.1))
+    _parquet_file(hour / "part-b0000000001-x.parquet", [1])
+    for stamp in (oldest, middle, newest):
+        _parquet_file(hour / f"_c{stamp}/part-c-{stamp}.parquet", [1])
+        mark(fs, root, "dt=2026-01-01/hr=01", stamp)
+    _parquet_file(hour / f"_c{unused}/part-c-unused.parquet", [1])
+    _parquet_file(Path(root) / "dt=2026-01-01/hr=02/part-b0000000001-y.parquet", [2])
+
+    def left() -> set[str]:
+        return {f.path for f in visible_files(fs, root)}
+
+    before = left()
+    counted = sweep_moved(cfg, timedelta(hours=1), None)
+    assert counted["left_by_compaction"] == 2 and counted["never_moved_to"] == 1
+    assert left() == before  # a dry run deletes nothing
+    with run_lock(cfg, "maintenance") as lock:
+        sweep_moved(cfg, timedelta(hours=1), lock)
+    # Left 3h and 2h ago: gone. Left 30 min ago, or in use: kept. Never used: gone.
+    assert left() == {
+        f"dt=2026-01-01/hr=01/_c{middle}/part-c-{middle}.parquet",
+        f"dt=2026-01-01/hr=01/_c{newest}/part-c-{newest}.parquet",
+        "dt=2026-01-01/hr=02/part-b0000000001-y.parquet",
+    }
+    assert read_markers(fs, root).stamps == {"dt=2026-01-01/hr=01": [middle, newest]}
+    assert read(TableRef(root, "parquet"), ["_offset"]).num_rows == 2

@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 import sqlglot
 from pyhive import hive
 from sqlglot import exp
 
+from strata.compact import compact
 from strata.ledger import read_ledger
 from strata.local.thriftserver import LocalThriftServer
+from strata.locations import current_files, current_locations, visible_files
+from strata.lock import run_lock
+from strata.maintain import sweep_moved, vacuum
+from strata.metastore import MetastoreClient
+from strata.register import location_uri
 from strata.run import run_batch
+from strata.storage import filesystem
+from strata.write import partition_path
 from tests.conftest import ROOT, START_MS, produce_clicks
 
 QUERIES = ROOT / "sql" / "queries"
@@ -102,3 +112,74 @@ def test_the_thrift_server_sees_exactly_what_the_ledger_says(
         (q, newest[q]["end_offset"], newest[q]["high_watermark"] - newest[q]["end_offset"])
         for q in sorted(newest)
     ]
+
+
+def test_compacting_plain_parquet_moves_partitions_and_no_query_sees_a_difference(
+    make_pipeline, broker, spark, metastore, thriftserver
+):
+    p = make_pipeline(
+        partitions=2, overrides={"table_format": "parquet", "metastore": {"uri": metastore.uri}}
+    )
+    cfg = p.cfg()
+    for seed in range(3):
+        produce_clicks(broker, p.topic, 2, 150, seed=seed + 1, hours=3)
+        assert run_batch(cfg, session=lambda _: spark).register_error is None
+    cursor = hive.connect("127.0.0.1", port=thriftserver.port, auth="NOSASL").cursor()
+
+    def query(sql: str) -> list[tuple]:
+        cursor.execute(sql)
+        return cursor.fetchall()
+
+    every_row = f"SELECT * FROM strata.{p.name} ORDER BY _partition, _offset"
+    before = query(every_row)
+    assert len(before) == sum(r["rows"] for r in read_ledger(cfg).to_pylist()) > 0
+    with MetastoreClient(metastore.uri, 30) as client:
+        names = client.partition_names("strata", p.name)
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    files_before = Counter(f.partition for f in current_files(fs, root))
+    assert len(names) == 3 and all(files_before[n] >= 3 for n in names), files_before
+
+    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    assert {e.table: e.outcome for e in report.partitions} == {"table": "compacted"}
+    assert [e.partition for e in report.partitions] == sorted(names)
+    assert set(report.skipped) == {"raw", "quarantine", "ledger"}
+
+    # The metastore lists the same partitions, each at its new directory, which holds
+    # ceil(size / target) files; the old files stay for queries that listed them.
+    moved = current_locations(fs, root)
+    with MetastoreClient(metastore.uri, 30) as client:
+        parts = client.partitions_by_names("strata", p.name, names)
+        assert sorted(client.partition_names("strata", p.name)) == sorted(names)
+    table_uri = location_uri(cfg.location("table"))
+    assert sorted((partition_path(["dt", "hr"], x.values), x.sd.location) for x in parts) == sorted(
+        (n, f"{table_uri}/{moved[n]}") for n in names
+    )
+    assert all(moved[n].startswith(f"{n}/_c") for n in names)
+    target = cfg.limits.target_file_mb << 20
+    now = [f for f in current_files(fs, root)]
+    for n in names:
+        sizes = [f.size for f in now if f.partition == n]
+        assert len(sizes) == math.ceil(sum(sizes) / target) < files_before[n]
+    assert query(every_row) == before
+
+    # Late rows into a compacted hour land in its directory in use, and are seen.
+    late = produce_clicks(broker, p.topic, 2, 40, seed=9, hours=1)
+    assert run_batch(cfg, session=lambda _: spark).register_error is None
+    # Spark caches a directory's listing until told its files changed.
+    query(f"REFRESH TABLE strata.{p.name}")
+    after_late = query(every_row)
+    assert len(after_late) == len(before) + sum(late.values())
+    coordinates = query(f"SELECT _partition, _offset FROM strata.{p.name}")
+    assert len(set(coordinates)) == len(coordinates) == len(after_late)
+    assert set(p.landed().values()) == {1}
+
+    # Within the grace period vacuum keeps the old files; past it they go, and no query
+    # sees a difference.
+    assert vacuum(cfg)["tables"]["table"]["left_by_compaction"] == 0
+    with run_lock(cfg, "maintenance") as lock:
+        swept = sweep_moved(cfg, timedelta(0), lock)
+    assert swept["left_by_compaction"] == sum(files_before.values())
+    assert all(f.directory != f.partition for f in visible_files(fs, root))
+    query(f"REFRESH TABLE strata.{p.name}")
+    assert query(every_row) == after_late
+    assert set(p.landed().values()) == {1}
