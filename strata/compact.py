@@ -269,12 +269,8 @@ def plan_table(
     picked = []
     for key, files in sorted(by_key.items()):
         values = dict(zip(partition_by, key, strict=True))
-        if only is not None and any(values.get(k) != v for k, v in only.items()):
+        if not _wanted(values, only, settled_before):
             continue
-        if partition_by:
-            end = partition_end(values)
-            if end is None or end > settled_before:
-                continue
         mergeable = [
             f
             for f in files
@@ -293,23 +289,46 @@ def plan_table(
                 + (f["path"],)
             )
         )
-        directory = partition_path(partition_by, key)
-        bins = [
-            Bin(
-                cfg.location(which),
-                cfg.storage_options,
-                [f["path"] for f in group],
-                values,
-                f"{directory}/part-c{token}-{number:04d}".lstrip("/"),
-                sort_by,
-                cfg.limits.target_file_mb << 20,
-                cfg.limits.row_group_rows,
-            )
-            for number, group in enumerate(pack(mergeable, cfg.limits.target_file_mb << 20))
-        ]
+        bins = _bins(cfg, which, mergeable, values, partition_path(partition_by, key), token)
         if bins:
             picked.append(_Picked(which, values, files, bins))
     return picked
+
+
+def _wanted(values: dict[str, str], only: dict[str, str] | None, settled_before: datetime) -> bool:
+    """Whether a partition is asked for (`--partition`) and settled (an unpartitioned
+    table's files settle one by one instead)."""
+    if only is not None and any(values.get(k) != v for k, v in only.items()):
+        return False
+    if not values:
+        return True
+    end = partition_end(values)
+    return end is not None and end <= settled_before
+
+
+def _bins(
+    cfg: PipelineConfig,
+    which: Location,
+    mergeable: list[dict[str, Any]],
+    values: dict[str, str],
+    directory: str,
+    token: str,
+) -> list[Bin]:
+    """The bins a partition's mergeable files go into, merged files written to `directory`."""
+    target = cfg.limits.target_file_mb << 20
+    return [
+        Bin(
+            cfg.location(which),
+            cfg.storage_options,
+            [f["path"] for f in group],
+            values,
+            f"{directory}/part-c{token}-{number:04d}".lstrip("/"),
+            _SORT_KEYS["ledger" if which == "ledger" else "other"],
+            target,
+            cfg.limits.row_group_rows,
+        )
+        for number, group in enumerate(pack(mergeable, target))
+    ]
 
 
 def plan_directory(
@@ -328,7 +347,6 @@ def plan_directory(
     _, partition_by = table_layout(cfg, "table")
     fs, root = filesystem(cfg.location("table"), cfg.storage_options)
     small = small_bytes(cfg)
-    target = cfg.limits.target_file_mb << 20
     by_partition: dict[str, list[TableFile]] = {}
     for f in current_files(fs, root):
         by_partition.setdefault(f.partition, []).append(f)
@@ -336,31 +354,16 @@ def plan_directory(
     picked = []
     for name, found in sorted(by_partition.items()):
         values = dict(part.split("=", 1) for part in name.split("/") if part)
-        if list(values) != partition_by:
+        if list(values) != partition_by or not _wanted(values, only, settled_before):
             continue
-        if only is not None and any(values.get(k) != v for k, v in only.items()):
-            continue
-        end = partition_end(values)
-        if end is None or end > settled_before:
-            continue
-        files = [{"path": f.path, "size_bytes": f.size} for f in sorted(found, key=_by_name)]
+        files: list[dict[str, Any]] = [
+            {"path": f.path, "size_bytes": f.size} for f in sorted(found, key=_by_name)
+        ]
         mergeable = [f for f in files if f["size_bytes"] < small and _committed(f["path"], last)]
         if len(mergeable) < cfg.maintenance.min_small_files:
             continue
         directory = generation_dir(name, stamp)
-        bins = [
-            Bin(
-                cfg.location("table"),
-                cfg.storage_options,
-                [f["path"] for f in group],
-                values,
-                f"{directory}/part-c{token}-{number:04d}",
-                _SORT_KEYS["other"],
-                target,
-                cfg.limits.row_group_rows,
-            )
-            for number, group in enumerate(pack(mergeable, target))
-        ]
+        bins = _bins(cfg, "table", mergeable, values, directory, token)
         if bins:
             picked.append(_Picked("table", values, files, bins, directory, stamp))
     return picked
@@ -605,8 +608,8 @@ def _move_partitions(cfg: PipelineConfig, picked: list[_Picked], lock: RunLock) 
         both = BothLocks(lock, run)
         last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
         now: dict[str, set[str]] = {}
-        for f in current_files(fs, root):
-            now.setdefault(f.partition, set()).add(f.path)
+        for listed in current_files(fs, root):
+            now.setdefault(listed.partition, set()).add(listed.path)
         for p in picked:
             there = now.get(p.name, set())
             if not p.merged <= there:
