@@ -12,7 +12,7 @@ RUNTIME_LOCK := requirements/runtime.lock
 EXECUTOR_LOCK := requirements/executor.lock
 CHECK_PYTHON := @$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Strata needs Python 3.11; set PYTHON=/path/to/python3.11")'
 
-.PHONY: help setup check-java chromium demo test test-unit lint format bench dist lock clean report-screenshot
+.PHONY: help setup check-java chromium demo test test-unit lint format bench profile dist lock clean report-screenshot
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ format: setup ## Apply ruff's formatting and import order
 
 bench: setup ## 1M and 3M JSON events: the job beside the bare consume loop and the naive peer
 	$(BIN)/python -m bench.run_bench
+
+profile: setup ## Where strata run's Python time goes (py-spy over the driver and Spark workers)
+	$(BIN)/python -m bench.profile
 
 report-screenshot: demo chromium ## Run the demo, then screenshot its quality summary page (quality-report.png)
 	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \

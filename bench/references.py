@@ -5,9 +5,12 @@
 - naive peer: the same loop, plus a pyarrow JSON decode and one Parquet file per
   event hour per poll, in one process: what a user writes by hand in 50 lines, with
   no raw copy, no quarantine, no exactly-once commit.
+- naive peer + raw copy: the naive peer that also writes every message as it came
+  (coordinates, timestamp, value bytes) to one Parquet file per poll: what Strata's
+  raw copy costs by itself, apart from its other guarantees.
 
-Each runs as `python -m bench.references {bare,naive} BOOTSTRAP TOPIC PARTITIONS OUT`
-and prints one JSON line.
+Each runs as `python -m bench.references {bare,naive,naive_raw} BOOTSTRAP TOPIC
+PARTITIONS OUT` and prints one JSON line.
 """
 
 from __future__ import annotations
@@ -64,9 +67,11 @@ def run(kind: str, bootstrap: str, topic: str, partitions: int, out: Path) -> di
         return {"messages": messages, "bytes": nbytes, "seconds": seconds, "files": 0}
     remaining = {p: e for p, e in ends.items() if e > 0}
     messages = nbytes = files = polls = 0
+    raw = kind == "naive_raw"
     while remaining:
         batch: list[Any] = consumer.consume(10_000, timeout=1.0)
         values = []
+        coordinates: list[tuple[int, int, int]] = []
         for m in batch:
             if m.error() is not None:
                 continue
@@ -78,8 +83,24 @@ def run(kind: str, bootstrap: str, topic: str, partitions: int, out: Path) -> di
             messages += 1
             nbytes += len(value)
             values.append(value)
+            if raw:
+                coordinates.append((p, m.offset(), m.timestamp()[1]))
             if m.offset() == end - 1:
                 del remaining[p]
+        if raw and values:
+            numbers, offsets, stamps = zip(*coordinates, strict=True)
+            copy = pa.table(
+                {
+                    "_topic": pa.array([topic] * len(values), pa.string()),
+                    "_partition": pa.array(numbers, pa.int32()),
+                    "_offset": pa.array(offsets, pa.int64()),
+                    "_timestamp": pa.array(stamps, pa.timestamp("ms", tz="UTC")),
+                    "_value": pa.array(values, pa.binary()),
+                }
+            )
+            (out / "raw").mkdir(parents=True, exist_ok=True)
+            pq.write_table(copy, out / "raw" / f"poll-{polls:06d}.parquet")
+            files += 1
         if values:
             table = pajson.read_json(io.BytesIO(b"\n".join(values)))
             hours = pc.strftime(

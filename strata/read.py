@@ -25,7 +25,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from strata.errors import ReadError
@@ -783,6 +782,9 @@ def read_raw_copy(
     Raises:
         ReadError: If the raw copy holds an offset of a range more than once.
     """
+    # Imported here: pyarrow.dataset brings pandas along, seconds of CPU in every Spark
+    # worker that only reads from Kafka.
+    import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
     from strata.delta import range_filter

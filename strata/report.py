@@ -35,6 +35,7 @@ def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
         "seconds": round(outcome.seconds, 3),
         "spark_start_seconds": round(outcome.spark_seconds, 3),
         "read_seconds": round(outcome.read_seconds, 3),
+        "stages": {"driver": outcome.stages.as_dict(), "tasks": outcome.task_stages.as_dict()},
         "mb_per_s": round(total_bytes / 1e6 / busy, 2) if busy and total_bytes else 0.0,
         "msgs_per_s": round(messages / busy) if busy and messages else 0,
         "files": outcome.files,

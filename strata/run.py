@@ -79,6 +79,7 @@ from strata.schema import (
     schema_changes,
     table_layout,
 )
+from strata.stages import Stages
 from strata.storage import filesystem
 from strata.tables import TableRef, table_refs
 from strata.task import RangeResult, SplitJob, SplitResult
@@ -109,6 +110,8 @@ class RunOutcome:
         warnings: Things the operator should know that did not fail the run.
         registered: What registering the tables in the metastore changed, if configured.
         register_error: Why registering failed; the batch stands, the run exits non-zero.
+        stages: The driver's wall and CPU seconds per stage.
+        task_stages: The tasks' wall and CPU seconds per stage, summed over tasks.
     """
 
     pipeline: str
@@ -124,6 +127,8 @@ class RunOutcome:
     warnings: list[str] = field(default_factory=list)
     registered: str | None = None
     register_error: str | None = None
+    stages: Stages = field(default_factory=Stages)
+    task_stages: Stages = field(default_factory=Stages)
 
 
 def run_batch(
@@ -157,9 +162,11 @@ def run_batch(
         ReconcileError: If the batch does not add up; nothing of it was committed.
     """
     began = time.monotonic()
+    planning = Stages()
     with run_lock(cfg) as lock:
-        state = ledger_state(cfg)
-        plan, resumed, states = _load_or_plan(cfg, state, max_offsets, accept_loss)
+        with planning.timed("plan"):
+            state = ledger_state(cfg)
+            plan, resumed, states = _load_or_plan(cfg, state, max_offsets, accept_loss)
         if plan is None:
             outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
             # Catch the consumer group up with the ledger, in case a run died before.
@@ -175,8 +182,10 @@ def run_batch(
                 f"run ({plan.note}) and left unfinished; it was finished as a {plan.kind}, "
                 "replacing its ranges' rows. New offsets are read by the next run.",
             )
+        outcome.stages.merge(planning)
         if register_tables:
-            register(cfg, outcome)
+            with outcome.stages.timed("register"):
+                register(cfg, outcome)
         outcome.seconds = time.monotonic() - began
         return outcome
 
@@ -208,7 +217,7 @@ def _ingest(
             f"{lost.describe()}: {lost.count} messages were deleted by retention before "
             f"they were read; the loss is recorded in the ledger ({plan.note})"
         )
-    with own_files_on_loss(cfg, plan.batch, written.run_id):
+    with own_files_on_loss(cfg, plan.batch, written.run_id), outcome.stages.timed("ledger"):
         lock.check()
         landed = commit_ledger(cfg, plan.batch, ledger_rows, data_columns(cfg), plan.topic_ids)
     crash_point("after_ledger")
@@ -553,6 +562,8 @@ def write_and_commit(
         remove_batch_files(cfg, plan.batch, lock=lock)
     write = frozenset(name for name, d in done.items() if not d)
     split_results = run_tasks(cfg, plan, write, session, outcome, source, raw_batch, run_id)
+    for split in split_results:
+        outcome.task_stages.merge(Stages.from_dict(split.stages))
     crash_point("after_files")
     results = batch_results(plan, split_results)
     written = {name: [f for s in split_results for f in s.files.get(name, [])] for name in TABLES}
@@ -575,13 +586,15 @@ def write_and_commit(
         if not (done[name] or parquet):
             lock.check()
             crash_point(f"before_{name}_commit")
-            added = commit_table(cfg, name, written[name], plan.batch, meta, replacing)
+            with outcome.stages.timed("commit"):
+                added = commit_table(cfg, name, written[name], plan.batch, meta, replacing)
             if added:
                 outcome.warnings.append(
                     f"the schema gained {', '.join(f'`{c}`' for c in added)}: the data table "
                     "has the new column(s) from this batch on; earlier rows read them as null"
                 )
-    reconcile_tables(table_refs(cfg, tables), plan, results, written if parquet else None)
+    with outcome.stages.timed("read_back"):
+        reconcile_tables(table_refs(cfg, tables), plan, results, written if parquet else None)
     return BatchWrite(results, written, run_id)
 
 
@@ -823,7 +836,8 @@ def run_tasks(
     from strata.spark import default_tasks, execute
 
     t0 = time.monotonic()
-    spark = session(cfg)
+    with outcome.stages.timed("spark_start"):
+        spark = session(cfg)
     outcome.spark_seconds = time.monotonic() - t0
     # Under spark-submit the submitted master wins over the pipeline's.
     shared = cfg.shared_storage_error(spark.sparkContext.master or cfg.spark.master)
@@ -838,7 +852,8 @@ def run_tasks(
         )
     t1 = time.monotonic()
     reducers = default_tasks(cfg) if cfg.layout == "shuffle" else 0
-    results = execute(spark, jobs, f"{cfg.name} batch {plan.batch}", reducers)
+    with outcome.stages.timed("tasks"):
+        results = execute(spark, jobs, f"{cfg.name} batch {plan.batch}", reducers)
     outcome.read_seconds = time.monotonic() - t1
     return results
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
 from strata.config import PipelineConfig, TableName
-from strata.decode import DecodeRules, decode_chunk, partition_stats
+from strata.decode import Decoded, DecodeRules, decode_chunk, partition_stats
 from strata.faults import crash_point
 from strata.kafka import client_conf
 from strata.locations import current_locations
@@ -23,6 +23,7 @@ from strata.log import configure as configure_logging
 from strata.plan import OffsetRange
 from strata.read import RangeProgress, RawChunk, read_ranges, read_raw_copy
 from strata.schema import partition_columns, table_layout
+from strata.stages import BACKGROUND, Stages
 from strata.storage import delta_options, filesystem
 from strata.write import PartitionedWriter, WrittenFile, split_by
 
@@ -112,12 +113,14 @@ class SplitResult:
         ranges: Per-range counts.
         files: Files written, per table.
         seconds: Wall time of the task.
+        stages: Wall and CPU seconds per stage of the task (see `strata.stages`).
     """
 
     task: int
     ranges: list[RangeResult]
     files: dict[TableName, list[WrittenFile]]
     seconds: float
+    stages: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def task_attempt() -> int:
@@ -169,15 +172,17 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
     """
     # A Spark worker is a process of its own: its progress lines need their handler.
     configure_logging()
-    began = time.monotonic()
+    began, began_cpu = time.monotonic(), time.process_time()
+    stages = Stages()
     cfg = job.cfg
     rules = DecodeRules.from_config(cfg)
     tag = f"t{job.task:05d}"
-    writers = {
-        name: _writer(cfg, name, job.batch, tag, job.run_id)
-        for name in sorted(job.write)
-        if not (shuffle_rows and name == "table")
-    }
+    with stages.timed("open"):
+        writers = {
+            name: _writer(cfg, name, job.batch, tag, job.run_id)
+            for name in sorted(job.write)
+            if not (shuffle_rows and name == "table")
+        }
     results = {
         (r.topic, r.partition, r.start): RangeResult(r.topic, r.partition, r.start, r.end)
         for r in job.ranges
@@ -207,41 +212,63 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
             stall_s=cfg.limits.read_stall_s,
             chunk_bytes=cfg.limits.read_chunk_mb << 20,
         )
-    for chunk in chunks:
+    while True:
+        # Fetching from Kafka and building the chunk's Arrow columns.
+        with stages.timed("fetch"):
+            chunk = next(chunks, None)
+        if chunk is None:
+            break
         raw = chunk.table
         if "raw" in writers:
-            writers["raw"].write(raw)
-        decoded = decode_chunk(raw, rules, chunk.rejected)
+            with stages.timed("write_raw"):
+                writers["raw"].write(raw)
+        with stages.timed("decode"):
+            decoded = decode_chunk(raw, rules, chunk.rejected)
         # Decoded rows are copies: the raw chunk can go before they are written.
         del raw, chunk
         if "table" in writers:
-            writers["table"].write(decoded.rows)
+            with stages.timed("write_data"):
+                writers["table"].write(decoded.rows)
         elif shuffle_rows and "table" in job.write and decoded.rows.num_rows:
             yield decoded.rows
         if "quarantine" in writers:
-            writers["quarantine"].write(decoded.quarantine)
-        for (topic, partition), stats in partition_stats(decoded.rows, rules.late_after_ms).items():
-            res = by_partition[(topic, partition)]
-            res.rows += stats["rows"]
-            res.late_rows += stats["late_rows"]
-            res.max_lateness_ms = max(res.max_lateness_ms, stats["max_lateness_ms"])
-            res.min_event_us = _min(res.min_event_us, stats["min_event_us"])
-            res.max_event_us = _max(res.max_event_us, stats["max_event_us"])
-        if decoded.quarantine.num_rows:
-            q = decoded.quarantine
-            for topic, partition in zip(
-                q.column("_topic").to_pylist(), q.column("_partition").to_pylist(), strict=True
-            ):
-                by_partition[(topic, partition)].quarantined += 1
+            with stages.timed("write_quarantine"):
+                writers["quarantine"].write(decoded.quarantine)
+        with stages.timed("statistics"):
+            _tally(decoded, rules, by_partition)
 
     for key, p in progress.items():
         res = results[key]
         res.messages, res.bytes, res.gaps = p.messages, p.bytes, p.gaps
         res.offset_sum, res.redelivered = p.offset_sum, p.redelivered
         res.gap_runs, res.gap_runs_verified = p.gap_runs, p.gap_runs_verified
-    files = {name: w.close() for name, w in writers.items()}
+    with stages.timed("close"):
+        files = {name: w.close() for name, w in writers.items()}
     crash_point("task_files_closed")
-    yield SplitResult(job.task, list(results.values()), files, time.monotonic() - began)
+    staged = sum(stages.cpu.values())
+    stages.add(BACKGROUND, 0.0, max(time.process_time() - began_cpu - staged, 0.0))
+    yield SplitResult(
+        job.task, list(results.values()), files, time.monotonic() - began, stages.as_dict()
+    )
+
+
+def _tally(
+    decoded: Decoded, rules: DecodeRules, by_partition: dict[tuple[str, int], RangeResult]
+) -> None:
+    """Add a chunk's rows, lateness, event-time span and quarantined rows to its ranges."""
+    for (topic, partition), stats in partition_stats(decoded.rows, rules.late_after_ms).items():
+        res = by_partition[(topic, partition)]
+        res.rows += stats["rows"]
+        res.late_rows += stats["late_rows"]
+        res.max_lateness_ms = max(res.max_lateness_ms, stats["max_lateness_ms"])
+        res.min_event_us = _min(res.min_event_us, stats["min_event_us"])
+        res.max_event_us = _max(res.max_event_us, stats["max_event_us"])
+    if decoded.quarantine.num_rows:
+        q = decoded.quarantine
+        for topic, partition in zip(
+            q.column("_topic").to_pylist(), q.column("_partition").to_pylist(), strict=True
+        ):
+            by_partition[(topic, partition)].quarantined += 1
 
 
 def run_split(job: SplitJob) -> SplitResult:

@@ -30,6 +30,7 @@ from strata.local.broker import LocalBroker
 from strata.local.events import HOUR_MS, click_events, produce
 from strata.local.service import free_port
 from strata.locations import current_files
+from strata.spark import JVM_OPTIONS
 from strata.storage import filesystem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +63,8 @@ def spark():
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", "strata.daemon")
+        .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )

@@ -46,6 +46,15 @@ def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(
     summary = summary_dict(outcome)
     assert summary["late_rows"] == 10 and summary["max_lateness_ms"] >= 3 * 3_600_000
     assert summary["rows"] + summary["quarantined"] + summary["gaps"] == sum(per.values())
+    # Where the time went: every stage of the tasks and of the driver, timed.
+    tasks, driver = summary["stages"]["tasks"], summary["stages"]["driver"]
+    assert {"fetch", "decode", "write_raw", "write_data", "statistics", "close"} <= set(tasks)
+    assert {"plan", "spark_start", "tasks", "commit", "ledger", "read_back"} <= set(driver)
+    assert all(s["wall"] >= 0 and s["cpu"] >= 0 for s in [*tasks.values(), *driver.values()])
+    assert tasks["decode"]["cpu"] > 0 and tasks["background"]["wall"] == 0
+    # Each task's stages run one after another within the tasks' wall time.
+    staged = sum(s["wall"] for s in tasks.values())
+    assert 0 < staged <= driver["tasks"]["wall"] * 2 + 0.5
 
     ledger = read_ledger(p.cfg()).to_pylist()
     assert sorted((r["partition"], r["start_offset"], r["end_offset"]) for r in ledger) == [

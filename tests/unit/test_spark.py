@@ -73,3 +73,22 @@ def test_planning_for_an_unsized_cluster_starts_no_spark(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["2", "True"]
     assert "Set spark.tasks" in done.stderr
+
+
+def test_workers_import_the_installed_pyspark_not_sparks_zip_of_it(tmp_path):
+    import pyspark
+
+    from strata.daemon import prefer_installed_pyspark
+
+    home = Path(pyspark.__file__).parent
+    site = str(home.parent)
+    lib = home / "python" / "lib"
+    zips = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    jar = str(home / "jars" / "spark-core_2.13-4.0.0.jar")
+    job = str(tmp_path / "job.zip")
+    path = [*zips, jar, job, site]
+    assert prefer_installed_pyspark(path) == [job, site, *zips]
+    # Another Spark's zip (a cluster's own installation) keeps its place ahead.
+    other = str(tmp_path / "spark" / "python" / "lib" / "pyspark.zip")
+    assert prefer_installed_pyspark([other, jar, site]) == [other, jar, site]
+    assert prefer_installed_pyspark([job, site]) == [job, site]
