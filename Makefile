@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml $(DEV_LOCK)
 	$(BIN)/pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
-setup: $(STAMP) check-java ## Create .venv and install every pinned dependency
+setup: $(STAMP) check-java ## Create .venv, install every pinned dependency, build the JVM class archive
+	@$(BIN)/python -m strata.jvm
 
 check-java: ## Fail clearly unless Java 17 or newer is on PATH (Spark needs it)
 	@command -v java >/dev/null 2>&1 || { echo "error: java not found. Spark needs Java 17+: install openjdk-17-jre-headless (Debian/Ubuntu) or set JAVA_HOME and PATH." >&2; exit 1; }

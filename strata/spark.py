@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -21,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from strata.config import PipelineConfig
-from strata.errors import JavaMissing
+from strata.jvm import JVM_OPTIONS, driver_options, require_java
 from strata.task import SplitJob, SplitResult, map_split, reduce_rows, run_split
 
 logger = logging.getLogger(__name__)
@@ -32,35 +30,6 @@ if TYPE_CHECKING:
 
 _Item = TypeVar("_Item")
 _Out = TypeVar("_Out")
-
-
-def require_java() -> str:
-    """Check for Java 17 or newer, as Spark 4 needs.
-
-    Returns:
-        The Java version string.
-
-    Raises:
-        JavaMissing: With the fix, if Java is absent or too old.
-    """
-    home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java or not os.path.exists(java):
-        raise JavaMissing(
-            "java not found: Spark needs Java 17 or newer. Install openjdk-17-jre-headless "
-            "(Debian/Ubuntu) or set JAVA_HOME to a JDK 17."
-        )
-    try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise JavaMissing(
-            f"{java} -version failed ({exc}); Spark needs a working Java 17+"
-        ) from None
-    match = re.search(r'version "(\d+)', out)
-    major = int(match.group(1)) if match else 0
-    if major < 17:
-        raise JavaMissing(f"{java} is Java {major or 'unknown'}; Spark needs Java 17 or newer")
-    return out.splitlines()[0] if out else "java"
 
 
 def default_tasks(cfg: PipelineConfig) -> int:
@@ -178,9 +147,6 @@ def submitted_master() -> str | None:
     return SparkConf().get("spark.master")
 
 
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-
 def build_session(cfg: PipelineConfig) -> SparkSession:
     """The active Spark session, or a new one built from the pipeline's settings.
 
@@ -193,7 +159,7 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    require_java()
+    java = require_java()
     submitted = submitted_master()
     master = submitted or cfg.spark.master
     # Workers of a local master run the driver's interpreter; on a cluster the
@@ -210,10 +176,9 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
         # Spark's daemon, with PySpark imported from its installed package rather than
         # compiled from Spark's zip in every worker (see strata.daemon).
         "spark.python.daemon.module": "strata.daemon",
-        # The JVM only schedules tasks and pipes task descriptions: rows never enter it.
-        # Its optimising compiler and parallel collector cost a quarter of a batch's CPU
-        # and buy nothing here; the quick compiler and the serial collector suffice.
-        "spark.driver.extraJavaOptions": JVM_OPTIONS,
+        # The quick compiler and the serial collector (see strata.jvm); the driver maps
+        # its classes from the class archive when one is built.
+        "spark.driver.extraJavaOptions": driver_options(java),
         "spark.executor.extraJavaOptions": JVM_OPTIONS,
         "spark.driver.memory": "1g",
         "spark.ui.showConsoleProgress": "false",

@@ -26,11 +26,11 @@ import yaml
 from deltalake import DeltaTable
 
 from strata.config import ENV_BOOTSTRAP, ENV_WAREHOUSE, PipelineConfig, load_pipeline
+from strata.jvm import driver_options, require_java
 from strata.local.broker import LocalBroker
 from strata.local.events import HOUR_MS, click_events, produce
 from strata.local.service import free_port
 from strata.locations import current_files
-from strata.spark import JVM_OPTIONS
 from strata.storage import filesystem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def spark():
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", "strata.daemon")
-        .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+        .config("spark.driver.extraJavaOptions", driver_options(require_java()))
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
