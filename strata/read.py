@@ -16,10 +16,12 @@ so a task that fails on one message would fail that batch on every re-run.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +59,9 @@ READ_TUNING: dict[str, Any] = {
     "reconnect.backoff.max.ms": 2_000,
 }
 
+# Most messages one consume() call returns.
+_CONSUME_BATCH = 10_000
+
 # A chunk goes to decode and write once it holds this many messages (or the
 # configured MB of keys and values, whichever comes first).
 CHUNK_MESSAGES = 50_000
@@ -84,6 +89,8 @@ _VERIFY_TUNING: dict[str, Any] = {
 # Messages are always consume()d and never built by hand; headers() is read through
 # the method itself so a failure can be pinned on one message (see `_headers`).
 _HEADERS = Message.headers
+_TIMESTAMP, _TOPIC, _PARTITION = Message.timestamp, Message.topic, Message.partition
+_OFFSET, _KEY, _VALUE, _ERROR = Message.offset, Message.key, Message.value, Message.error
 
 
 class _BrokerTrouble:
@@ -272,37 +279,42 @@ def read_ranges(
     read = list(active.values())
     skip = _injected_skip()
     consumer.assign([TopicPartition(t, p, r.range.start) for (t, p), r in active.items()])
-    single_topic = len({t for t, _ in active}) == 1
+    topics = {t for t, _ in active}
+    single_topic = len(topics) == 1
+    only_topic = next(iter(topics)) if single_topic else None
     pending = _Chunker(chunk_messages, chunk_bytes)
     last_progress = time.monotonic()
     last_log = last_progress
     reading = False
     try:
         while active:
-            # librdkafka messages are typed Optional throughout; inside a range they are set.
-            messages: list[Any] = consumer.consume(10_000, timeout=0.5)
+            # consume() returns once it holds as many messages as asked for, or when its
+            # timeout ends: asking for no more than the ranges still hold lets the read
+            # of a range's last messages return as they arrive, not half a second later.
+            wanted = min(_CONSUME_BATCH, sum(s.range.end - s.position for s in active.values()))
+            # The collector is paused while a batch becomes Arrow: the batch's thousands
+            # of messages are objects it tracks, so it ran every few hundred of them,
+            # walking the worker's every object each time (half a read's CPU), to find
+            # no cycle: messages are freed by their count as soon as they are let go.
+            with _collector_paused():
+                # librdkafka messages are typed Optional throughout; inside a range, set.
+                messages: list[Any] = consumer.consume(max(wanted, 1), timeout=0.5)
+                data, events = _events_apart(messages)
+                converted = _to_table(data, batch, only_topic) if data else None
+                # Only the Arrow copy lives on while a chunk is decoded and written: the
+                # consumed messages' own bytes are let go first.
+                del messages, data
             advanced = False
-            errors = [m.error() for m in messages]
-            events: list[tuple[Any, Any]] = []
-            data = messages
-            if not all(e is None for e in errors):
-                pairs = list(zip(messages, errors, strict=True))
-                data = [m for m, e in pairs if e is None]
-                events = [(m, e) for m, e in pairs if e is not None]
-                del pairs
             # Messages first, then events: a partition's end-of-log event can arrive in
             # the same batch as its last messages, and must not close the range before
             # they are counted.
-            if data:
-                table, unreadable = _to_table(data, batch)
+            if converted is not None:
+                table, unreadable = converted
                 if skip is not None:
                     table, unreadable = _drop(table, unreadable, skip)
                 table, sizes, unreadable, finished = _keep_in_range(
                     table, unreadable, active, single_topic
                 )
-                # Only the Arrow copy lives on while a chunk is decoded and written: the
-                # consumed messages' own bytes are let go first.
-                del data, messages
                 if table.num_rows:
                     yield from pending.add(table, sizes, unreadable)
                     if not reading:
@@ -482,6 +494,28 @@ def _first_offset_from(
     )
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block (if it was running)."""
+    running = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if running:
+            gc.enable()
+
+
+def _events_apart(messages: list[Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """A consumed batch's messages, and its events (an error, a partition's end) with theirs."""
+    errors = list(map(_ERROR, messages))
+    # By identity: a KafkaError compared with None leaves a TypeError set (list.count).
+    if all(e is None for e in errors):
+        return messages, []
+    pairs = list(zip(messages, errors, strict=True))
+    return [m for m, e in pairs if e is None], [(m, e) for m, e in pairs if e is not None]
+
+
 def _handle_errors(
     consumer: Consumer,
     events: list[tuple[Any, Any]],
@@ -543,41 +577,56 @@ def _header_problem(exc: BaseException) -> str:
     return f"headers unreadable by the Kafka client: {type(cause).__name__}: {cause}"
 
 
-def _to_table(messages: list[Any], batch: int) -> tuple[pa.Table, dict[int, str]]:
+def _to_table(
+    messages: list[Any], batch: int, topic: str | None
+) -> tuple[pa.Table, dict[int, str]]:
     """One consume() batch as a raw-schema table: one pass per field.
+
+    Fields are read through the methods themselves, mapped over the batch (no Python
+    frame per message), as this runs once per message read.
+
+    Args:
+        messages: The batch's messages, none of them an event.
+        batch: Batch number stamped on each row.
+        topic: The only topic the consumer reads, or None if it reads several.
 
     Returns:
         The table, and the rows whose headers could not be read (kept with null
         headers) with the reason.
     """
-    stamps = [m.timestamp() for m in messages]
+    n = len(messages)
+    kinds, stamps = zip(*map(_TIMESTAMP, messages), strict=True) if n else ((), ())
     headers, unreadable = _headers(messages)
-    kinds = pa.array([k for k, _ in stamps], pa.int8())
-    ts = pa.array([t for _, t in stamps], pa.int64())
+    ts = pa.array(stamps, pa.int64())
     # Type 0 is "not available": such a message has no Kafka timestamp.
-    ts = pc.if_else(pc.equal(kinds, 0), pa.scalar(None, pa.int64()), ts)
-    if any(h is not None for h in headers):
+    ts = pc.if_else(pc.equal(pa.array(kinds, pa.int8()), 0), pa.scalar(None, pa.int64()), ts)
+    if headers.count(None) != n:
         header_rows: list[Any] = [
             None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers
         ]
+        header_column = pa.array(header_rows, RAW_SCHEMA.field("_headers").type)
     else:
-        header_rows = headers
-    n = len(messages)
+        header_column = pa.nulls(n, RAW_SCHEMA.field("_headers").type)
+    topics = (
+        pa.array(list(map(_TOPIC, messages)), pa.string())
+        if topic is None
+        else pa.repeat(pa.scalar(topic, pa.string()), n)
+    )
     table = pa.table(
         [
-            pa.array([m.topic() for m in messages], pa.string()),
-            pa.array([m.partition() for m in messages], pa.int32()),
-            pa.array([m.offset() for m in messages], pa.int64()),
+            topics,
+            pa.array(list(map(_PARTITION, messages)), pa.int32()),
+            pa.array(list(map(_OFFSET, messages)), pa.int64()),
             ts.cast(pa.timestamp("ms", tz="UTC")),
             # Over 2 GiB of keys or values (a few huge messages at once), pyarrow
             # returns a chunked array rather than overflow; chunks are cut below that.
-            pa.array([m.key() for m in messages], pa.binary()),
-            pa.array([m.value() for m in messages], pa.binary()),
-            pa.array(header_rows, RAW_SCHEMA.field("_headers").type),
+            pa.array(list(map(_KEY, messages)), pa.binary()),
+            pa.array(list(map(_VALUE, messages)), pa.binary()),
+            header_column,
             pa.repeat(pa.scalar(batch, pa.int64()), n),
-            pa.array(
-                [unreadable.get(i) for i in range(n)] if unreadable else [None] * n, pa.string()
-            ),
+            pa.array([unreadable.get(i) for i in range(n)], pa.string())
+            if unreadable
+            else pa.nulls(n, pa.string()),
         ],
         schema=RAW_SCHEMA,
     )
