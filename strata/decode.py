@@ -201,6 +201,10 @@ class Decoded:
     quarantine: pa.Table
 
 
+# The raw message's fields each row of the table carries.
+_COORDINATE_COLUMNS = ["_topic", "_partition", "_offset", "_kafka_ts", "_key", "_batch"]
+
+
 def decode_chunk(
     raw: pa.Table, rules: DecodeRules, rejected: Mapping[int, str] | None = None
 ) -> Decoded:
@@ -245,25 +249,33 @@ def decode_chunk(
 
     parsed = _fill_defaults(parsed, rules.topic)
     keep_rows = _check_required(parsed, parsed_idx, rules.topic, reasons)
-    parsed = parsed.filter(pa.array(keep_rows, pa.bool_()))
-    parsed_idx = [i for i, k in zip(parsed_idx, keep_rows, strict=True) if k]
+    # Clean chunks, the usual case, keep every row: no filtering copy, no Python pass.
+    if not all(keep_rows):
+        parsed = parsed.filter(pa.array(keep_rows, pa.bool_()))
+        parsed_idx = [i for i, k in zip(parsed_idx, keep_rows, strict=True) if k]
 
-    coords = raw.take(pa.array(parsed_idx, pa.int64()))
+    # Only the coordinates travel on with the rows; the values were parsed. A chunk of
+    # clean messages keeps every row, and needs no copy.
+    coords = raw.select(_COORDINATE_COLUMNS)
+    if len(parsed_idx) != raw.num_rows:
+        coords = coords.take(pa.array(parsed_idx, pa.int64()))
     event_us, beyond = _event_time_us(parsed.column(rules.event_field), rules)
     keep_rows = _check_event_time(
         event_us, beyond, parsed.column(rules.event_field), coords, parsed_idx, rules, reasons
     )
-    mask = pa.array(keep_rows, pa.bool_())
-    parsed = parsed.filter(mask)
-    coords = coords.filter(mask)
-    kept_us = pc.filter(event_us, mask)
+    kept_us = event_us
+    if not all(keep_rows):
+        mask = pa.array(keep_rows, pa.bool_())
+        parsed = parsed.filter(mask)
+        coords = coords.filter(mask)
+        kept_us = pc.filter(event_us, mask)
     event_time = kept_us.cast(pa.timestamp("us", tz="UTC"))
 
     columns: dict[str, pa.Array | pa.ChunkedArray] = {
         n: parsed.column(n) for n in parsed.column_names
     }
     columns["_event_time"] = event_time
-    for name in ("_topic", "_partition", "_offset", "_kafka_ts", "_key", "_batch"):
+    for name in _COORDINATE_COLUMNS:
         columns[name] = coords.column(name)
     dt, hr = event_partitions(kept_us)
     columns["dt"] = dt
@@ -271,7 +283,11 @@ def decode_chunk(
         columns["hr"] = hr
     rows = pa.table([columns[f.name] for f in rules.out_schema], schema=rules.out_schema)
 
-    bad_idx = [i for i, r in enumerate(reasons) if r is not None]
+    bad_idx = (
+        []
+        if reasons.count(None) == len(reasons)
+        else [i for i, r in enumerate(reasons) if r is not None]
+    )
     bad = raw.take(pa.array(bad_idx, pa.int64())).select(QUARANTINE_SCHEMA.names[:-1])
     quarantine = bad.append_column(
         pa.field("reason", pa.string(), nullable=False),
@@ -406,9 +422,14 @@ def _parse_json(
             values = pc.replace_substring(values, newline, b" ")
     tables: list[pa.Table] = []
     good: list[pa.Array] = []
-
-    def parse(idx: pa.Array) -> None:
-        body = values.take(idx)
+    # Blocks still to parse, the next on top. A loop rather than a recursive closure:
+    # a function that calls itself by its closure is a reference cycle, and kept the
+    # chunk's values and parsed tables alive until the cyclic collector ran.
+    todo = [candidates] if len(candidates) else []
+    while todo:
+        idx = todo.pop()
+        # All of a clean chunk's values are parsed at once, as they lie.
+        body = values if len(idx) == len(values) else values.take(idx)
         lines = pa.ListArray.from_arrays(pa.array([0, len(body)], pa.int32()), body)
         joined = pa.BufferReader(pc.binary_join(lines, b"\n")[0].as_buffer())
         error = ""
@@ -417,19 +438,16 @@ def _parse_json(
             if table.num_rows == len(idx):
                 tables.append(table)
                 good.append(idx)
-                return
+                continue
             error = "not one JSON object per message"
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             error = str(exc).splitlines()[0]
         if len(idx) == 1:
             reasons[idx[0].as_py()] = _json_reason(body[0].as_py(), error, rules.topic)
-            return
+            continue
+        # The first half on top: blocks are parsed, and rows kept, in offset order.
         mid = len(idx) // 2
-        parse(idx.slice(0, mid))
-        parse(idx.slice(mid))
-
-    if len(candidates):
-        parse(candidates)
+        todo += [idx.slice(mid), idx.slice(0, mid)]
     if not tables:
         return rules.wire_schema.empty_table(), []
     parsed = pa.concat_tables([t.cast(rules.wire_schema) for t in tables])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import struct
@@ -1219,3 +1220,42 @@ def test_hostile_avro_values_never_crash_and_every_message_lands_once(property_r
     kafka = [k for _, k in messages]
     # Avro doubles may be infinite; the writer's statistics then hold Infinity.
     check_decoded_and_written(values, kafka, property_rules["avro"], strict_stats=False)
+
+
+def test_decoding_and_writing_chunk_after_chunk_holds_no_more_memory_as_chunks_go_by(tmp_path):
+    # A task decodes and writes chunk after chunk, and reads with the cyclic collector
+    # paused: whatever a chunk leaves in a reference cycle stays in memory until that
+    # collector runs. The memory held must stay that of the write buffer and one chunk.
+    rules_ = rules()
+    writer = PartitionedWriter(
+        pafs.LocalFileSystem(),
+        str(tmp_path),
+        rules_.out_schema,
+        partition_columns(rules_.partitioning),
+        1,
+        "t00000",
+        64 << 20,
+        1 << 30,  # rows are held until the buffer is full
+        2 << 20,
+    )
+    pool = pa.default_memory_pool()
+    # Twenty event hours per chunk, and one bad message, which is found by halves.
+    stamps = [T0 + i * 7_200 for i in range(10_000)]
+    values = [enc(click(i, ts=ts)) for i, ts in enumerate(stamps)]
+    values[7] = b"{not json"
+    chunk = raw(values, [ts + 500 for ts in stamps])
+    held = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(12):
+            out = decode_chunk(chunk, rules_)
+            assert out.rows.num_rows == 9_999 and out.quarantine.num_rows == 1
+            writer.write(out.rows)
+            del out
+            held.append(pool.bytes_allocated())
+    finally:
+        gc.enable()
+    # A chunk is about 2 MB decoded; while the buffer fills (2 MB) the first chunks count.
+    assert max(held[3:]) - min(held[3:]) < 4 << 20, [h >> 20 for h in held]
+    assert len(writer.close()) >= 20
