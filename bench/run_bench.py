@@ -4,8 +4,10 @@ Produces 1,000,000 JSON click events (about 190 MB, 4 partitions), then measures
 the same run, on the same data: the bare consume loop, the naive one-process peer
 (alone, and with a raw copy), and `strata run` (a real process: Spark driver, JVM and
 Python workers), with where its time went, per process kind and per stage. The job is
-then run again on 3,000,000 events to show that its memory is flat in batch size, and
-on the 1M load with `local[1]`, on the S3 endpoint, and on a standalone cluster.
+then run again on 3,000,000 and 10,000,000 events, and on 1,000,000 events over 5,000
+event hours, to show that its memory is flat in batch size and in the hours a batch
+touches, and on the 1M load with `local[1]`, on the S3 endpoint, and on a standalone
+cluster.
 Last comes table maintenance (bench/maintenance.py): a no-op run after 2 and after 200
 small batches, compacting the 200 batches' small files, and a Spark scan of one event
 hour before and after.

@@ -9,6 +9,7 @@ the Delta-or-Parquet decision is made here once. Writing and committing stay wit
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -137,8 +138,8 @@ def count_by_partition(data: pa.Table) -> Counts:
 
 def batch_counts(ref: TableRef, batch: int) -> Counts:
     """Rows of one batch in the table, per (topic, partition)."""
-    rows = read(ref, ["_topic", "_partition"], ds.field("_batch") == batch)
-    return count_by_partition(rows)
+    found = dataset(ref)
+    return {} if found is None else _counted(found, ds.field("_batch") == batch)
 
 
 def range_counts(ref: TableRef, ranges: list[OffsetRange]) -> Counts:
@@ -155,4 +156,17 @@ def file_counts(ref: TableRef, paths: list[str]) -> Counts:
         return {}
     fs, root = filesystem(ref.uri, ref.options)
     files = ds.dataset([f"{root}/{p}" for p in paths], format="parquet", filesystem=fs)
-    return count_by_partition(files.to_table(columns=["_topic", "_partition"]))
+    return _counted(files, None)
+
+
+def _counted(found: ds.Dataset, where: ds.Expression | None) -> Counts:
+    """Rows per (topic, partition), counted a record batch at a time.
+
+    A batch of ten million rows is read back to reconcile it: held whole, its two
+    columns alone took the driver's memory up with the batch's size.
+    """
+    counts: Counter[tuple[str, int]] = Counter()
+    for rows in found.to_batches(columns=["_topic", "_partition"], filter=where):
+        if rows.num_rows:
+            counts.update(count_by_partition(pa.Table.from_batches([rows])))
+    return dict(counts)
