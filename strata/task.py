@@ -7,6 +7,7 @@ go back to the driver.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -244,12 +245,27 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
         res.gap_runs, res.gap_runs_verified = p.gap_runs, p.gap_runs_verified
     with stages.timed("close"):
         files = {name: w.close() for name, w in writers.items()}
+        _return_freed_memory()
     crash_point("task_files_closed")
     staged = sum(stages.cpu.values())
     stages.add(BACKGROUND, 0.0, max(time.process_time() - began_cpu - staged, 0.0))
     yield SplitResult(
         job.task, list(results.values()), files, time.monotonic() - began, stages.as_dict()
     )
+
+
+def _return_freed_memory() -> None:
+    """Hand what the task freed back to the system, where the C library can (glibc).
+
+    A Spark worker runs task after task (`spark.python.worker.reuse`). glibc keeps what
+    the Kafka client's threads free (fetch buffers of tens of MB) in per-thread arenas
+    rather than returning it, so a worker's resident memory grew with every task it
+    ran: from 0.5 GB to 1 GB over five tasks of 500k messages, and a batch split into
+    more tasks than cores took more memory the larger it was.
+    """
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def _tally(

@@ -1,0 +1,31 @@
+"""A Spark worker runs task after task: what one task used must not stay with the next."""
+
+from __future__ import annotations
+
+import psutil
+
+from strata.plan import OffsetRange
+from strata.task import SplitJob, run_split
+from tests.conftest import produce_clicks
+
+
+def test_a_worker_running_task_after_task_keeps_its_memory_flat(make_pipeline, broker):
+    p = make_pipeline(partitions=1)
+    per = produce_clicks(broker, p.topic, 1, 500_000)
+    cfg = p.cfg()
+    resident = []
+    # As a reused Python worker runs them: one process, one task after another.
+    for k in range(4):
+        job = SplitJob(
+            cfg,
+            k + 1,
+            0,
+            [OffsetRange(p.topic, 0, 0, per[0])],
+            frozenset({"raw", "table", "quarantine"}),
+            run_id=f"memory{k}",
+        )
+        result = run_split(job)
+        assert sum(r.messages for r in result.ranges) == per[0]
+        resident.append(psutil.Process().memory_info().rss)
+    grown = [(r - resident[0]) >> 20 for r in resident]
+    assert max(grown) < 100, f"resident memory after each task, MB over the first: {grown}"
