@@ -135,3 +135,47 @@ def test_a_resumed_batch_must_decide_as_the_attempt_whose_commit_stands(tmp_path
     now.rows, now.quarantined = 9, 1
     with pytest.raises(ReconcileError, match="does not decide as the attempt whose raw commit"):
         reconcile_resumed("clicks", plan, [now], "raw", ref)
+
+
+def test_a_batch_is_counted_from_the_files_that_can_hold_it_alone(tmp_path):
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+    from strata.delta import commit_files, ensure_table
+    from strata.schema import RAW_SCHEMA
+    from strata.tables import TableRef, batch_counts
+    from strata.write import PartitionedWriter
+
+    uri = str(tmp_path / "clicks_raw")
+    table = ensure_table(uri, RAW_SCHEMA, [], {}, "clicks_raw")
+    written = {}
+    for batch, partitions in ((1, [0, 1, 1]), (2, [0, 0, 1, 1, 1])):
+        n = len(partitions)
+        rows = pa.table(
+            [
+                pa.array(["t"] * n),
+                pa.array(partitions, pa.int32()),
+                pa.array(range(n), pa.int64()),
+                pa.nulls(n, pa.timestamp("ms", tz="UTC")),
+                pa.nulls(n, pa.binary()),
+                pa.array([b"{}"] * n, pa.binary()),
+                pa.nulls(n, RAW_SCHEMA.field("_headers").type),
+                pa.array([batch] * n, pa.int64()),
+                pa.nulls(n, pa.string()),
+            ],
+            schema=RAW_SCHEMA,
+        )
+        writer = PartitionedWriter(
+            pafs.LocalFileSystem(), uri, RAW_SCHEMA, [], batch, "t00000", 1 << 20, 1_000, 1 << 20
+        )
+        writer.write(rows)
+        written[batch] = writer.close()
+        commit_files(table, RAW_SCHEMA, [], written[batch], "clicks", batch, {})
+        table.update_incremental()
+    ref = TableRef(uri, "delta")
+    assert batch_counts(ref, 1) == {("t", 0): 1, ("t", 1): 2}
+    # Batch 1's file is gone from storage: batch 2 is still counted, from its own file,
+    # which its statistics tell apart without opening the other.
+    for f in written[1]:
+        (tmp_path / "clicks_raw" / f.path).unlink()
+    assert batch_counts(ref, 2) == {("t", 0): 2, ("t", 1): 3}
