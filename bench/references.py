@@ -1,17 +1,17 @@
-"""The two reference programs the job is measured against, in the same run.
+"""The reference programs the job is measured against, in the same run.
 
 - bare loop: one consumer assigned every partition, `consume(10000)`, counting bytes
   and nothing else. The broker's serving limit on this machine.
-
-All three, like the job, ask consume() for no more messages than are left to read:
-it waits out its timeout until it holds as many as asked for, which would add a
-second of idling to the end of every read.
 - naive peer: the same loop, plus a pyarrow JSON decode and one Parquet file per
   event hour per poll, in one process: what a user writes by hand in 50 lines, with
   no raw copy, no quarantine, no exactly-once commit.
 - naive peer + raw copy: the naive peer that also writes every message as it came
   (coordinates, timestamp, value bytes) to one Parquet file per poll: what Strata's
   raw copy costs by itself, apart from its other guarantees.
+
+All three, like the job, ask consume() for no more messages than are left to read:
+it waits out its timeout until it holds as many as asked for, which would add a
+second of idling to the end of every read.
 
 Each runs as `python -m bench.references {bare,naive,naive_raw} BOOTSTRAP TOPIC
 PARTITIONS OUT` and prints one JSON line.

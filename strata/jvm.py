@@ -28,6 +28,11 @@ from strata.errors import JavaMissing
 # nothing here; the quick compiler and the serial collector suffice.
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
+# The child that writes the archive: a session as a run's, in a JVM of its own.
+_TRAIN = (
+    "import sys; from strata.spark import train_class_archive; train_class_archive(sys.argv[1])"
+)
+
 # A mismatched archive is reported on standard output, where a run's summary goes.
 _QUIET_ARCHIVE = "-Xlog:cds=off,cds+dynamic=off"
 
@@ -102,6 +107,11 @@ def driver_options(java_version: str) -> str:
     return f"{JVM_OPTIONS} -XX:SharedArchiveFile={archive} {_QUIET_ARCHIVE}"
 
 
+def dump_options(dump_to: str) -> str:
+    """The driver JVM's options for the run that writes the class archive to `dump_to`."""
+    return f"{JVM_OPTIONS} -XX:ArchiveClassesAtExit={dump_to} {_QUIET_ARCHIVE}"
+
+
 def build_class_archive(force: bool = False) -> str:
     """Build the class archive of this Java and PySpark, unless it exists.
 
@@ -128,7 +138,7 @@ def build_class_archive(force: bool = False) -> str:
     size_partial = f"{archive}.size.{os.getpid()}.partial"
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "strata.jvm", "--exercise", partial],
+            [sys.executable, "-c", _TRAIN, partial],
             capture_output=True,
             text=True,
             timeout=600,
@@ -151,50 +161,9 @@ def build_class_archive(force: bool = False) -> str:
     return archive
 
 
-def _exercise(dump_to: str) -> None:
-    """Start a local session, run what a batch's driver runs, and exit dumping the classes."""
-    from pyspark import SparkContext
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("strata-class-archive")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.python.daemon.module", "strata.daemon")
-        .config("spark.driver.memory", "1g")
-        .config(
-            "spark.driver.extraJavaOptions",
-            f"{JVM_OPTIONS} -XX:ArchiveClassesAtExit={dump_to} {_QUIET_ARCHIVE}",
-        )
-        .getOrCreate()
-    )
-    sc = spark.sparkContext
-    sc.setLogLevel("ERROR")
-    # Both layouts' jobs: one task per split, and the shuffle to writing tasks.
-    sc.parallelize(range(4), 2).map(lambda x: x * 2).collect()
-    sc.parallelize(range(4), 2).flatMap(lambda x: [(x, x)]).partitionBy(2).mapPartitionsWithIndex(
-        lambda i, rows: [(i, sum(1 for _ in rows))]
-    ).collect()
-    gateway = SparkContext._gateway
-    spark.stop()
-    # The JVM exits, and writes the archive, once its standard input closes.
-    if gateway is not None:
-        gateway.shutdown()
-        proc = gateway.proc
-        proc.stdin.close()
-        proc.wait(timeout=300)
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m strata.jvm [--force]`: build the class archive unless it exists."""
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--exercise"]:
-        _exercise(args[1])
-        return 0
     try:
         if not usable_archive(require_java()) or "--force" in args:
             sys.stdout.write(

@@ -280,8 +280,7 @@ def read_ranges(
     skip = _injected_skip()
     consumer.assign([TopicPartition(t, p, r.range.start) for (t, p), r in active.items()])
     topics = {t for t, _ in active}
-    single_topic = len(topics) == 1
-    only_topic = next(iter(topics)) if single_topic else None
+    only_topic = next(iter(topics)) if len(topics) == 1 else None
     pending = _Chunker(chunk_messages, chunk_bytes)
     last_progress = time.monotonic()
     last_log = last_progress
@@ -313,7 +312,7 @@ def read_ranges(
                 if skip is not None:
                     table, unreadable = _drop(table, unreadable, skip)
                 table, sizes, unreadable, finished = _keep_in_range(
-                    table, unreadable, active, single_topic
+                    table, unreadable, active, only_topic is not None
                 )
                 if table.num_rows:
                     yield from pending.add(table, sizes, unreadable)

@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
 from strata.config import PipelineConfig
-from strata.jvm import JVM_OPTIONS, driver_options, require_java
+from strata.jvm import JVM_OPTIONS, driver_options, dump_options, require_java
 from strata.task import SplitJob, SplitResult, map_split, reduce_rows, run_split
 
 logger = logging.getLogger(__name__)
@@ -147,6 +147,70 @@ def submitted_master() -> str | None:
     return SparkConf().get("spark.master")
 
 
+def session_defaults(driver_java_options: str) -> dict[str, str]:
+    """Strata's Spark properties for a session it starts; a pipeline's `spark.conf` wins.
+
+    Args:
+        driver_java_options: The driver JVM's options (`strata.jvm.driver_options`).
+    """
+    return {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.python.worker.reuse": "true",
+        # Spark's daemon, with PySpark imported from its installed package rather than
+        # compiled from Spark's zip in every worker (see strata.daemon).
+        "spark.python.daemon.module": "strata.daemon",
+        # The quick compiler and the serial collector (see strata.jvm); the driver maps
+        # its classes from the class archive when one is built.
+        "spark.driver.extraJavaOptions": driver_java_options,
+        "spark.executor.extraJavaOptions": JVM_OPTIONS,
+        "spark.driver.memory": "1g",
+        "spark.ui.showConsoleProgress": "false",
+        # A speculative copy of a task would read its ranges from Kafka a second time
+        # for nothing: each attempt writes files of its own names, and only the
+        # successful attempt's files are committed, so it buys no safety either.
+        "spark.speculation": "false",
+    }
+
+
+def local_session(master: str, settings: dict[str, str], name: str) -> SparkSession:
+    """A local session with these properties, its workers on this interpreter, on loopback."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.master(master).appName(name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def train_class_archive(dump_to: str) -> None:
+    """Run what a batch's driver runs in a fresh JVM, which writes its classes on exit.
+
+    Started in a child process by `strata.jvm.build_class_archive`, with the settings
+    of a real run's session so that the archive holds the classes a run loads.
+    """
+    from pyspark import SparkContext
+
+    spark = local_session("local[2]", session_defaults(dump_options(dump_to)), "strata-archive")
+    sc = spark.sparkContext
+    # Both layouts' jobs: one task per split, and the shuffle to writing tasks.
+    sc.parallelize(range(4), 2).map(lambda x: x * 2).collect()
+    sc.parallelize(range(4), 2).flatMap(lambda x: [(x, x)]).partitionBy(2).mapPartitionsWithIndex(
+        lambda i, rows: [(i, sum(1 for _ in rows))]
+    ).collect()
+    gateway = SparkContext._gateway
+    spark.stop()
+    # The JVM exits, and writes the archive, once its standard input closes.
+    if gateway is not None:
+        gateway.shutdown()
+        gateway.proc.stdin.close()
+        gateway.proc.wait(timeout=300)
+
+
 def build_session(cfg: PipelineConfig) -> SparkSession:
     """The active Spark session, or a new one built from the pipeline's settings.
 
@@ -169,25 +233,7 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
         # A local session needs no network beyond loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     given = SparkConf() if submitted else None
-    settings = {
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "4",
-        "spark.python.worker.reuse": "true",
-        # Spark's daemon, with PySpark imported from its installed package rather than
-        # compiled from Spark's zip in every worker (see strata.daemon).
-        "spark.python.daemon.module": "strata.daemon",
-        # The quick compiler and the serial collector (see strata.jvm); the driver maps
-        # its classes from the class archive when one is built.
-        "spark.driver.extraJavaOptions": driver_options(java),
-        "spark.executor.extraJavaOptions": JVM_OPTIONS,
-        "spark.driver.memory": "1g",
-        "spark.ui.showConsoleProgress": "false",
-        # A speculative copy of a task would read its ranges from Kafka a second time
-        # for nothing: each attempt writes files of its own names, and only the
-        # successful attempt's files are committed, so it buys no safety either.
-        "spark.speculation": "false",
-        **cfg.spark.conf,
-    }
+    settings = {**session_defaults(driver_options(java)), **cfg.spark.conf}
     builder = SparkSession.builder
     if given is None or not given.contains("spark.app.name"):
         builder = builder.appName(f"strata-{cfg.name}")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from strata.config import TableName
 from strata.delta import open_table, range_filter
@@ -141,14 +142,14 @@ def batch_counts(ref: TableRef, batch: int) -> Counts:
     """Rows of one batch in the table, per (topic, partition).
 
     Of a Delta table, only the files whose `_batch` statistics can hold the batch are
-    read (a file without them is read too), `_FILES_AT_ONCE` at a time. Scanning the
-    whole table kept every file open with its metadata: the driver's read-back grew
-    with the table's age, and a batch of 10,000 files took 1.3 GB to count.
+    read (a file without them is read too); of plain Parquet, each partition's
+    directory in use. Scanning the whole table as one dataset kept every file's
+    metadata in memory: a batch of 10,000 files took 1.3 GB to count.
     """
     where = ds.field("_batch") == batch
+    fs, root = filesystem(ref.uri, ref.options)
     if ref.format != "delta":
-        found = dataset(ref)
-        return {} if found is None else _counted(found, where)
+        return _counted_files(fs, [f"{root}/{f.path}" for f in current_files(fs, root)], where)
     table = open_table(ref.uri, ref.options)
     if table is None:
         return {}
@@ -163,17 +164,7 @@ def batch_counts(ref: TableRef, batch: int) -> Counts:
             pc.fill_null(pc.greater_equal(high, batch), True),
         )
         paths = pc.filter(paths, may_hold)
-    fs, root = filesystem(ref.uri, ref.options)
-    listed = [f"{root}/{p}" for p in paths.to_pylist()]
-    counts: Counter[tuple[str, int]] = Counter()
-    for at in range(0, len(listed), _FILES_AT_ONCE):
-        files = ds.dataset(listed[at : at + _FILES_AT_ONCE], format="parquet", filesystem=fs)
-        counts.update(_counted(files, where))
-    return dict(counts)
-
-
-# Files read back at once: each open file's metadata stays in memory until its group ends.
-_FILES_AT_ONCE = 256
+    return _counted_files(fs, [f"{root}/{p}" for p in paths.to_pylist()], where)
 
 
 def range_counts(ref: TableRef, ranges: list[OffsetRange]) -> Counts:
@@ -186,21 +177,24 @@ def range_counts(ref: TableRef, ranges: list[OffsetRange]) -> Counts:
 
 def file_counts(ref: TableRef, paths: list[str]) -> Counts:
     """Rows of the given data files (relative to the table), per (topic, partition)."""
-    if not paths:
-        return {}
     fs, root = filesystem(ref.uri, ref.options)
-    files = ds.dataset([f"{root}/{p}" for p in paths], format="parquet", filesystem=fs)
-    return _counted(files, None)
+    return _counted_files(fs, [f"{root}/{p}" for p in paths], None)
 
 
-def _counted(found: ds.Dataset, where: ds.Expression | None) -> Counts:
-    """Rows per (topic, partition), counted a record batch at a time.
+# Files read at once: each open file's metadata stays in memory until its group is done.
+_FILES_AT_ONCE = 256
 
-    A batch of ten million rows is read back to reconcile it: held whole, its two
-    columns alone took the driver's memory up with the batch's size.
+
+def _counted_files(fs: pafs.FileSystem, paths: list[str], where: ds.Expression | None) -> Counts:
+    """Rows per (topic, partition) of these Parquet files, where `where` holds.
+
+    Read `_FILES_AT_ONCE` files at a time and a record batch at a time, so memory stays
+    flat in the files' number and size.
     """
     counts: Counter[tuple[str, int]] = Counter()
-    for rows in found.to_batches(columns=["_topic", "_partition"], filter=where):
-        if rows.num_rows:
-            counts.update(count_by_partition(pa.Table.from_batches([rows])))
+    for at in range(0, len(paths), _FILES_AT_ONCE):
+        files = ds.dataset(paths[at : at + _FILES_AT_ONCE], format="parquet", filesystem=fs)
+        for rows in files.to_batches(columns=["_topic", "_partition"], filter=where):
+            if rows.num_rows:
+                counts.update(count_by_partition(pa.Table.from_batches([rows])))
     return dict(counts)

@@ -31,6 +31,7 @@ from strata.local.broker import LocalBroker
 from strata.local.events import HOUR_MS, click_events, produce
 from strata.local.service import free_port
 from strata.locations import current_files
+from strata.spark import local_session, session_defaults
 from strata.storage import filesystem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,22 +54,11 @@ def metastore(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def spark():
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("strata-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.python.daemon.module", "strata.daemon")
-        .config("spark.driver.extraJavaOptions", driver_options(require_java()))
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
+    # The job's own session properties, with fewer shuffle partitions for tiny data.
+    settings = session_defaults(driver_options(require_java()))
+    session = local_session(
+        "local[2,4]", {**settings, "spark.sql.shuffle.partitions": "2"}, "strata-tests"
     )
-    session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
 

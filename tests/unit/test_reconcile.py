@@ -137,7 +137,7 @@ def test_a_resumed_batch_must_decide_as_the_attempt_whose_commit_stands(tmp_path
         reconcile_resumed("clicks", plan, [now], "raw", ref)
 
 
-def test_a_batch_is_counted_from_the_files_that_can_hold_it_alone(tmp_path):
+def test_a_batch_is_counted_from_the_files_that_can_hold_it_alone(tmp_path, monkeypatch):
     import pyarrow as pa
     import pyarrow.fs as pafs
 
@@ -165,17 +165,21 @@ def test_a_batch_is_counted_from_the_files_that_can_hold_it_alone(tmp_path):
             ],
             schema=RAW_SCHEMA,
         )
+        # A file per two rows: a batch's rows lie in several files.
         writer = PartitionedWriter(
-            pafs.LocalFileSystem(), uri, RAW_SCHEMA, [], batch, "t00000", 1 << 20, 1_000, 1 << 20
+            pafs.LocalFileSystem(), uri, RAW_SCHEMA, [], batch, "t00000", 1, 2, 1 << 20
         )
         writer.write(rows)
         written[batch] = writer.close()
         commit_files(table, RAW_SCHEMA, [], written[batch], "clicks", batch, {})
         table.update_incremental()
+    assert [len(written[1]), len(written[2])] == [2, 3]
     ref = TableRef(uri, "delta")
+    # Files are read a group at a time; the groups' counts add up.
+    monkeypatch.setattr("strata.tables._FILES_AT_ONCE", 1)
     assert batch_counts(ref, 1) == {("t", 0): 1, ("t", 1): 2}
-    # Batch 1's file is gone from storage: batch 2 is still counted, from its own file,
-    # which its statistics tell apart without opening the other.
+    # Batch 1's files are gone from storage: batch 2 is still counted, from its own
+    # files, which their statistics tell apart without opening the others.
     for f in written[1]:
         (tmp_path / "clicks_raw" / f.path).unlink()
     assert batch_counts(ref, 2) == {("t", 0): 2, ("t", 1): 3}
