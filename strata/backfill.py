@@ -187,9 +187,9 @@ def _check_request(cfg: PipelineConfig, target: OffsetRange, reason: str) -> Non
             "backfill replaces rows inside a Delta transaction; plain Parquet tables "
             "(table_format: parquet) cannot be backfilled yet"
         )
-    if target.topic not in cfg.topics:
+    if not cfg.reads_topic(target.topic):
         raise BackfillError(
-            f"topic `{target.topic}` is not read by pipeline {cfg.name} ({', '.join(cfg.topics)})"
+            f"topic `{target.topic}` is not read by pipeline {cfg.name} ({cfg.topics_description})"
         )
     if target.partition < 0 or target.start < 0 or target.end <= target.start:
         raise BackfillError(

@@ -516,6 +516,10 @@ class PipelineConfig(_Strict):
     Attributes:
         name: Pipeline name (the YAML file's stem); the Delta app id and ledger key.
         topics: Kafka topics read by this pipeline; all share one schema.
+        topics_pattern: Instead of `topics`, a regular expression matched against the
+            whole name of every topic on the brokers when a batch is planned (topics
+            starting with `__`, Kafka's internal ones, never match). A topic created
+            later is read from the next run on, from `starting_offsets`.
         format: `json`, `avro`, or `confluent_avro` (Avro in Confluent wire format).
         schema_file: Avro schema under `schemas/`, also used to check and coerce JSON.
         schema_id: For `confluent_avro`, the Schema Registry id under which `schema_file`
@@ -539,8 +543,10 @@ class PipelineConfig(_Strict):
             to `state_dir`.
         lock_lease: How long a run's lease on an object-store `state_dir` lasts without
             renewal; a holder that died is taken over after this long.
-        starting_offsets: Where the partitions of a topic never read before start;
-            partitions added later to a topic already read start at their log start.
+        starting_offsets: Where the partitions of a topic never read before start:
+            `earliest`, `latest`, or a moment (ISO-8601 with its offset, or epoch
+            milliseconds): the first offset whose Kafka timestamp is at or after it.
+            Partitions added later to a topic already read start at their log start.
         on_data_loss: `fail` (default) stops before reading when retention deleted
             unread offsets; `accept` goes on and records the loss in the ledger.
         kafka: Broker connection.
@@ -558,7 +564,8 @@ class PipelineConfig(_Strict):
     _schema_text: str | None = PrivateAttr(default=None)
 
     name: str
-    topics: list[str] = Field(min_length=1)
+    topics: list[str] = Field(default_factory=list)
+    topics_pattern: str | None = None
     format: Literal["json", "avro", "confluent_avro"] = "json"
     schema_file: str
     schema_id: int | None = Field(default=None, ge=0)
@@ -574,7 +581,7 @@ class PipelineConfig(_Strict):
     state_dir: str | None = None
     lock_dir: str | None = None
     lock_lease: Duration = "2m"
-    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    starting_offsets: str = "earliest"
     on_data_loss: Literal["fail", "accept"] = "fail"
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
@@ -608,6 +615,52 @@ class PipelineConfig(_Strict):
         if len(set(value)) != len(value):
             raise ValueError("a topic is listed twice; list each topic once")
         return value
+
+    @field_validator("topics_pattern")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(
+                f"{value!r} is not a regular expression ({exc}); write one Python's `re` "
+                "accepts, e.g. 'clicks\\..*'"
+            ) from None
+        return value
+
+    @model_validator(mode="after")
+    def _topics_or_pattern(self) -> PipelineConfig:
+        if bool(self.topics) == (self.topics_pattern is not None):
+            raise ValueError(
+                "give either `topics` (a list of names) or `topics_pattern` (a regular "
+                "expression), not both and not neither"
+            )
+        return self
+
+    @field_validator("starting_offsets", mode="before")
+    @classmethod
+    def _start(cls, value: Any) -> str:  # noqa: ANN401 - YAML reads a moment as a datetime
+        return starting_point(value)[0]
+
+    def reads_topic(self, topic: str) -> bool:
+        """Whether this pipeline reads a topic: listed in `topics`, or matched by the pattern."""
+        if self.topics_pattern is None:
+            return topic in self.topics
+        return not topic.startswith("__") and re.fullmatch(self.topics_pattern, topic) is not None
+
+    @property
+    def topics_description(self) -> str:
+        """The pipeline's topics in words, for messages."""
+        if self.topics_pattern is None:
+            return ", ".join(self.topics)
+        return f"the topics matching {self.topics_pattern!r}"
+
+    @property
+    def starting_timestamp_ms(self) -> int | None:
+        """The moment new topics start at, in epoch ms; None for `earliest` or `latest`."""
+        return starting_point(self.starting_offsets)[1]
 
     @model_validator(mode="after")
     def _schema_exists(self) -> PipelineConfig:
@@ -753,6 +806,54 @@ class PipelineConfig(_Strict):
         if self.lock_dir:
             return Path(self.lock_dir) / f"{self.name}.lock"
         return Path(state) / "run.lock"
+
+
+def starting_point(value: object) -> tuple[str, int | None]:
+    """A `starting_offsets` value as written canonically, and its moment in epoch ms.
+
+    Args:
+        value: `earliest`, `latest`, an ISO-8601 moment with its UTC offset (YAML may
+            hand it over as a datetime), or epoch milliseconds.
+
+    Returns:
+        The canonical text (`earliest`, `latest`, or the moment in UTC, ISO-8601), and
+        the moment in epoch milliseconds (None for `earliest` and `latest`).
+
+    Raises:
+        ValueError: Saying what is accepted.
+    """
+    from datetime import UTC, datetime
+
+    if value in ("earliest", "latest"):
+        return str(value), None
+    moment: datetime | None = None
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        moment = datetime.fromtimestamp(value / 1000, tz=UTC)
+    elif isinstance(value, str):
+        text = value.strip()
+        if re.fullmatch(r"-?\d+", text):
+            moment = datetime.fromtimestamp(int(text) / 1000, tz=UTC)
+        else:
+            try:
+                moment = datetime.fromisoformat(text.replace("z", "Z"))
+            except ValueError:
+                moment = None
+    if moment is None:
+        raise ValueError(
+            f"{value!r} is not a starting point; write earliest, latest, an ISO-8601 moment "
+            "with its offset (2026-01-31T00:00:00Z) or epoch milliseconds"
+        )
+    if moment.tzinfo is None:
+        raise ValueError(
+            f"{value!r} has no UTC offset, so the moment it names depends on a time zone; "
+            "add one (2026-01-31T00:00:00Z or +01:00)"
+        )
+    ms = int(moment.timestamp() * 1000)
+    if ms < 0:
+        raise ValueError(f"{value!r} is before 1970-01-01, where no Kafka timestamp lies")
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds"), ms
 
 
 def _resolve(root: str, location: str) -> str:

@@ -7,6 +7,8 @@ a clear error within that time, never a hang.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition, libversion
@@ -42,10 +44,73 @@ def _consumer(cfg: PipelineConfig, group: str) -> Consumer:
     )
 
 
+def _unreachable(cfg: PipelineConfig, exc: KafkaException) -> KafkaUnavailable:
+    timeout = cfg.kafka.timeout_s
+    return KafkaUnavailable(
+        f"cannot reach the brokers at {cfg.kafka.bootstrap_servers} within "
+        f"{timeout:.0f}s ({exc.args[0]}); check kafka.bootstrap_servers "
+        f"(or STRATA_KAFKA_BOOTSTRAP) and the network"
+    )
+
+
+def _topic_partitions(cfg: PipelineConfig, consumer: Consumer) -> dict[str, list[int]]:
+    """The partitions of each topic the pipeline reads, as the brokers list them now.
+
+    Listed topics must all be there. A pattern is matched against every topic of the
+    cluster (one metadata request), and may match none.
+    """
+    timeout = cfg.kafka.timeout_s
+    found: dict[str, list[int]] = {}
+    if cfg.topics_pattern is not None:
+        try:
+            meta = consumer.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise _unreachable(cfg, exc) from None
+        for topic, info in sorted(meta.topics.items()):
+            # A topic being created or deleted may answer with an error; the next run
+            # sees it settled.
+            if cfg.reads_topic(topic) and info.error is None and info.partitions:
+                found[topic] = sorted(info.partitions)
+        return found
+    for topic in cfg.topics:
+        try:
+            meta = consumer.list_topics(topic, timeout=timeout)
+        except KafkaException as exc:
+            raise _unreachable(cfg, exc) from None
+        info = meta.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            reason = info.error if info is not None and info.error else "no partitions"
+            raise KafkaUnavailable(
+                f"topic `{topic}` is not available on {cfg.kafka.bootstrap_servers} "
+                f"({reason}); check the topic name in the pipeline config"
+            )
+        found[topic] = sorted(info.partitions)
+    return found
+
+
+def pipeline_topics(cfg: PipelineConfig) -> list[str]:
+    """The topics the pipeline reads now: its list, or the topics its pattern matches.
+
+    Raises:
+        KafkaUnavailable: If the brokers, or a listed topic, cannot be reached.
+    """
+    if cfg.topics_pattern is None:
+        return list(cfg.topics)
+    consumer = _consumer(cfg, cfg.group_id)
+    try:
+        return list(_topic_partitions(cfg, consumer))
+    finally:
+        consumer.close()
+
+
 def partition_states(
     cfg: PipelineConfig, committed: dict[tuple[str, int], int]
 ) -> list[PartitionState]:
     """Watermarks of every partition of the pipeline's topics, beside what is committed.
+
+    Where `starting_offsets` is a moment, each partition never read before also gets
+    the first offset at or after it (`PartitionState.at_start`), which the planner uses
+    for the partitions of a topic new to the pipeline.
 
     Args:
         cfg: The pipeline configuration.
@@ -61,23 +126,8 @@ def partition_states(
     consumer = _consumer(cfg, cfg.group_id)
     try:
         states = []
-        for topic in cfg.topics:
-            try:
-                meta = consumer.list_topics(topic, timeout=timeout)
-            except KafkaException as exc:
-                raise KafkaUnavailable(
-                    f"cannot reach the brokers at {cfg.kafka.bootstrap_servers} within "
-                    f"{timeout:.0f}s ({exc.args[0]}); check kafka.bootstrap_servers "
-                    f"(or STRATA_KAFKA_BOOTSTRAP) and the network"
-                ) from None
-            info = meta.topics.get(topic)
-            if info is None or info.error is not None or not info.partitions:
-                reason = info.error if info is not None and info.error else "no partitions"
-                raise KafkaUnavailable(
-                    f"topic `{topic}` is not available on {cfg.kafka.bootstrap_servers} "
-                    f"({reason}); check the topic name in the pipeline config"
-                )
-            for partition in sorted(info.partitions):
+        for topic, partitions in _topic_partitions(cfg, consumer).items():
+            for partition in partitions:
                 try:
                     low, high = consumer.get_watermark_offsets(
                         TopicPartition(topic, partition), timeout=timeout, cached=False
@@ -90,18 +140,59 @@ def partition_states(
                 states.append(
                     PartitionState(topic, partition, low, high, committed.get((topic, partition)))
                 )
+        moment = cfg.starting_timestamp_ms
+        unread = [s for s in states if s.committed is None]
+        if moment is not None and unread:
+            found = _offsets_at(cfg, consumer, unread, moment)
+            states = [
+                replace(s, at_start=found.get((s.topic, s.partition))) if s.committed is None else s
+                for s in states
+            ]
         return states
     finally:
         consumer.close()
 
 
-def topic_ids(cfg: PipelineConfig) -> dict[str, str]:
+def _offsets_at(
+    cfg: PipelineConfig, consumer: Consumer, states: list[PartitionState], moment_ms: int
+) -> dict[tuple[str, int], int]:
+    """The first offset of each partition whose Kafka timestamp is at or after a moment.
+
+    A partition with no such message starts at its high watermark (everything in it is
+    older). A partition the brokers give no answer for is left out: the planner stops
+    rather than guess.
+    """
+    asked = [TopicPartition(s.topic, s.partition, moment_ms) for s in states]
+    try:
+        answered = consumer.offsets_for_times(asked, timeout=cfg.kafka.timeout_s)
+    except KafkaException as exc:
+        raise KafkaUnavailable(
+            f"the brokers at {cfg.kafka.bootstrap_servers} did not say which offsets "
+            f"starting_offsets {cfg.starting_offsets} is at within {cfg.kafka.timeout_s:.0f}s "
+            f"({exc.args[0]}); nothing was read. Run again once they answer"
+        ) from None
+    high = {(s.topic, s.partition): s.high for s in states}
+    found: dict[tuple[str, int], int] = {}
+    for tp in answered:
+        key = (tp.topic, tp.partition)
+        if tp.error is not None:
+            continue
+        # OFFSET_END (-1): no message at or after the moment.
+        found[key] = high[key] if tp.offset < 0 else tp.offset
+    return found
+
+
+def topic_ids(cfg: PipelineConfig, topics: Iterable[str] | None = None) -> dict[str, str]:
     """The brokers' id of each of the pipeline's topics, where they keep one.
 
     Kafka gives every topic an id (since 2.8) that a topic deleted and created again
     under the same name does not keep: it tells the log the committed offsets belong
     to from a new one. Brokers without ids (or that cannot be asked) give none, and
     only the watermark checks guard against a re-created topic there.
+
+    Args:
+        cfg: The pipeline configuration.
+        topics: The topics to ask about; by default those the pipeline reads now.
 
     Returns:
         `{topic: id}` for the topics the brokers gave an id for.
@@ -111,10 +202,11 @@ def topic_ids(cfg: PipelineConfig) -> dict[str, str]:
 
     admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
     found: dict[str, str] = {}
+    asked = sorted(pipeline_topics(cfg) if topics is None else topics)
+    if not asked:
+        return found
     try:
-        futures = admin.describe_topics(
-            TopicCollection(list(cfg.topics)), request_timeout=cfg.kafka.timeout_s
-        )
+        futures = admin.describe_topics(TopicCollection(asked), request_timeout=cfg.kafka.timeout_s)
     except (KafkaException, ValueError, TypeError):
         return found
     for topic, future in futures.items():
@@ -165,7 +257,9 @@ def retention_limits(cfg: PipelineConfig) -> dict[str, dict[str, int | None]]:
     from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
     admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in cfg.topics]
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in pipeline_topics(cfg)]
+    if not resources:
+        return {}
     out: dict[str, dict[str, int | None]] = {}
     for resource, future in admin.describe_configs(resources).items():
         try:

@@ -56,6 +56,8 @@ class PartitionState:
         low: The broker's log start offset.
         high: The broker's high watermark.
         committed: End offset of the last committed batch, or None if never read.
+        at_start: For a partition never read, when `starting_offsets` is a moment: the
+            first offset at or after it, as the brokers answered; None otherwise.
     """
 
     topic: str
@@ -63,6 +65,7 @@ class PartitionState:
     low: int
     high: int
     committed: int | None
+    at_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,8 @@ class BatchPlan:
             batch and recorded in the ledger.
         topic_ids: The brokers' id of each topic when planned, where they keep one: a
             topic re-created before the batch is finished is not read as the same log.
+        began: Why each new partition (`topic:partition`) starts where it does; the
+            ledger keeps it with the partition's first range.
     """
 
     pipeline: str
@@ -102,6 +107,7 @@ class BatchPlan:
     source: str = "kafka"
     losses: list[OffsetRange] = field(default_factory=list)
     topic_ids: dict[str, str] = field(default_factory=dict)
+    began: dict[str, str] = field(default_factory=dict)
 
     @property
     def offsets(self) -> int:
@@ -131,6 +137,7 @@ class BatchPlan:
             source=body.get("source", "kafka"),
             losses=[OffsetRange(**r) for r in body.get("losses", [])],
             topic_ids=dict(body.get("topic_ids", {})),
+            began=dict(body.get("began", {})),
         )
 
 
@@ -151,8 +158,9 @@ def plan_ranges(
 
     Args:
         states: Watermarks and committed offsets of every partition of the topics.
-        starting_offsets: `earliest` or `latest`, for the partitions of a topic the
-            pipeline has never read.
+        starting_offsets: `earliest`, `latest` or a moment (each state then carries
+            the offset found at it), for the partitions of a topic the pipeline has
+            never read.
         max_offsets_per_partition: Cap on one partition's range.
         accept_loss: Go on from the log start when retention deleted unread offsets,
             returning the lost ranges so they are recorded; otherwise fail closed.
@@ -164,8 +172,9 @@ def plan_ranges(
         the ranges lost to retention (only with `accept_loss`).
 
     Raises:
-        PlanError: If the broker went backwards, lost a partition, or deleted offsets
-            before they were read and the loss was not accepted.
+        PlanError: If the broker went backwards, lost a partition, deleted offsets
+            before they were read and the loss was not accepted, or gave no offset for
+            a starting moment.
     """
     listed = {(s.topic, s.partition) for s in states}
     vanished = sorted(set(committed) - listed)
@@ -176,15 +185,14 @@ def plan_ranges(
             "it. The topic was re-created with fewer partitions, or this is the wrong "
             "cluster. Nothing was read. Check kafka.bootstrap_servers and the topic."
         )
-    read_topics = {t for t, _ in committed} | {s.topic for s in states if s.committed is not None}
+    read = read_topics(states, committed)
     ranges = []
     new = []
     losses = []
     for s in sorted(states, key=lambda s: (s.topic, s.partition)):
         where = f"partition {s.partition} of `{s.topic}`"
         if s.committed is None:
-            added = s.topic in read_topics
-            start = s.low if added or starting_offsets == "earliest" else s.high
+            start, _ = first_start(s, starting_offsets, s.topic in read)
             new.append((s.topic, s.partition))
         else:
             start = s.committed
@@ -210,6 +218,56 @@ def plan_ranges(
         end = min(s.high, start + max_offsets_per_partition)
         ranges.append(OffsetRange(s.topic, s.partition, start, end))
     return ranges, new, losses
+
+
+def read_topics(states: list[PartitionState], committed: Collection[tuple[str, int]]) -> set[str]:
+    """The topics the pipeline has read before: any of their partitions has offsets committed."""
+    return {t for t, _ in committed} | {s.topic for s in states if s.committed is not None}
+
+
+def vanished_topics(
+    cfg: PipelineConfig, states: list[PartitionState], committed: dict[tuple[str, int], int]
+) -> list[str]:
+    """Topics a pattern matched and the ledger has offsets for, that the brokers no longer list.
+
+    A listed topic that vanishes stops the plan (see `plan_ranges`); a pattern's topics
+    come and go, so those that went are reported and no longer read.
+    """
+    if cfg.topics_pattern is None:
+        return []
+    listed = {s.topic for s in states}
+    return sorted({t for t, _ in committed if cfg.reads_topic(t) and t not in listed})
+
+
+def first_start(state: PartitionState, starting_offsets: str, added: bool) -> tuple[int, str]:
+    """Where a partition never read before starts, and why, in words for the ledger.
+
+    Args:
+        state: The partition's watermarks (and, for a moment, the offset found at it).
+        starting_offsets: `earliest`, `latest`, or a moment (see `PipelineConfig`).
+        added: Whether its topic is read already, so the partition was added to it.
+
+    Returns:
+        The first offset to read, and why.
+
+    Raises:
+        PlanError: If the start is a moment the brokers gave no offset for.
+    """
+    if added:
+        return state.low, "a partition added to a topic already read starts at its log start"
+    if starting_offsets == "earliest":
+        return state.low, "starting_offsets earliest: the log start"
+    if starting_offsets == "latest":
+        return state.high, "starting_offsets latest: the high watermark"
+    if state.at_start is None:
+        raise PlanError(
+            f"partition {state.partition} of `{state.topic}`: the brokers gave no offset for "
+            f"starting_offsets {starting_offsets} (the first message at or after it). Nothing "
+            "was read. Run again once they answer, or start at earliest or latest"
+        )
+    # The answer lies inside the log unless the log moved between the two requests.
+    start = min(max(state.at_start, state.low), state.high)
+    return start, f"starting_offsets {starting_offsets}: the first message at or after it"
 
 
 def split_ranges(

@@ -209,9 +209,9 @@ def seek(
             the seek would read committed offsets again without `reread`.
     """
     _need_reason(reason)
-    if topic not in cfg.topics:
+    if not cfg.reads_topic(topic):
         raise LedgerEditError(
-            f"topic `{topic}` is not read by pipeline {cfg.name} ({', '.join(cfg.topics)})"
+            f"topic `{topic}` is not read by pipeline {cfg.name} ({cfg.topics_description})"
         )
     with run_lock(cfg) as lock:
         state = ledger_state(cfg)

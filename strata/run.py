@@ -43,7 +43,7 @@ from strata.delta import (
 )
 from strata.errors import KafkaUnavailable, LeaseLost, PlanError, ReconcileError, SchemaError
 from strata.faults import crash_point
-from strata.kafka import partition_states, publish_offsets, topic_ids
+from strata.kafka import partition_states, pipeline_topics, publish_offsets, topic_ids
 from strata.ledger import (
     LedgerState,
     commit_ledger,
@@ -60,8 +60,11 @@ from strata.plan import (
     PartitionState,
     PlanStore,
     decode_fingerprint,
+    first_start,
     plan_ranges,
+    read_topics,
     split_ranges,
+    vanished_topics,
 )
 from strata.reconcile import (
     RANGES_KEY,
@@ -182,6 +185,12 @@ def run_batch(
                 f"run ({plan.note}) and left unfinished; it was finished as a {plan.kind}, "
                 "replacing its ranges' rows. New offsets are read by the next run.",
             )
+        for topic in vanished_topics(cfg, states, state.committed):
+            outcome.warnings.append(
+                f"topic `{topic}` matched topics_pattern and has committed offsets, but the "
+                "brokers no longer list it: it was deleted, and is no longer read. Its rows "
+                "and ledger rows stay"
+            )
         outcome.stages.merge(planning)
         if register_tables:
             with outcome.stages.timed("register"):
@@ -210,7 +219,10 @@ def _ingest(
         check_schema(cfg)
     written = write_and_commit(cfg, plan, TABLES, session, outcome, lock, resumed)
     results = outcome.ranges = written.results
-    ledger_rows = [ledger_row(r, plan.watermarks) for r in results]
+    ledger_rows = [
+        ledger_row(r, plan.watermarks, note=_began(plan, r.topic, r.partition, r.start))
+        for r in results
+    ]
     ledger_rows += [loss_row(lost, plan.note) for lost in plan.losses]
     for lost in plan.losses:
         outcome.warnings.append(
@@ -247,6 +259,12 @@ def _ingest(
     except Exception as exc:  # noqa: BLE001 - lag is informational; the batch stands
         outcome.warnings.append(f"lag after the run unknown: {exc}")
     return outcome
+
+
+def _began(plan: BatchPlan, topic: str, partition: int, start: int) -> str | None:
+    """The ledger's note on a partition's first range: where it began and why."""
+    why = plan.began.get(f"{topic}:{partition}")
+    return None if why is None else f"began at offset {start}: {why}"
 
 
 def execute_reprocess(
@@ -349,7 +367,10 @@ def check_topic_ids(cfg: PipelineConfig, planned: BatchPlan | None = None) -> di
     Raises:
         PlanError: Naming the topic, both ids and the ways on.
     """
-    current = topic_ids(cfg)
+    asked = (
+        sorted({r.topic for r in planned.ranges}) if planned is not None else pipeline_topics(cfg)
+    )
+    current = topic_ids(cfg, asked)
     drop = ""
     if planned is not None:
         recorded, since = planned.topic_ids, f"batch {planned.batch} was planned"
@@ -362,7 +383,8 @@ def check_topic_ids(cfg: PipelineConfig, planned: BatchPlan | None = None) -> di
         if newest is None:
             return current
         recorded, since = newest[1], f"batch {newest[0]} was committed"
-    unknown = sorted(t for t in recorded if t in cfg.topics and t not in current)
+    # Only the topics asked about: a topic a pattern matched may be gone for good.
+    unknown = sorted(t for t in recorded if t in asked and t not in current)
     if unknown:
         # Fail closed: a topic once read with an id is only read again once it is known
         # to be the same topic.
@@ -483,8 +505,12 @@ def new_plan(
     if accept_loss is None and cfg.on_data_loss == "accept":
         accept_loss = "pipeline policy on_data_loss: accept"
     # A topic taken out of `topics` keeps its rows in the ledger; it is no longer read,
-    # and its partitions are not missing from the brokers' answer.
-    committed = {key: end for key, end in committed.items() if key[0] in cfg.topics}
+    # and its partitions are not missing from the brokers' answer. Nor are those of a
+    # topic a pattern matched and that was deleted since (the run reports it).
+    gone = set(vanished_topics(cfg, states, committed))
+    committed = {
+        key: end for key, end in committed.items() if cfg.reads_topic(key[0]) and key[0] not in gone
+    }
     ranges, new, losses = plan_ranges(
         states,
         cfg.starting_offsets,
@@ -499,6 +525,12 @@ def new_plan(
     # even when the batch reads nothing there, so no later plan starts anywhere else.
     moved = set(new) | {(x.topic, x.partition) for x in losses}
     kept = [r for r in ranges if r.count > 0 or (r.topic, r.partition) in moved]
+    read = read_topics(states, committed)
+    began = {
+        f"{s.topic}:{s.partition}": first_start(s, cfg.starting_offsets, s.topic in read)[1]
+        for s in states
+        if (s.topic, s.partition) in set(new)
+    }
     return BatchPlan(
         pipeline=cfg.name,
         batch=batch,
@@ -510,6 +542,7 @@ def new_plan(
         watermarks={f"{s.topic}:{s.partition}": s.high for s in states},
         losses=losses,
         note=f"loss accepted by {accept_loss}" if losses else "",
+        began=began,
     )
 
 

@@ -15,7 +15,7 @@ from strata.errors import KafkaUnavailable, PlanError
 from strata.kafka import oldest_unread_ms, partition_states, retention_limits
 from strata.ledger import ledger_state, read_ledger
 from strata.maintain import table_health
-from strata.plan import PlanStore
+from strata.plan import PlanStore, vanished_topics
 
 
 def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
@@ -36,7 +36,8 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
     lag: dict[tuple[str, int], dict[str, Any]] = {}
     try:
         unread: dict[tuple[str, int], int] = {}
-        for s in partition_states(cfg, state.committed):
+        states = partition_states(cfg, state.committed)
+        for s in states:
             committed = state.committed.get((s.topic, s.partition))
             position = committed if committed is not None else s.low
             lag[(s.topic, s.partition)] = {
@@ -47,6 +48,11 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
             if s.high > position:
                 unread[(s.topic, s.partition)] = max(position, s.low)
         _retention(cfg, unread, lag, out["warnings"], _observed(rows))
+        out["warnings"] += [
+            f"topic `{topic}` matched topics_pattern and has committed offsets, but the "
+            "brokers no longer list it (deleted); it is no longer read"
+            for topic in vanished_topics(cfg, states, state.committed)
+        ]
     except KafkaUnavailable as exc:
         out["broker_error"] = str(exc)
     keys = sorted(set(state.committed) | set(lag))

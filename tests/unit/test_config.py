@@ -61,7 +61,8 @@ def test_bad_value_in_defaults_names_the_defaults_file(tmp_path):
     conf = _project(tmp_path, GOOD, {"starting_offsets": "oldest"})
     with pytest.raises(
         ConfigError,
-        match=r"strata.yaml: key `starting_offsets`: Input should be 'earliest' or 'latest'",
+        match=r"strata.yaml: key `starting_offsets`: Value error, 'oldest' is not a starting "
+        r"point; write earliest, latest",
     ):
         load_pipeline("clicks", conf)
 
@@ -125,3 +126,70 @@ def test_the_schema_travels_with_the_configuration_to_hosts_without_the_file(tmp
     (tmp_path / "schemas" / "clicks.avsc").unlink()  # as on an executor's host
     rules = DecodeRules.from_config(pickle.loads(shipped))
     assert "user_id" in rules.out_schema.names
+
+
+def test_topics_or_a_pattern_and_the_pattern_matches_whole_names_but_not_internal_topics(
+    tmp_path,
+):
+    pattern = {k: v for k, v in GOOD.items() if k != "topics"} | {"topics_pattern": r"clicks\..*"}
+    cfg = load_pipeline("clicks", _project(tmp_path / "a", pattern))
+    assert cfg.topics == [] and cfg.reads_topic("clicks.web") and cfg.reads_topic("clicks.")
+    # A whole-name match: a prefix or a suffix is not enough.
+    assert not cfg.reads_topic("old.clicks.web") and not cfg.reads_topic("clicks")
+    everything = pattern | {"topics_pattern": ".*"}
+    cfg = load_pipeline("clicks", _project(tmp_path / "b", everything))
+    assert cfg.reads_topic("views") and not cfg.reads_topic("__consumer_offsets")
+    assert "topics matching '.*'" in cfg.topics_description
+    for i, (body, message) in enumerate(
+        (
+            (GOOD | {"topics_pattern": "clicks"}, "give either `topics`"),
+            ({k: v for k, v in GOOD.items() if k != "topics"}, "give either `topics`"),
+            (
+                pattern | {"topics_pattern": "clicks(["},
+                "key `topics_pattern`: Value error, 'clicks(['",
+            ),
+        )
+    ):
+        with pytest.raises(ConfigError, match=r"clicks\.yaml: key `[a-z_() ]*`") as err:
+            load_pipeline("clicks", _project(tmp_path / str(i), body))
+        assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("written", "canonical", "ms"),
+    [
+        ("earliest", "earliest", None),
+        ("latest", "latest", None),
+        ("2026-01-31T00:00:00Z", "2026-01-31T00:00:00.000+00:00", 1_769_817_600_000),
+        ("2026-01-31T01:30:00+01:30", "2026-01-31T00:00:00.000+00:00", 1_769_817_600_000),
+        (1_769_817_600_123, "2026-01-31T00:00:00.123+00:00", 1_769_817_600_123),
+        ("1769817600123", "2026-01-31T00:00:00.123+00:00", 1_769_817_600_123),
+    ],
+)
+def test_starting_offsets_takes_a_moment_with_its_offset_or_epoch_ms(
+    tmp_path, written, canonical, ms
+):
+    # YAML reads an unquoted ISO moment as a datetime: the file is written as YAML would
+    # carry it, unquoted.
+    conf = _project(tmp_path, GOOD)
+    text = (conf / "pipelines" / "clicks.yaml").read_text()
+    (conf / "pipelines" / "clicks.yaml").write_text(text + f"starting_offsets: {written}\n")
+    cfg = load_pipeline("clicks", conf)
+    assert cfg.starting_offsets == canonical and cfg.starting_timestamp_ms == ms
+
+
+@pytest.mark.parametrize(
+    ("written", "message"),
+    [
+        ("'2026-01-31T00:00:00'", "has no UTC offset"),
+        ("yesterday", "is not a starting point"),
+        ("1969-12-31T00:00:00Z", "before 1970-01-01"),
+    ],
+)
+def test_a_starting_point_without_an_offset_or_unreadable_fails_at_load(tmp_path, written, message):
+    conf = _project(tmp_path, GOOD)
+    text = (conf / "pipelines" / "clicks.yaml").read_text()
+    (conf / "pipelines" / "clicks.yaml").write_text(text + f"starting_offsets: {written}\n")
+    with pytest.raises(ConfigError, match=r"clicks\.yaml: key `starting_offsets`") as err:
+        load_pipeline("clicks", conf)
+    assert message in str(err.value)

@@ -170,3 +170,62 @@ def test_a_topic_taken_out_of_the_pipeline_does_not_stop_the_plan():
     with pytest.raises(PlanError, match="partition 0 of `views`"):
         new_plan(_cfg(), 2, [PartitionState("clicks", 0, 0, 150, 100)], None, None,
                  {**committed, ("views", 0): 3})  # fmt: skip
+
+
+def test_a_new_topic_starts_at_the_offsets_found_at_the_starting_moment():
+    # The test broker answers every offsets_for_times request with 0, so the decision
+    # is tested on the offsets a real broker gives: the first offset at or after the
+    # moment, or the high watermark when every message is older (found by kafka.py).
+    moment = "2026-01-31T00:00:00.000+00:00"
+    states = [
+        PartitionState("clicks", 0, 100, 900, None, at_start=420),
+        PartitionState("clicks", 1, 0, 300, None, at_start=300),
+        # The log start moved past the answer between the two requests.
+        PartitionState("clicks", 2, 50, 80, None, at_start=10),
+    ]
+    ranges, new, _ = plan_ranges(states, moment, 1000)
+    assert ranges == [
+        OffsetRange("clicks", 0, 420, 900),
+        OffsetRange("clicks", 1, 300, 300),
+        OffsetRange("clicks", 2, 50, 80),
+    ]
+    assert new == [("clicks", 0), ("clicks", 1), ("clicks", 2)]
+    # A partition added to a topic already read starts at its log start, as always.
+    committed = {("clicks", 0): 900}
+    grown = [
+        PartitionState("clicks", 0, 100, 900, 900),
+        PartitionState("clicks", 3, 0, 70, None, at_start=60),
+    ]
+    ranges, _, _ = plan_ranges(grown, moment, 1000, committed=committed)
+    assert ranges[1] == OffsetRange("clicks", 3, 0, 70)
+
+
+def test_a_starting_moment_the_brokers_gave_no_offset_for_stops_the_plan():
+    states = [PartitionState("clicks", 0, 0, 900, None, at_start=None)]
+    with pytest.raises(
+        PlanError,
+        match=r"partition 0 of `clicks`: the brokers gave no offset for starting_offsets "
+        r"2026-01-31T00:00:00\.000\+00:00 .*Nothing was read",
+    ):
+        plan_ranges(states, "2026-01-31T00:00:00.000+00:00", 1000)
+
+
+def test_the_plan_says_why_each_new_partition_starts_where_it_does():
+    from strata.run import new_plan
+
+    committed = {("clicks", 0): 100}
+    states = [
+        PartitionState("clicks", 0, 0, 250, 100),
+        PartitionState("clicks", 1, 5, 90, None, at_start=40),
+        PartitionState("views", 0, 0, 40, None, at_start=12),
+    ]
+    cfg = _cfg(starting_offsets="2026-01-31T00:00:00Z")
+    plan = new_plan(cfg, 7, states, None, None, committed)
+    assert plan is not None
+    assert plan.ranges[1:] == [OffsetRange("clicks", 1, 5, 90), OffsetRange("views", 0, 12, 40)]
+    assert plan.began == {
+        "clicks:1": "a partition added to a topic already read starts at its log start",
+        "views:0": "starting_offsets 2026-01-31T00:00:00.000+00:00: the first message at or "
+        "after it",
+    }
+    assert BatchPlan.from_json(plan.to_json()).began == plan.began

@@ -1,0 +1,114 @@
+"""Which topics a pipeline reads, and where a topic new to it starts: through the real broker.
+
+The test broker answers every `offsets_for_times` request with offset 0, so a starting
+moment is checked here for its path (the brokers' answer is used, recorded and
+noted); where such an answer lands a partition's start is tested on literal offsets
+in tests/unit/test_plan.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+import yaml
+
+from strata.errors import KafkaUnavailable
+from strata.ledger import read_ledger
+from strata.run import run_batch
+from strata.status import pipeline_status
+from tests.conftest import produce_clicks
+
+
+def _use_pattern(p, pattern: str, **extra: object) -> None:
+    path = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    body = yaml.safe_load(path.read_text())
+    body.pop("topics")
+    body.update(topics_pattern=pattern, **extra)
+    path.write_text(yaml.safe_dump(body))
+
+
+def _landed_by_topic(p) -> Counter[tuple[str, int, int]]:
+    counts: Counter[tuple[str, int, int]] = Counter()
+    for which in ("table", "quarantine"):
+        t = p.table_rows(which, ["_topic", "_partition", "_offset"])
+        counts.update(
+            zip(
+                t.column("_topic").to_pylist(),
+                t.column("_partition").to_pylist(),
+                t.column("_offset").to_pylist(),
+                strict=True,
+            )
+        )
+    return counts
+
+
+def test_a_pattern_reads_a_topic_created_between_runs_and_reports_one_deleted(
+    make_pipeline, broker, spark
+):
+    p = make_pipeline(partitions=2)
+    views = f"{p.topic}.views"
+    # The pattern matches the pipeline's topic and its `.`-suffixed siblings only, so the
+    # other tests' topics on the same broker stay out.
+    _use_pattern(p, rf"{re.escape(p.topic)}(\..+)?")
+    first = produce_clicks(broker, p.topic, 2, 40)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.status == "committed"
+    assert {r.topic for r in outcome.ranges} == {p.topic}
+
+    broker.create_topic(views, 1)
+    later = produce_clicks(broker, views, 1, 25)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.status == "committed" and outcome.new_partitions == [(views, 0)]
+    expected = Counter({(p.topic, q, o): 1 for q, n in first.items() for o in range(n)})
+    expected.update({(views, 0, o): 1 for o in range(later[0])})
+    assert _landed_by_topic(p) == expected
+    ledger = read_ledger(p.cfg()).to_pylist()
+    began = [r for r in ledger if r["topic"] == views]
+    assert [(r["start_offset"], r["end_offset"], r["note"]) for r in began] == [
+        (0, later[0], "began at offset 0: starting_offsets earliest: the log start")
+    ]
+
+    # The matched topic is deleted: the next runs report it and go on with the rest.
+    broker.delete_topic(views)
+    more = produce_clicks(broker, p.topic, 2, 10, seed=11)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.status == "committed"
+    assert {r.topic for r in outcome.ranges} == {p.topic}
+    assert any(f"topic `{views}` matched topics_pattern" in w for w in outcome.warnings)
+    for q, n in more.items():
+        expected.update({(p.topic, q, o): 1 for o in range(first[q], first[q] + n)})
+    assert _landed_by_topic(p) == expected
+    status = pipeline_status(p.cfg())
+    assert any(f"`{views}`" in w and "no longer list it" in w for w in status["warnings"])
+    assert run_batch(p.cfg(), session=lambda _: spark).status == "idle"
+
+
+def test_a_topic_listed_by_name_that_vanishes_still_stops_the_plan(make_pipeline, broker, spark):
+    # Only a pattern's topics may come and go: a listed topic that disappears is the
+    # wrong cluster or an accident, and nothing is read.
+    p = make_pipeline(partitions=1)
+    produce_clicks(broker, p.topic, 1, 5)
+    assert run_batch(p.cfg(), session=lambda _: spark).status == "committed"
+    broker.delete_topic(p.topic)
+    with pytest.raises(KafkaUnavailable, match=rf"topic `{re.escape(p.topic)}` is not available"):
+        run_batch(p.cfg(), session=lambda _: spark)
+
+
+def test_a_starting_moment_is_resolved_by_the_brokers_and_noted_in_the_ledger(
+    make_pipeline, broker, spark
+):
+    p = make_pipeline(partitions=2, overrides={"starting_offsets": "2026-01-31T00:00:00Z"})
+    produced = produce_clicks(broker, p.topic, 2, 30)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.status == "committed"
+    ledger = sorted(read_ledger(p.cfg()).to_pylist(), key=lambda r: r["partition"])
+    # The test broker answers 0 for every moment (see the module's docstring).
+    assert [(r["partition"], r["start_offset"], r["end_offset"]) for r in ledger] == [
+        (q, 0, produced[q]) for q in range(2)
+    ]
+    assert {r["note"] for r in ledger} == {
+        "began at offset 0: starting_offsets 2026-01-31T00:00:00.000+00:00: the first "
+        "message at or after it"
+    }
