@@ -107,7 +107,7 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
             from strata.orchestrate import quality_gate_task
 
             try:
-                return quality_gate_task(name, CONF_DIR, planned.get("batch"))  # type: ignore[arg-type]
+                return quality_gate_task(name, CONF_DIR, planned.get("batch"), planned)  # type: ignore[arg-type]
             except QualityGateFailed as exc:
                 # A retry would check the same committed rows again: fail at once.
                 raise AirflowFailException(str(exc)) from None

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from strata.config import PipelineConfig, load_pipeline, redact, redact_json
-from strata.errors import StrataError, from_task_failure
+from strata.errors import StrataError, root_cause
 from strata.log import configure as configure_logging
 
 
@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     configure_logging()
-    handler: Callable[[PipelineConfig, argparse.Namespace], tuple[str, dict[str, Any]]] = {
+    handler: Handler = {
         "run": _run,
         "status": _status,
         "register": _register,
@@ -227,8 +227,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     }[args.command]
     # Loading is guarded too: a bad config is a `ConfigError`, exit code 2.
     return run_guarded(
-        lambda: handler(load_pipeline(args.pipeline, args.conf_dir), args), args.json
+        lambda: _dispatch(load_pipeline(args.pipeline, args.conf_dir), args, handler), args.json
     )
+
+
+def _dispatch(
+    cfg: PipelineConfig, args: argparse.Namespace, handler: Handler
+) -> tuple[str, dict[str, Any]]:
+    """Run a command on the pipeline, or on each of its tables if it routes to tables."""
+    from strata.routes import each_table
+
+    return each_table(cfg, args.command, lambda one: handler(one, args))
+
+
+Handler = Callable[[PipelineConfig, argparse.Namespace], tuple[str, dict[str, Any]]]
 
 
 def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool) -> int:
@@ -249,11 +261,11 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
     except StrataError as exc:
         return _fail(str(exc), exc.exit_code, as_json)
     except Exception as exc:  # noqa: BLE001 - Spark wraps task errors; surface their cause
-        return _fail(*_root_cause(exc), as_json)
+        return _fail(*root_cause(exc), as_json)
     print(redact(text), flush=True)
     # A run whose batch committed but whose tables could not be registered still fails:
     # the data is safe, and the exit code makes the scheduler retry the registration.
-    error = body.get("register_error") or body.get("gate_error")
+    error = body.get("register_error") or body.get("gate_error") or body.get("tables_error")
     if error:
         print(f"strata: error: {redact(error)}", file=sys.stderr, flush=True)
     if as_json:
@@ -267,26 +279,6 @@ def _fail(message: str, code: int, as_json: bool) -> int:
     if as_json:
         print(json.dumps({"status": "failed", "error": message, "exit_code": code}), flush=True)
     return code
-
-
-def _root_cause(exc: BaseException) -> tuple[str, int]:
-    """The meaningful line of an error and its exit code, digging into Spark's errors.
-
-    A failed task reaches the driver as Spark's exception whose text ends with the
-    worker's traceback: an error of ours in it ends the command as it would have on
-    the driver; otherwise the last unindented line names the real error.
-    """
-    text = str(exc)
-    ours = from_task_failure(text)
-    if ours is not None:
-        return str(ours), ours.exit_code
-    if "Traceback (most recent call last)" in text:
-        tail = text.rsplit("Traceback (most recent call last)", 1)[1].splitlines()
-        raised = [line for line in tail if line and not line[0].isspace() and ": " in line]
-        if raised:
-            return f"a task failed: {raised[-1]}", 1
-    lines = [line for line in text.splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else text}", 1
 
 
 def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

@@ -35,6 +35,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -495,6 +496,53 @@ class QualityConfig(_Strict):
     location: str | None = None
 
 
+class RoutingConfig(_Strict):
+    """Which table each topic lands in, when the pipeline's topics go to tables of their own.
+
+    Each table is a pipeline of its own as far as the tables go (its own schema, data,
+    raw, quarantine and ledger tables, its own batches and metastore entries), named by
+    the table and run by the one pipeline: `strata run --pipeline NAME` runs them all in
+    one process and one Spark session, and `--pipeline NAME:TABLE` names one.
+
+    Attributes:
+        table: Template of a table's name; `{topic}` is the topic's name lower-cased,
+            with every character other than a-z, 0-9 and `_` made `_`.
+        tables: A table name per topic, for the topics the template should not name.
+    """
+
+    table: str = "{topic}"
+    tables: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("tables")
+    @classmethod
+    def _names(cls, value: dict[str, str]) -> dict[str, str]:
+        for topic, table in value.items():
+            if not _NAME.match(table):
+                raise ValueError(
+                    f"table {table!r} of topic {topic!r} is not a valid table name; use "
+                    "lower-case letters, digits and '_', starting with a letter"
+                )
+        return value
+
+    @field_validator("table")
+    @classmethod
+    def _template(cls, value: str) -> str:
+        if not _NAME.match(value.replace("{topic}", "t")):
+            raise ValueError(
+                f"{value!r} is not a table-name template; use lower-case letters, digits, '_' "
+                "and {topic}, e.g. '{topic}' or 'raw_{topic}'"
+            )
+        return value
+
+    def table_for(self, topic: str) -> str:
+        """The table a topic lands in."""
+        if topic in self.tables:
+            return self.tables[topic]
+        plain = re.sub(r"[^a-z0-9_]", "_", topic.lower())
+        name = self.table.replace("{topic}", plain)
+        return name if _NAME.match(name) else f"t_{name}"[:63]
+
+
 class SparkConfig(_Strict):
     """The Spark session the job builds when it runs outside spark-submit.
 
@@ -520,6 +568,8 @@ class PipelineConfig(_Strict):
             whole name of every topic on the brokers when a batch is planned (topics
             starting with `__`, Kafka's internal ones, never match). A topic created
             later is read from the next run on, from `starting_offsets`.
+        routing: Send each topic to a table of its own (see `RoutingConfig`); the
+            locations and `schema_file` may then hold `{table}`.
         format: `json`, `avro`, or `confluent_avro` (Avro in Confluent wire format).
         schema_file: Avro schema under `schemas/`, also used to check and coerce JSON.
         schema_id: For `confluent_avro`, the Schema Registry id under which `schema_file`
@@ -562,10 +612,13 @@ class PipelineConfig(_Strict):
     """
 
     _schema_text: str | None = PrivateAttr(default=None)
+    # The routed pipeline this one is a table of (see `RoutingConfig`), or None.
+    _route_of: str | None = PrivateAttr(default=None)
 
     name: str
     topics: list[str] = Field(default_factory=list)
     topics_pattern: str | None = None
+    routing: RoutingConfig | None = None
     format: Literal["json", "avro", "confluent_avro"] = "json"
     schema_file: str
     schema_id: int | None = Field(default=None, ge=0)
@@ -645,10 +698,15 @@ class PipelineConfig(_Strict):
         return starting_point(value)[0]
 
     def reads_topic(self, topic: str) -> bool:
-        """Whether this pipeline reads a topic: listed in `topics`, or matched by the pattern."""
+        """Whether this pipeline reads a topic: listed in `topics`, or matched by the pattern.
+
+        A table of a routed pipeline reads only the topics routed to it.
+        """
         if self.topics_pattern is None:
-            return topic in self.topics
-        return not topic.startswith("__") and re.fullmatch(self.topics_pattern, topic) is not None
+            listed = topic in self.topics
+        else:
+            listed = not topic.startswith("__") and bool(re.fullmatch(self.topics_pattern, topic))
+        return listed and (self._route_of is None or self.table_for(topic) == self.name)
 
     @property
     def topics_description(self) -> str:
@@ -663,7 +721,97 @@ class PipelineConfig(_Strict):
         return starting_point(self.starting_offsets)[1]
 
     @model_validator(mode="after")
+    def _route(self, info: ValidationInfo) -> PipelineConfig:
+        # First of the checks below: a table of a routed pipeline is checked as one
+        # pipeline, the routed pipeline itself only for what all its tables share.
+        if info.context and info.context.get("route_of"):
+            self._route_of = info.context["route_of"]
+        if self.routing is None:
+            for key, value in self._locations().items():
+                if value and "{table}" in value:
+                    raise ValueError(f"{key} holds {{table}}, which only `routing` fills in")
+        return self
+
+    def _locations(self) -> dict[str, str | None]:
+        return {
+            "table": self.table,
+            "raw_table": self.raw_table,
+            "quarantine_table": self.quarantine_table,
+            "ledger_table": self.ledger_table,
+            "quality.location": self.quality.location,
+            "schema_file": self.schema_file,
+        }
+
+    @property
+    def routed(self) -> bool:
+        """Whether this pipeline sends its topics to tables of their own (and is not one)."""
+        return self.routing is not None and self._route_of is None
+
+    @property
+    def route_of(self) -> str | None:
+        """The routed pipeline this configuration is a table of, or None."""
+        return self._route_of
+
+    def table_for(self, topic: str) -> str:
+        """The table a topic lands in: its route's, or this pipeline's own."""
+        if self.routing is None:
+            return self.name
+        return self.routing.table_for(topic)
+
+    def route(self, table: str) -> PipelineConfig:
+        """The configuration of one table of a routed pipeline.
+
+        It is a pipeline of its own named by the table: its topics are those routed to
+        it, `{table}` in the locations and `schema_file` is filled in, its state lives
+        under the routed pipeline's, and it publishes to the routed pipeline's group.
+
+        Args:
+            table: The table's name.
+
+        Returns:
+            The table's configuration, validated as a pipeline.
+
+        Raises:
+            ConfigError: Naming the table, if it does not make a valid pipeline.
+        """
+        if not self.routed or self.routing is None:
+            raise ConfigError(f"pipeline {self.name} does not route its topics to tables")
+        if not _NAME.match(table):
+            raise ConfigError(
+                f"{table!r} is not a table name; use lower-case letters, digits and '_'"
+            )
+        data = self.model_dump(exclude_unset=False)
+        data["name"] = table
+        if self.topics:
+            data["topics"] = [t for t in self.topics if self.routing.table_for(t) == table]
+            if not data["topics"]:
+                known = sorted({self.routing.table_for(t) for t in self.topics})
+                raise ConfigError(
+                    f"pipeline {self.name} routes no topic to table {table!r}; its tables are "
+                    f"{', '.join(known)}"
+                )
+        for key in ("table", "raw_table", "quarantine_table", "ledger_table", "schema_file"):
+            if data[key]:
+                data[key] = data[key].replace("{table}", table)
+        if data["quality"]["location"]:
+            data["quality"]["location"] = data["quality"]["location"].replace("{table}", table)
+        data["state_dir"] = f"{self.location('state')}/{table}"
+        if self.lock_dir:
+            data["lock_dir"] = str(Path(self.lock_dir) / self.name)
+        data["kafka"]["group_id"] = self.group_id
+        try:
+            return PipelineConfig.model_validate(data, context={"route_of": self.name})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"key `{'.'.join(str(p) for p in e['loc']) or '(top level)'}`: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise ConfigError(redact(f"pipeline {self.name}, table {table}: {problems}")) from None
+
+    @model_validator(mode="after")
     def _schema_exists(self) -> PipelineConfig:
+        if self.routed and "{table}" in self.schema_file:
+            return self  # each table has its own, checked when it is routed to
         if not self.schema_path.is_file():
             raise ValueError(
                 f"schema_file {self.schema_file!r} not found in {self.schemas_dir!r}; "
@@ -734,6 +882,9 @@ class PipelineConfig(_Strict):
     @model_validator(mode="after")
     def _quality_columns(self) -> PipelineConfig:
         import json
+
+        if self.routed and "{table}" in self.schema_file:
+            return self
 
         fields = {f["name"] for f in json.loads(self.schema_text).get("fields", [])}
         for key, columns in (
@@ -979,6 +1130,8 @@ def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
 
     Args:
         name: Pipeline name; the file `conf_dir/pipelines/NAME.yaml` must exist.
+            `NAME:TABLE` names one table of a pipeline that routes its topics to
+            tables (see `RoutingConfig`).
         conf_dir: The configuration directory.
 
     Returns:
@@ -987,6 +1140,15 @@ def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
     Raises:
         ConfigError: With the file, the key and the fix, if anything is wrong.
     """
+    if ":" in name:
+        parent, table = name.split(":", 1)
+        cfg = load_pipeline(parent, conf_dir)
+        if not cfg.routed:
+            raise ConfigError(
+                f"pipeline {parent} does not route its topics to tables (no `routing` key); "
+                f"name it as {parent}"
+            )
+        return cfg.route(table)
     conf = Path(conf_dir).resolve()
     pipeline_file = conf / "pipelines" / f"{name}.yaml"
     if not pipeline_file.is_file():

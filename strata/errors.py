@@ -127,3 +127,23 @@ def from_task_failure(text: str) -> StrataError | None:
     if not (isinstance(kind, type) and issubclass(kind, StrataError)):
         return None
     return kind(message)
+
+
+def root_cause(exc: BaseException) -> tuple[str, int]:
+    """The meaningful line of any error and its exit code, digging into Spark's errors.
+
+    A failed task reaches the driver as Spark's exception whose text ends with the
+    worker's traceback: an error of ours in it ends the command as it would have on
+    the driver; otherwise the last unindented line names the real error.
+    """
+    text = str(exc)
+    ours = from_task_failure(text)
+    if ours is not None:
+        return str(ours), ours.exit_code
+    if "Traceback (most recent call last)" in text:
+        tail = text.rsplit("Traceback (most recent call last)", 1)[1].splitlines()
+        raised = [line for line in tail if line and not line[0].isspace() and ": " in line]
+        if raised:
+            return f"a task failed: {raised[-1]}", 1
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else text}", 1

@@ -8,23 +8,52 @@ XCom, so the UI shows what each run planned, read and registered. What Airflow k
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from strata.config import load_pipeline, redact, redact_json
+from strata.config import PipelineConfig, load_pipeline, redact, redact_json
 from strata.errors import QualityGateFailed
 from strata.plan import OffsetRange
 
 
-def plan_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
-    """Plan (and persist) the next batch; no JVM starts here."""
+def _each_table(
+    pipeline: str, conf_dir: str, step: Callable[[PipelineConfig], dict[str, Any]]
+) -> dict[str, Any]:
+    """One step on a pipeline, or on each table of a pipeline that routes to tables.
+
+    Every table has its turn whatever another's did; then the first failure is
+    raised, so Airflow retries the step, and a retry finds the tables that went
+    through idle or done.
+    """
+    cfg = load_pipeline(pipeline, conf_dir)
+    if not cfg.routed:
+        return step(cfg)
+    from strata.routes import route_tables
+
+    tables: dict[str, Any] = {}
+    failures: list[tuple[str, Exception]] = []
+    for name in route_tables(cfg):
+        try:
+            tables[name] = step(cfg.route(name))
+        except Exception as exc:  # noqa: BLE001 - raised below, once every table had its turn
+            failures.append((name, exc))
+            tables[name] = {"status": "failed", "error": redact(str(exc))}
+    if failures:
+        names = ", ".join(n for n, _ in failures)
+        print(f"failed tables of {pipeline}: {names}", flush=True)  # noqa: T201 - the task log
+        raise failures[0][1]
+    return {"pipeline": pipeline, "tables": tables}
+
+
+def _plan_one(cfg: PipelineConfig) -> dict[str, Any]:
     from strata.run import plan_next
 
-    plan = plan_next(load_pipeline(pipeline, conf_dir))
+    plan = plan_next(cfg)
     if plan is None:
-        return {"pipeline": pipeline, "batch": None, "ranges": [], "offsets": 0}
+        return {"pipeline": cfg.name, "batch": None, "ranges": [], "offsets": 0}
     return {
-        "pipeline": pipeline,
+        "pipeline": cfg.name,
         "batch": plan.batch,
         "kind": plan.kind,
         "offsets": plan.offsets,
@@ -33,41 +62,70 @@ def plan_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     }
 
 
-def ingest_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
-    """Run the planned batch in this process (the `local` Spark mode)."""
+def plan_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """Plan (and persist) the next batch, of each table if it routes; no JVM starts here."""
+    return _each_table(pipeline, conf_dir, _plan_one)
+
+
+def _ingest_one(cfg: PipelineConfig) -> dict[str, Any]:
     from strata.report import summary_dict
     from strata.run import run_batch
 
-    outcome = run_batch(load_pipeline(pipeline, conf_dir), register_tables=False)
-    return redact_json(summary_dict(outcome))
+    return redact_json(summary_dict(run_batch(cfg, register_tables=False)))
 
 
-def register_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
-    """Register the tables in the metastore (and tell Trino), if one is configured."""
+def ingest_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """Run the planned batch (of each table) in this process (the `local` Spark mode)."""
+    return _each_table(pipeline, conf_dir, _ingest_one)
+
+
+def _register_one(cfg: PipelineConfig) -> dict[str, Any]:
     from strata.run import RunOutcome, register
 
-    cfg = load_pipeline(pipeline, conf_dir)
     if not cfg.metastore.uri:
-        return {"pipeline": pipeline, "registered": None, "reason": "no metastore configured"}
-    outcome = RunOutcome(pipeline, "register")
+        return {"pipeline": cfg.name, "registered": None, "reason": "no metastore configured"}
+    outcome = RunOutcome(cfg.name, "register")
     register(cfg, outcome)
     if outcome.register_error:
         from strata.errors import MetastoreError
 
         raise MetastoreError(redact(outcome.register_error))
-    return redact_json({"pipeline": pipeline, "registered": outcome.registered})
+    return redact_json({"pipeline": cfg.name, "registered": outcome.registered})
 
 
-def quality_gate_task(pipeline: str, conf_dir: str, batch: int | None) -> dict[str, Any]:
+def register_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
+    """Register the tables in the metastore (and tell Trino), if one is configured."""
+    return _each_table(pipeline, conf_dir, _register_one)
+
+
+def quality_gate_task(
+    pipeline: str, conf_dir: str, batch: int | None, planned: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Run the quality suite on the batch this DAG run planned, and apply the gate.
+
+    Args:
+        pipeline: The pipeline.
+        conf_dir: The configuration directory.
+        batch: The batch the plan task planned, or None.
+        planned: The plan task's whole answer: for a pipeline that routes to tables,
+            each table's batch is taken from it.
 
     Raises:
         QualityGateFailed: Under `quality.gate: fail`, when a check failed. The batch
             stays committed either way: quality never loses data.
     """
+    tables = (planned or {}).get("tables", {})
+
+    def one(cfg: PipelineConfig) -> dict[str, Any]:
+        return _quality_one(cfg, tables[cfg.name]["batch"] if cfg.name in tables else batch)
+
+    return _each_table(pipeline, conf_dir, one)
+
+
+def _quality_one(cfg: PipelineConfig, batch: int | None) -> dict[str, Any]:
     from strata.quality import render_quality, run_quality
 
-    cfg = load_pipeline(pipeline, conf_dir)
+    pipeline = cfg.name
     if cfg.quality.gate == "off":
         return {"pipeline": pipeline, "gate": "off", "batch": batch}
     if batch is None:
@@ -105,18 +163,18 @@ def compact_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Merge the small files of the pipeline's settled partitions (see `strata.compact`)."""
     from strata.compact import compact
 
-    return redact_json(compact(load_pipeline(pipeline, conf_dir)).as_dict())
+    return _each_table(pipeline, conf_dir, lambda cfg: redact_json(compact(cfg).as_dict()))
 
 
 def checkpoint_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Checkpoint the pipeline's Delta logs and delete their expired commits."""
     from strata.maintain import checkpoint
 
-    return redact_json(checkpoint(load_pipeline(pipeline, conf_dir)))
+    return _each_table(pipeline, conf_dir, lambda cfg: redact_json(checkpoint(cfg)))
 
 
 def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Delete removed files past the retention, and files that can never be committed."""
     from strata.maintain import vacuum
 
-    return redact_json(vacuum(load_pipeline(pipeline, conf_dir)))
+    return _each_table(pipeline, conf_dir, lambda cfg: redact_json(vacuum(cfg)))

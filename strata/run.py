@@ -75,6 +75,7 @@ from strata.reconcile import (
     reconcile_resumed,
     reconcile_tables,
 )
+from strata.routes import remember_table, require_one_table
 from strata.schema import (
     TABLE_SUFFIXES,
     column_signature,
@@ -166,6 +167,8 @@ def run_batch(
     """
     began = time.monotonic()
     planning = Stages()
+    require_one_table(cfg, "run_batch")
+    remember_table(cfg)
     with run_lock(cfg) as lock:
         with planning.timed("plan"):
             state = ledger_state(cfg)

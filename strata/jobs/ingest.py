@@ -1,4 +1,4 @@
-"""spark-submit entry point: run one batch of a pipeline.
+"""spark-submit entry point: run one batch of a pipeline (of each table, if it routes).
 
     spark-submit --master spark://master:7077 --name strata-clicks \
       --archives strata-executor-env.tar.gz#environment \
@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from strata.cli import run_guarded
-from strata.config import load_pipeline
+from strata.config import PipelineConfig, load_pipeline
 from strata.log import configure as configure_logging
 from strata.report import render_summary, summary_dict
+from strata.routes import each_table
 from strata.run import run_batch
 from strata.spark import build_session, submitted_master
 
@@ -40,8 +42,7 @@ def main() -> int:
     args = parser.parse_args()
     configure_logging()
 
-    def action() -> tuple[str, dict[str, object]]:
-        cfg = load_pipeline(args.pipeline, args.conf_dir)
+    def run(cfg: PipelineConfig) -> tuple[str, dict[str, Any]]:
         master = submitted_master() or cfg.spark.master
         if not master.startswith("local") and not cfg.spark.tasks:
             # Started before the plan, so the batch is split over the cluster's cores.
@@ -54,7 +55,11 @@ def main() -> int:
         )
         return render_summary(outcome), summary_dict(outcome)
 
-    return run_guarded(action, args.json)
+    # A pipeline routing its topics to tables runs each table in this one
+    # application, on the one session.
+    return run_guarded(
+        lambda: each_table(load_pipeline(args.pipeline, args.conf_dir), "run", run), args.json
+    )
 
 
 if __name__ == "__main__":

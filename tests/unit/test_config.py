@@ -193,3 +193,52 @@ def test_a_starting_point_without_an_offset_or_unreadable_fails_at_load(tmp_path
     with pytest.raises(ConfigError, match=r"clicks\.yaml: key `starting_offsets`") as err:
         load_pipeline("clicks", conf)
     assert message in str(err.value)
+
+
+def _routed(tmp_path: Path, **over: object) -> Path:
+    body = {k: v for k, v in GOOD.items() if k != "topics"} | {
+        "topics": ["app.clicks", "app.views", "legacy-Orders"],
+        "schema_file": "{table}.avsc",
+        "routing": {"tables": {"legacy-Orders": "orders"}},
+    }
+    conf = _project(tmp_path, body | over)
+    for table in ("app_clicks", "app_views", "orders"):
+        shutil.copy(ROOT / "schemas" / "clicks.avsc", tmp_path / "schemas" / f"{table}.avsc")
+    return conf
+
+
+def test_a_routed_pipeline_gives_each_table_its_own_topics_schema_locations_and_state(tmp_path):
+    conf = _routed(tmp_path, ledger_table="ledgers/{table}")
+    cfg = load_pipeline("clicks", conf)
+    assert cfg.routed and cfg.route_of is None
+    assert [cfg.table_for(t) for t in cfg.topics] == ["app_clicks", "app_views", "orders"]
+    clicks = cfg.route("app_clicks")
+    orders = load_pipeline("clicks:orders", conf)
+    assert (clicks.name, clicks.topics, clicks.route_of) == ("app_clicks", ["app.clicks"], "clicks")
+    assert orders.topics == ["legacy-Orders"] and orders.schema_path.name == "orders.avsc"
+    assert clicks.reads_topic("app.clicks") and not clicks.reads_topic("app.views")
+    state = cfg.location("state")
+    assert clicks.location("state") == f"{state}/app_clicks"
+    assert orders.location("table").endswith("/warehouse/orders")
+    assert orders.location("ledger").endswith("/warehouse/ledgers/orders")
+    # One consumer group for the pipeline, as lag tools know it.
+    assert clicks.group_id == orders.group_id == "strata-clicks"
+    with pytest.raises(ConfigError, match=r"routes no topic to table 'nope'; its tables are"):
+        cfg.route("nope")
+
+
+def test_a_routed_table_without_its_schema_fails_naming_the_table(tmp_path):
+    conf = _routed(tmp_path)
+    (tmp_path / "schemas" / "orders.avsc").unlink()
+    cfg = load_pipeline("clicks", conf)  # the pipeline itself loads: other tables can run
+    with pytest.raises(ConfigError, match=r"pipeline clicks, table orders: .*'orders\.avsc' not"):
+        cfg.route("orders")
+
+
+def test_table_placeholders_need_routing_and_templates_need_valid_names(tmp_path):
+    with pytest.raises(ConfigError, match=r"table holds \{table\}, which only `routing` fills in"):
+        load_pipeline("clicks", _project(tmp_path / "a", GOOD | {"table": "t_{table}"}))
+    with pytest.raises(ConfigError, match=r"key `routing.table`: .*not a table-name template"):
+        load_pipeline("clicks", _routed(tmp_path / "b", routing={"table": "Raw-{topic}"}))
+    with pytest.raises(ConfigError, match=r"does not route its topics to tables"):
+        load_pipeline("clicks:app_clicks", _project(tmp_path / "c", GOOD))

@@ -1,0 +1,177 @@
+"""Topics routed to tables of their own, through the real broker, Spark and command line."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections import Counter
+
+import yaml
+from deltalake import DeltaTable
+
+from strata.cli import main
+from strata.config import load_pipeline
+from strata.ledger import read_ledger
+from tests.conftest import ROOT, produce_clicks
+
+
+def _route(p, topics: list[str] | None = None, pattern: str | None = None) -> None:
+    """Make the pipeline route its topics to tables named after them, one schema each."""
+    path = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    body = yaml.safe_load(path.read_text())
+    body.pop("topics")
+    body.update(schema_file="{table}.avsc", routing={"table": "{topic}"})
+    body.update({"topics": topics} if topics else {"topics_pattern": pattern})
+    path.write_text(yaml.safe_dump(body))
+
+
+def _schema_for(p, table: str) -> None:
+    schemas = p.conf_dir.parent / "schemas"
+    shutil.copy(ROOT / "schemas" / "clicks.avsc", schemas / f"{table}.avsc")
+
+
+def _rows(cfg, which: str) -> Counter[tuple[str, int, int]]:
+    t = DeltaTable(cfg.location(which)).to_pyarrow_table(
+        columns=["_topic", "_partition", "_offset"]
+    )
+    return Counter(
+        zip(
+            t.column("_topic").to_pylist(),
+            t.column("_partition").to_pylist(),
+            t.column("_offset").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def _landed(cfg) -> Counter[tuple[str, int, int]]:
+    return _rows(cfg, "table") + _rows(cfg, "quarantine")
+
+
+def test_three_topics_land_in_three_tables_with_ledgers_of_their_own(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=2)
+    topics = [f"{p.topic}.{kind}" for kind in ("web", "app", "tv")]
+    counts = {}
+    for i, topic in enumerate(topics):
+        broker.create_topic(topic, 2)
+        counts[topic] = produce_clicks(broker, topic, 2, 20 + 10 * i, seed=i)
+    _route(p, topics=topics)
+    cfg = load_pipeline(p.name, p.conf_dir)
+    tables = [cfg.table_for(t) for t in topics]
+    for table in tables:
+        _schema_for(p, table)
+
+    # One `strata run` process runs every table, on one Spark session.
+    done = p.cli("run", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(body["tables"]) == sorted(tables)
+    assert {t: b["status"] for t, b in body["tables"].items()} == dict.fromkeys(tables, "committed")
+    for topic, table in zip(topics, tables, strict=True):
+        child = cfg.route(table)
+        assert _landed(child) == Counter(
+            {(topic, q, o): 1 for q, n in counts[topic].items() for o in range(n)}
+        )
+        ledger = read_ledger(child).to_pylist()
+        assert {r["topic"] for r in ledger} == {topic}
+        assert {r["pipeline"] for r in ledger} == {table} and {r["batch"] for r in ledger} == {1}
+        assert sum(r["messages"] for r in ledger) == sum(counts[topic].values())
+    assert len({cfg.route(t).location("ledger") for t in tables}) == 3
+
+    # One table's topic gets more messages: only its table has a second batch.
+    more = produce_clicks(broker, topics[1], 2, 8, seed=9)
+    assert main(["run", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)]) == 0
+    batches = {t: max(r["batch"] for r in read_ledger(cfg.route(t)).to_pylist()) for t in tables}
+    assert batches == {tables[0]: 1, tables[1]: 2, tables[2]: 1}
+    app = cfg.route(tables[1])
+    assert sum(_landed(app).values()) == sum(counts[topics[1]].values()) + sum(more.values())
+    assert max(_landed(app).values()) == 1
+
+
+def test_a_pattern_routes_a_new_topic_to_a_new_table_and_a_broken_table_stops_only_itself(
+    make_pipeline, broker, spark, capsys
+):
+    p = make_pipeline(partitions=1)
+    first, second, third = (f"{p.topic}.{k}" for k in ("a", "b", "c"))
+    _route(p, pattern=rf"{re.escape(p.topic)}\..+")
+    cfg = load_pipeline(p.name, p.conf_dir)
+    argv = ["--pipeline", p.name, "--conf-dir", str(p.conf_dir)]
+    broker.create_topic(first, 1)
+    one = produce_clicks(broker, first, 1, 12)
+    _schema_for(p, cfg.table_for(first))
+    assert main(["run", *argv]) == 0
+
+    # Created between runs: a table of its own from the next run on. The third topic's
+    # table has no schema yet: it fails, named, and the others go on.
+    broker.create_topic(second, 1)
+    broker.create_topic(third, 1)
+    two = produce_clicks(broker, second, 1, 7)
+    produce_clicks(broker, third, 1, 5)
+    _schema_for(p, cfg.table_for(second))
+    capsys.readouterr()
+    assert main(["run", "--json", *argv]) == 1
+    out, err = capsys.readouterr()
+    body = json.loads(out.strip().splitlines()[-1])
+    assert body["tables"][cfg.table_for(first)]["status"] == "idle"
+    assert body["tables"][cfg.table_for(second)]["status"] == "committed"
+    broken = body["tables"][cfg.table_for(third)]
+    assert broken["status"] == "failed" and f"{cfg.table_for(third)}.avsc" in broken["error"]
+    assert f"table {cfg.table_for(third)} of pipeline {p.name} failed" in err
+    assert _landed(cfg.route(cfg.table_for(first))) == Counter(
+        {(first, 0, o): 1 for o in range(one[0])}
+    )
+    assert _landed(cfg.route(cfg.table_for(second))) == Counter(
+        {(second, 0, o): 1 for o in range(two[0])}
+    )
+
+    # `status` shows each table; a one-table command names the tables to choose from.
+    _schema_for(p, cfg.table_for(third))
+    assert main(["run", *argv]) == 0
+    capsys.readouterr()
+    assert main(["status", "--json", *argv]) == 0
+    status = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(status["tables"]) == sorted(cfg.table_for(t) for t in (first, second, third))
+    assert all(s["last_batch"] == 1 for s in status["tables"].values())
+    assert main(["quality", *argv]) == 2
+    assert f"name it as --pipeline {p.name}:TABLE" in capsys.readouterr().err
+
+
+def test_the_ingest_dag_runs_every_table_and_shows_each(
+    make_pipeline, broker, spark, airflow_db, monkeypatch
+):
+    from tests.integration.test_airflow import load_dags, states
+
+    p = make_pipeline(partitions=1, overrides={"quality": {"gate": "warn"}})
+    topics = [f"{p.topic}.{kind}" for kind in ("web", "app")]
+    counts = {}
+    for i, topic in enumerate(topics):
+        broker.create_topic(topic, 1)
+        counts[topic] = produce_clicks(broker, topic, 1, 15 + i, seed=i)
+    _route(p, topics=topics)
+    cfg = load_pipeline(p.name, p.conf_dir)
+    for topic in topics:
+        _schema_for(p, cfg.table_for(topic))
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    dag = load_dags(p.conf_dir).dags[f"strata_ingest_{p.name}"]
+
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+    shown = {ti.task_id: ti.xcom_pull(task_ids=ti.task_id) for ti in run.get_task_instances()}
+    for topic in topics:
+        table = cfg.table_for(topic)
+        planned = shown["plan"]["tables"][table]
+        assert planned["batch"] == 1
+        assert [(r["topic"], r["start"], r["end"]) for r in planned["ranges"]] == [
+            (topic, 0, counts[topic][0])
+        ]
+        assert (
+            shown["ingest"]["tables"][table]["rows"]
+            + shown["ingest"]["tables"][table]["quarantined"]
+            == counts[topic][0]
+        )
+        assert shown["quality_gate"]["tables"][table]["batch"] == 1
+        assert shown["quality_gate"]["tables"][table]["gate"] == "warn"
+        assert _landed(cfg.route(table)) == Counter(
+            {(topic, 0, o): 1 for o in range(counts[topic][0])}
+        )
