@@ -125,35 +125,3 @@ def test_the_schema_travels_with_the_configuration_to_hosts_without_the_file(tmp
     (tmp_path / "schemas" / "clicks.avsc").unlink()  # as on an executor's host
     rules = DecodeRules.from_config(pickle.loads(shipped))
     assert "user_id" in rules.out_schema.names
-
-
-def test_a_schema_registry_makes_schema_id_optional_and_bad_settings_fail_at_load(tmp_path):
-    confluent = {**GOOD, "format": "confluent_avro"}
-    registry = {"url": "https://registry.internal:8081/", "username": "u", "password": "p"}
-    cfg = load_pipeline(
-        "clicks", _project(tmp_path / "ok", {**confluent, "schema_registry": registry})
-    )
-    assert cfg.schema_id is None and cfg.schema_registry.url == "https://registry.internal:8081"
-    with pytest.raises(ConfigError, match="needs `schema_id`.*or schema_registry.url"):
-        load_pipeline("clicks", _project(tmp_path / "none", confluent))
-    bad = {
-        "url": ({"url": "registry:8081"}, "`schema_registry.url`: .*write http://host:8081"),
-        "userinfo": (
-            {"url": "https://u:hunter22@registry:8081"},
-            "`schema_registry.url`: .*https://u:\\*\\*\\*@registry:8081.* holds credentials",
-        ),
-        "half auth": ({"url": "http://r:1", "username": "u"}, "username is set without"),
-        "ca over http": ({"url": "http://r:1", "ca_file": __file__}, "https url only"),
-        "no ca file": (
-            {"url": "https://r:1", "ca_file": "/no/such.pem"},
-            "`schema_registry.ca_file`",
-        ),
-        "timeout": ({"url": "http://r:1", "timeout_s": 0}, "`schema_registry.timeout_s`"),
-    }
-    for case, (section, message) in bad.items():
-        conf = _project(
-            tmp_path / case.replace(" ", "_"), {**confluent, "schema_registry": section}
-        )
-        with pytest.raises(ConfigError, match=message) as err:
-            load_pipeline("clicks", conf)
-        assert "clicks.yaml" in str(err.value) and "hunter22" not in str(err.value)

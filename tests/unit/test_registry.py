@@ -18,12 +18,14 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from strata.config import EventTimeConfig, PipelineConfig, SchemaRegistryConfig
+from strata.config import EventTimeConfig, PipelineConfig, SchemaRegistryConfig, load_pipeline
 from strata.decode import DecodeRules, decode_chunk
-from strata.errors import SchemaRegistryUnavailable
+from strata.errors import ConfigError, SchemaRegistryUnavailable
 from strata.local.schema_registry import LocalSchemaRegistry
 from strata.local.service import free_port
 from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, ROOT
+from tests.unit.test_config import GOOD as CONFIG
+from tests.unit.test_config import _project as config_project
 from tests.unit.test_decode import T0, raw, reasons_by_offset
 
 READER = json.loads((ROOT / "schemas" / "clicks.avsc").read_text())
@@ -247,3 +249,35 @@ def rules_for_reader(reader: dict, url: str):
         ),
     )
     return DecodeRules.from_config(cfg)
+
+
+def test_a_schema_registry_makes_schema_id_optional_and_bad_settings_fail_at_load(tmp_path):
+    confluent = {**CONFIG, "format": "confluent_avro"}
+    registry = {"url": "https://registry.internal:8081/", "username": "u", "password": "p"}
+    cfg = load_pipeline(
+        "clicks", config_project(tmp_path / "ok", {**confluent, "schema_registry": registry})
+    )
+    assert cfg.schema_id is None and cfg.schema_registry.url == "https://registry.internal:8081"
+    with pytest.raises(ConfigError, match="needs `schema_id`.*or schema_registry.url"):
+        load_pipeline("clicks", config_project(tmp_path / "none", confluent))
+    bad = {
+        "url": ({"url": "registry:8081"}, "`schema_registry.url`: .*write http://host:8081"),
+        "userinfo": (
+            {"url": "https://u:hunter22@registry:8081"},
+            "`schema_registry.url`: .*https://u:\\*\\*\\*@registry:8081.* holds credentials",
+        ),
+        "half auth": ({"url": "http://r:1", "username": "u"}, "username is set without"),
+        "ca over http": ({"url": "http://r:1", "ca_file": __file__}, "https url only"),
+        "no ca file": (
+            {"url": "https://r:1", "ca_file": "/no/such.pem"},
+            "`schema_registry.ca_file`",
+        ),
+        "timeout": ({"url": "http://r:1", "timeout_s": 0}, "`schema_registry.timeout_s`"),
+    }
+    for case, (section, message) in bad.items():
+        conf = config_project(
+            tmp_path / case.replace(" ", "_"), {**confluent, "schema_registry": section}
+        )
+        with pytest.raises(ConfigError, match=message) as err:
+            load_pipeline("clicks", conf)
+        assert "clicks.yaml" in str(err.value) and "hunter22" not in str(err.value)
