@@ -369,6 +369,79 @@ class TrinoConfig(_Strict):
         return value
 
 
+class SchemaRegistryConfig(_Strict):
+    """The Confluent Schema Registry that `confluent_avro` messages name their schema in.
+
+    With a registry, each message is decoded with the schema it was written with (its
+    writer schema, fetched by the id in its header) and resolved into `schema_file`,
+    so a producer's compatible schema change lands instead of being quarantined.
+
+    Attributes:
+        url: `http(s)://host:port` of the registry. Unset: no registry, and every
+            message must carry `schema_id`.
+        username: Basic-auth user, if the registry asks for one.
+        password: Basic-auth password; write `${NAME}` to keep it out of the file.
+        ca_file: PEM file of the certificate authority that signed an https registry's
+            certificate, when it is not one the system trusts.
+        timeout_s: Bound on each request to the registry.
+    """
+
+    url: str | None = None
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if re.match(r"^https?://[^\s/@]*@", value):
+            raise ValueError(
+                f"{redact(value)!r} holds credentials; put them in schema_registry.username "
+                "and schema_registry.password instead, so that they are never printed"
+            )
+        if not re.match(r"^https?://[A-Za-z0-9.-]+(:\d+)?(/[^\s?#]*)?$", value):
+            raise ValueError(
+                f"{value!r} is not a Schema Registry url; write http://host:8081 or "
+                "https://host:8081"
+            )
+        return value.rstrip("/")
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_file():
+            raise ValueError(
+                f"{value!r} is not a file; point ca_file at the PEM file of the registry's "
+                "certificate authority, or remove it"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> SchemaRegistryConfig:
+        if (self.username is None) != (self.password is None):
+            given, missing = (
+                ("username", "password") if self.password is None else ("password", "username")
+            )
+            raise ValueError(
+                f"schema_registry.{given} is set without schema_registry.{missing}; "
+                "basic auth needs both (or remove both)"
+            )
+        if self.url is None and (self.username is not None or self.ca_file is not None):
+            raise ValueError(
+                "schema_registry has credentials or ca_file but no url; add "
+                "schema_registry.url or remove the section"
+            )
+        if self.ca_file is not None and self.url is not None and self.url.startswith("http:"):
+            raise ValueError(
+                "schema_registry.ca_file applies to an https url only; use https:// or "
+                "remove ca_file"
+            )
+        return self
+
+
 class AirflowConfig(_Strict):
     """How Airflow schedules and runs the pipeline.
 
@@ -573,8 +646,8 @@ class PipelineConfig(_Strict):
         format: `json`, `avro`, or `confluent_avro` (Avro in Confluent wire format).
         schema_file: Avro schema under `schemas/`, also used to check and coerce JSON.
         schema_id: For `confluent_avro`, the Schema Registry id under which `schema_file`
-            is registered; a message carrying another id is quarantined, never decoded
-            with a schema it was not written with.
+            is registered; without `schema_registry`, a message carrying another id is
+            quarantined, never decoded with a schema it was not written with.
         event_time: Event-time field and its rules.
         partitioning: `dt` or `dt_hr` (Hive-style `dt=YYYY-MM-DD/hr=HH`).
         layout: `per_task` (each task writes at most one file per event-time partition)
@@ -604,6 +677,8 @@ class PipelineConfig(_Strict):
         spark: Spark session settings.
         metastore: Hive Metastore registration.
         trino: A Trino to notify after registering the tables.
+        schema_registry: The Schema Registry that `confluent_avro` writer schemas come
+            from; with one, `schema_id` is optional.
         airflow: Scheduling of the pipeline's DAGs.
         quality: The data-quality suite and gate.
         maintenance: Compaction, log checkpoints and vacuum.
@@ -641,6 +716,7 @@ class PipelineConfig(_Strict):
     spark: SparkConfig = Field(default_factory=SparkConfig)
     metastore: MetastoreConfig = Field(default_factory=MetastoreConfig)
     trino: TrinoConfig = Field(default_factory=TrinoConfig)
+    schema_registry: SchemaRegistryConfig = Field(default_factory=SchemaRegistryConfig)
     airflow: AirflowConfig = Field(default_factory=AirflowConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
@@ -869,11 +945,13 @@ class PipelineConfig(_Strict):
 
     @model_validator(mode="after")
     def _confluent_schema_id(self) -> PipelineConfig:
-        if self.format == "confluent_avro" and self.schema_id is None:
+        registry = self.schema_registry.url is not None
+        if self.format == "confluent_avro" and self.schema_id is None and not registry:
             raise ValueError(
                 "format confluent_avro needs `schema_id`: the Schema Registry id of "
                 f"{self.schema_file}, so that messages written with another schema are "
-                "quarantined instead of decoded wrongly; add schema_id: <id>"
+                "quarantined instead of decoded wrongly; add schema_id: <id>, or "
+                "schema_registry.url to decode each message with the schema it was written with"
             )
         if self.format != "confluent_avro" and self.schema_id is not None:
             raise ValueError("`schema_id` applies only to format confluent_avro; remove it")

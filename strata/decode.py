@@ -33,6 +33,7 @@ import pyarrow.json as pajson
 from strata.config import PipelineConfig
 from strata.durations import human_duration
 from strata.errors import SchemaError
+from strata.registry import WriterSchema, WriterSchemas
 from strata.schema import (
     QUARANTINE_SCHEMA,
     TopicSchema,
@@ -42,6 +43,7 @@ from strata.schema import (
     logical_type,
     non_null,
     partition_columns,
+    without_logical_types,
 )
 
 _US_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": 0}
@@ -103,13 +105,17 @@ class DecodeRules:
         max_lateness_ms: How far an event may trail its Kafka timestamp before it is
             quarantined; None for no bound.
         max_lateness: `event_time.max_lateness` as configured, for reasons.
-        schema_id: For `confluent_avro`, the Schema Registry id messages must carry.
+        schema_id: For `confluent_avro`, the Schema Registry id messages must carry
+            (without a registry), or whose messages need no registry lookup (with one).
         partitioning: `dt` or `dt_hr`.
         out_schema: Schema of the decoded rows, partition columns included.
         wire_schema: What the values are read into before logical types and range
             checks apply (see `_wire_type`).
         avro_reader: For the Avro formats, the parsed schema fastavro reads with: the
             topic's schema without its logical types, which this module applies itself.
+        schema_file: The schema file's name, for reasons.
+        writer_schemas: For `confluent_avro` with a Schema Registry, each schema id's
+            writer schema; None without a registry.
     """
 
     format: str
@@ -127,6 +133,8 @@ class DecodeRules:
     out_schema: pa.Schema
     wire_schema: pa.Schema
     avro_reader: Any
+    schema_file: str = ""
+    writer_schemas: WriterSchemas | None = None
 
     @classmethod
     def from_config(cls, cfg: PipelineConfig) -> DecodeRules:
@@ -165,10 +173,15 @@ class DecodeRules:
             min_valid = min_valid.replace(tzinfo=UTC)
         fmt = "json" if cfg.format == "json" else "avro"
         avro_reader = None
+        writer_schemas = None
         if fmt == "avro":
             from fastavro import parse_schema
 
-            avro_reader = parse_schema(_without_logical_types(topic.avro))
+            avro_reader = parse_schema(without_logical_types(topic.avro))
+            if cfg.format == "confluent_avro" and cfg.schema_registry.url is not None:
+                writer_schemas = WriterSchemas(
+                    cfg.schema_registry, topic.avro, avro_reader, cfg.schema_file, cfg.schema_id
+                )
         return cls(
             format=cfg.format,
             topic=topic,
@@ -185,6 +198,8 @@ class DecodeRules:
             out_schema=data_schema(topic, cfg.partitioning),
             wire_schema=pa.schema([pa.field(f.name, _wire_type(f.type, fmt)) for f in topic.arrow]),
             avro_reader=avro_reader,
+            schema_file=cfg.schema_file,
+            writer_schemas=writer_schemas,
         )
 
 
@@ -351,23 +366,6 @@ def _wire_type(kind: pa.DataType, fmt: str) -> pa.DataType:
     if fmt == "avro" and pa.types.is_decimal(kind):
         return pa.binary()
     return kind
-
-
-def _without_logical_types(avro_type: Any) -> Any:  # noqa: ANN401 - Avro schemas are JSON
-    """The schema with every logicalType removed, so fastavro returns the raw values.
-
-    fastavro's own conversions are not used: its decimal reader rounds an unscaled
-    value with more digits than the precision instead of refusing it.
-    """
-    if isinstance(avro_type, list):
-        return [_without_logical_types(t) for t in avro_type]
-    if isinstance(avro_type, dict):
-        return {
-            k: _without_logical_types(v) if k in ("type", "items", "values", "fields") else v
-            for k, v in avro_type.items()
-            if k != "logicalType"
-        }
-    return avro_type
 
 
 def _only_utf8(values: pa.Array, usable: pa.Array, reasons: list[str | None]) -> pa.Array:
@@ -605,18 +603,34 @@ def _parse_avro(
     values: list[Any], candidates: list[int], rules: DecodeRules, reasons: list[str | None]
 ) -> tuple[pa.Table, list[int]]:
     from fastavro import schemaless_reader
+    from fastavro.read import SchemaResolutionError
 
     records: list[dict[str, Any]] = []
     good: list[int] = []
     confluent = rules.format == "confluent_avro"
+    # With a registry, what each schema id of the chunk reads with is settled before
+    # the loop, one lookup per id: a registry that cannot be reached fails the chunk
+    # before any message is decided, and the loop does no more than a dict lookup.
+    by_id: dict[int, WriterSchema | str] = {}
+    if confluent and rules.writer_schemas is not None:
+        for written in sorted(_schema_ids(values, candidates)):
+            by_id[written] = rules.writer_schemas.lookup(written)
     for i in candidates:
         payload = values[i]
+        writer, reader = rules.avro_reader, None
+        written = -1
         if confluent:
             if len(payload) < 5 or payload[0] != 0:
                 reasons[i] = "not in Confluent wire format (expected magic byte 0 and a schema id)"
                 continue
             written = int.from_bytes(payload[1:5], "big")
-            if written != rules.schema_id:
+            if rules.writer_schemas is not None:
+                how = by_id[written]
+                if isinstance(how, str):
+                    reasons[i] = how
+                    continue
+                writer, reader = how.writer, how.reader
+            elif written != rules.schema_id:
                 reasons[i] = (
                     f"written with schema id {written}, not the configured schema_id "
                     f"{rules.schema_id}; decoding it with another schema would misread its "
@@ -627,13 +641,20 @@ def _parse_avro(
             payload = payload[5:]
         try:
             buf = io.BytesIO(payload)
-            record = schemaless_reader(buf, rules.avro_reader, None)
+            record = schemaless_reader(buf, writer, reader)
             if buf.tell() != len(payload):
                 raise ValueError(f"{len(payload) - buf.tell()} trailing bytes after the record")
         except UnicodeDecodeError as exc:
             reasons[i] = (
                 f"not valid Avro for the schema: a string is not UTF-8 text (byte {exc.start} "
                 "of the string)"
+            )
+            continue
+        except SchemaResolutionError as exc:
+            # Only a writer schema from the registry is resolved into the table's.
+            reasons[i] = _quote_reason(
+                f"written with schema id {written}, which cannot be read as "
+                f"{rules.schema_file}: {exc}"
             )
             continue
         except Exception as exc:  # noqa: BLE001 - any decoder failure is the message's fault
@@ -647,6 +668,15 @@ def _parse_avro(
         records.append(record)
         good.append(i)
     return _records_table(records, good, rules.wire_schema, reasons)
+
+
+def _schema_ids(values: list[Any], candidates: list[int]) -> set[int]:
+    """The schema ids in the Confluent headers of the candidate messages."""
+    return {
+        int.from_bytes(values[i][1:5], "big")
+        for i in candidates
+        if len(values[i]) >= 5 and values[i][0] == 0
+    }
 
 
 def _quote_reason(reason: str) -> str:

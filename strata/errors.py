@@ -58,6 +58,10 @@ class KafkaUnavailable(StrataError):
     """The brokers, a topic or a partition could not be reached in time."""
 
 
+class SchemaRegistryUnavailable(StrataError):
+    """The Schema Registry could not be reached, or refused a request; nothing was quarantined."""
+
+
 class ReadError(StrataError):
     """A planned range could not be read."""
 

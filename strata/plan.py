@@ -315,14 +315,21 @@ def split_ranges(
 
 
 def decode_fingerprint(cfg: PipelineConfig) -> str:
-    """Hash of everything that decides whether and where a message lands."""
-    body = {
+    """Hash of everything that decides whether and where a message lands.
+
+    The Schema Registry's url counts (which registry names the writer schemas), its
+    credentials do not; it is left out without a registry, so that the plans saved
+    before registries were supported keep their fingerprint.
+    """
+    body: dict[str, Any] = {
         "format": cfg.format,
         "schema_id": cfg.schema_id,
         "schema": cfg.schema_text,
         "event_time": cfg.event_time.model_dump(),
         "partitioning": cfg.partitioning,
     }
+    if cfg.format == "confluent_avro" and cfg.schema_registry.url is not None:
+        body["schema_registry"] = cfg.schema_registry.url
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 

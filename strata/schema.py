@@ -455,3 +455,20 @@ def schema_changes(
                 f'value for it; declare it optional: ["null", ...] with "default": null'
             )
     return added, problems
+
+
+def without_logical_types(avro_type: Any) -> Any:  # noqa: ANN401 - Avro schemas are JSON
+    """The schema with every logicalType removed, so fastavro returns the raw values.
+
+    fastavro's own conversions are not used: its decimal reader rounds an unscaled
+    value with more digits than the precision instead of refusing it.
+    """
+    if isinstance(avro_type, list):
+        return [without_logical_types(t) for t in avro_type]
+    if isinstance(avro_type, dict):
+        return {
+            k: without_logical_types(v) if k in ("type", "items", "values", "fields") else v
+            for k, v in avro_type.items()
+            if k != "logicalType"
+        }
+    return avro_type

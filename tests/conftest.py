@@ -321,3 +321,16 @@ def airflow_db():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     yield os.environ["AIRFLOW_HOME"]
+
+
+REGISTRY_USER = "strata"
+REGISTRY_PASSWORD = "registry-password-Qx4"
+
+
+@pytest.fixture(scope="session")
+def schema_registry():
+    """The local Schema Registry, asking for basic auth (REGISTRY_USER, REGISTRY_PASSWORD)."""
+    from strata.local.schema_registry import LocalSchemaRegistry
+
+    with LocalSchemaRegistry(username=REGISTRY_USER, password=REGISTRY_PASSWORD) as service:
+        yield service

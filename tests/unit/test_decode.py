@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from strata.config import EventTimeConfig, PipelineConfig
-from strata.decode import DecodeRules, _without_logical_types, decode_chunk, partition_stats
-from strata.schema import QUARANTINE_SCHEMA, RAW_SCHEMA, partition_columns
+from strata.decode import DecodeRules, decode_chunk, partition_stats
+from strata.schema import QUARANTINE_SCHEMA, RAW_SCHEMA, partition_columns, without_logical_types
 from strata.write import PartitionedWriter
 from tests.conftest import ROOT
 
@@ -625,7 +625,7 @@ def test_json_logical_types_are_read_as_their_avro_numbers(logical_schema, tmp_p
 def test_hostile_avro_values_are_quarantined_by_field(logical_schema):
     r = rules_for(logical_schema, "avro")
     # Written without logical types: the raw numbers and bytes a producer can send.
-    plain = parse_schema(_without_logical_types(LOGICAL_SCHEMA))
+    plain = parse_schema(without_logical_types(LOGICAL_SCHEMA))
     base = {
         "id": EXPECTED_ROW["id"],
         "amount": (1234).to_bytes(2, "big", signed=True),
@@ -1193,7 +1193,7 @@ def avro_message(draw) -> bytes | None:
         if draw(st.booleans()):
             plain = kind in ("plain", "truncated")
             record[name] = draw(AVRO_PLAIN_FIELDS.get(name, values) if plain else values)
-    writer_schema = _without_logical_types(schema)
+    writer_schema = without_logical_types(schema)
     if kind == "evil":
         writer_schema = _strings_as_bytes(writer_schema)
         record["name"] = draw(st.binary(max_size=10))

@@ -238,3 +238,34 @@ def test_column_names_and_described_credentials_are_not_secrets(tmp_path):
     assert not is_secret_key("keystrokes") and not is_secret_key("ssl.keystore.type")
     assert not is_secret_key("fs.s3a.aws.credentials.provider")
     assert is_secret_key("secretKey") and is_secret_key("sasl.oauthbearer.config")
+
+
+def test_the_schema_registry_password_never_shows(tmp_path, canaries):
+    from strata.config import redact
+
+    registry = {
+        "format": "confluent_avro",
+        "schema_registry": {
+            "url": "https://registry.internal:8081",
+            "username": "strata",
+            "password": "${METASTORE_PASSWORD}",
+        },
+    }
+    cfg = load_pipeline("clicks", project(tmp_path, merge(GOOD, registry)))
+    shipped = pickle.loads(pickle.dumps(cfg))
+    for shown in (cfg, shipped, cfg.schema_registry):
+        assert_no_canary(repr(shown), str(shown))
+    assert "password='***'" in repr(cfg.schema_registry) and "strata" in repr(cfg.schema_registry)
+    assert shipped.schema_registry.password == canaries["METASTORE_PASSWORD"]
+    # A client library's message that quotes it, on its way to a terminal or a log.
+    assert redact(f"401 for strata:{canaries['METASTORE_PASSWORD']}") == "401 for strata:***"
+
+    broken = merge(registry, {"schema_registry": {"timeout_s": -1}})
+    conf = project(tmp_path / "broken", merge(GOOD, broken))
+    with pytest.raises(ConfigError) as err:
+        load_pipeline("clicks", conf)
+    assert "`schema_registry.timeout_s`" in str(err.value)
+    assert_no_canary(error_text(err.value))
+    done = strata("run", "--json", conf=conf)
+    assert done.returncode == 2 and "schema_registry.timeout_s" in done.stderr, done.stderr
+    assert_no_canary(done.stdout, done.stderr)

@@ -1,0 +1,113 @@
+"""Confluent Avro through a Schema Registry, end to end: broker, Spark tasks, the tables.
+
+Producers write with confluent-kafka's `AvroSerializer` against the local registry
+(with basic auth), as a producer service would; Strata's Spark tasks fetch the
+writer schemas from the same registry.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from strata.errors import SchemaRegistryUnavailable, from_task_failure
+from strata.local.service import free_port
+from strata.report import summary_dict
+from strata.run import run_batch
+from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, START_MS, expected_offsets
+from tests.unit.test_registry import READER, V1, V2, click, client, writer_schema
+
+
+def registry_overrides(url: str) -> dict:
+    section = {"url": url, "username": REGISTRY_USER, "password": REGISTRY_PASSWORD}
+    return {"format": "confluent_avro", "schema_registry": section}
+
+
+def test_two_schema_versions_interleaved_land_typed_and_an_incompatible_one_is_quarantined(
+    make_pipeline, broker, spark, schema_registry
+):
+    p = make_pipeline(partitions=2, overrides=registry_overrides(schema_registry.url))
+    ctx = SerializationContext(p.topic, MessageField.VALUE)
+    registry = client(schema_registry.url)
+    v1 = AvroSerializer(registry, json.dumps(V1), conf={"auto.register.schemas": True})
+    v2 = AvroSerializer(registry, json.dumps(V2), conf={"auto.register.schemas": True})
+    # A separate subject: the registry would refuse it under the topic's in real life.
+    bad = AvroSerializer(
+        registry,
+        json.dumps(writer_schema(user_id="string")),
+        conf={"auto.register.schemas": True, "subject.name.strategy": lambda *_: "other-value"},
+    )
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    sent: dict[tuple[int, int], int] = {}
+    for i in range(40):
+        record = click(i, ts=START_MS + i * 1000)
+        if i == 17:
+            value = bad({**record, "user_id": "u17"}, ctx)
+        elif i % 2:
+            value = v2({**record, "campaign": f"c{i}"}, ctx)
+        else:
+            value = v1({k: v for k, v in record.items() if k != "country"}, ctx)
+        producer.produce(p.topic, value, partition=i % 2, timestamp=START_MS + i * 1000 + 5)
+        sent[(i % 2, i // 2)] = i
+    producer.flush(30)
+    seal = v2({**click(99, ts=START_MS + 99_000), "campaign": None}, ctx)
+    broker.seal(p.topic, [0, 1], seal, timestamp_ms=START_MS + 99_005)
+
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+
+    assert outcome.status == "committed"
+    assert summary_dict(outcome)["rows"] == 41 and summary_dict(outcome)["quarantined"] == 1
+    per = {0: 21, 1: 21}
+    assert p.landed() == expected_offsets(per)
+    rows = p.table_rows("table").to_pylist()
+    assert Counter((r["_partition"], r["_offset"]) for r in rows) == Counter(
+        {k: 1 for k in expected_offsets(per) if k != (1, 8)}
+    )
+    by_event = {r["event_id"]: r for r in rows}
+    for (partition, offset), i in sent.items():
+        if i == 17:
+            continue
+        row = by_event[f"e{i}"]
+        assert (row["_partition"], row["_offset"]) == (partition, offset)
+        assert row["user_id"] == i and row["device"] == "tablet" and row["latency_ms"] == i
+        assert row["country"] == ("DE" if i % 2 else None)  # v1 lacks it: the default
+        assert int(row["_event_time"].timestamp() * 1000) == START_MS + i * 1000
+    assert "campaign" not in p.table_rows("table").column_names
+    quarantined = p.table_rows("quarantine").to_pylist()
+    assert [(q["_partition"], q["_offset"]) for q in quarantined] == [(1, 8)]
+    bad_id = int.from_bytes(quarantined[0]["_value"][1:5], "big")
+    assert quarantined[0]["reason"].startswith(
+        f"written with schema id {bad_id}, which cannot be read as clicks.avsc: "
+    )
+    assert READER["name"] == "Click"
+
+
+def test_a_registry_that_cannot_be_reached_fails_the_batch_and_quarantines_nothing(
+    make_pipeline, broker, spark, schema_registry
+):
+    gone = f"http://127.0.0.1:{free_port()}"
+    p = make_pipeline(partitions=1, overrides=registry_overrides(gone))
+    ctx = SerializationContext(p.topic, MessageField.VALUE)
+    v2 = AvroSerializer(
+        client(schema_registry.url), json.dumps(V2), conf={"auto.register.schemas": True}
+    )
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(5):
+        producer.produce(p.topic, v2({**click(i, ts=START_MS), "campaign": None}, ctx), partition=0)
+    producer.flush(30)
+    broker.seal(p.topic, [0], v2({**click(9, ts=START_MS), "campaign": None}, ctx))
+
+    with pytest.raises(Exception) as err:  # noqa: PT011 - Spark's, carrying the task's error
+        run_batch(p.cfg(), session=lambda _: spark)
+
+    # What the command line ends with: the task's error, found in Spark's text.
+    ours = from_task_failure(str(err.value))
+    assert isinstance(ours, SchemaRegistryUnavailable)
+    assert str(ours).startswith(f"the Schema Registry at {gone} could not be reached")
+    assert REGISTRY_PASSWORD not in str(err.value)
+    assert not (p.warehouse / p.name).exists() or p.table_rows("quarantine").num_rows == 0
