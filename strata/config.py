@@ -384,6 +384,13 @@ class SchemaRegistryConfig(_Strict):
         ca_file: PEM file of the certificate authority that signed an https registry's
             certificate, when it is not one the system trusts.
         timeout_s: Bound on each request to the registry.
+        evolve: Let the table follow the registry: when a batch is planned, the
+            latest schema of each topic's subject is read, and the optional fields it
+            adds (nullable, default null) become columns of the table from that batch
+            on. Off, the table's columns are `schema_file`'s and fields producers add
+            are dropped on reading.
+        subject: The subject of a topic's value schema; `{topic}` is the topic's name
+            (Confluent's TopicNameStrategy).
     """
 
     url: str | None = None
@@ -391,6 +398,8 @@ class SchemaRegistryConfig(_Strict):
     password: str | None = None
     ca_file: str | None = None
     timeout_s: float = Field(default=10.0, gt=0)
+    evolve: bool = False
+    subject: str = "{topic}-value"
 
     @field_validator("url")
     @classmethod
@@ -433,6 +442,11 @@ class SchemaRegistryConfig(_Strict):
             raise ValueError(
                 "schema_registry has credentials or ca_file but no url; add "
                 "schema_registry.url or remove the section"
+            )
+        if self.evolve and self.url is None:
+            raise ValueError(
+                "schema_registry.evolve follows the registry's schemas but no url is set; add "
+                "schema_registry.url or remove evolve"
             )
         if self.ca_file is not None and self.url is not None and self.url.startswith("http:"):
             raise ValueError(
@@ -689,6 +703,8 @@ class PipelineConfig(_Strict):
     _schema_text: str | None = PrivateAttr(default=None)
     # The routed pipeline this one is a table of (see `RoutingConfig`), or None.
     _route_of: str | None = PrivateAttr(default=None)
+    # False once `with_schema_text` gave it a schema other than schema_file's.
+    _reads_schema_file: bool = PrivateAttr(default=True)
 
     name: str
     topics: list[str] = Field(default_factory=list)
@@ -955,6 +971,11 @@ class PipelineConfig(_Strict):
             )
         if self.format != "confluent_avro" and self.schema_id is not None:
             raise ValueError("`schema_id` applies only to format confluent_avro; remove it")
+        if self.format != "confluent_avro" and self.schema_registry.evolve:
+            raise ValueError(
+                "schema_registry.evolve follows the writer schemas that confluent_avro messages "
+                "name; it applies to format confluent_avro only; remove it"
+            )
         return self
 
     @model_validator(mode="after")
@@ -988,6 +1009,28 @@ class PipelineConfig(_Strict):
         if self._schema_text is None:
             self._schema_text = self.schema_path.read_text()
         return self._schema_text
+
+    def with_schema_text(self, text: str) -> PipelineConfig:
+        """This configuration reading with another Avro schema than `schema_file`'s.
+
+        For a table that follows its Schema Registry subject: a batch is decoded with
+        the schema it was planned with, which may hold fields `schema_file` does not.
+
+        Args:
+            text: The Avro schema, as JSON text.
+
+        Returns:
+            A copy; this one is left as it is.
+        """
+        copy = self.model_copy()
+        copy._reads_schema_file = self.reads_schema_file and text == self.schema_text
+        copy._schema_text = text
+        return copy
+
+    @property
+    def reads_schema_file(self) -> bool:
+        """Whether the schema read with is `schema_file`'s as loaded (see `with_schema_text`)."""
+        return self._reads_schema_file
 
     @property
     def group_id(self) -> str:

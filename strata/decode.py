@@ -180,7 +180,13 @@ class DecodeRules:
             avro_reader = parse_schema(without_logical_types(topic.avro))
             if cfg.format == "confluent_avro" and cfg.schema_registry.url is not None:
                 writer_schemas = WriterSchemas(
-                    cfg.schema_registry, topic.avro, avro_reader, cfg.schema_file, cfg.schema_id
+                    cfg.schema_registry,
+                    topic.avro,
+                    avro_reader,
+                    cfg.schema_file,
+                    # `schema_id` is schema_file's id: a batch read with a schema the
+                    # table evolved to (see `strata.evolve`) asks the registry for every id.
+                    cfg.schema_id if cfg.reads_schema_file else None,
                 )
         return cls(
             format=cfg.format,

@@ -35,6 +35,8 @@ from strata.write import write_file
 # told apart from the one the committed offsets belong to.
 COLUMNS_KEY = "strata.columns"
 TOPIC_IDS_KEY = "strata.topic_ids"
+# The Avro schema a batch was read with, when its table follows its registry subject.
+READER_SCHEMA_KEY = "strata.reader_schema"
 # The kinds of row that say where reading goes on, in batch order.
 POSITION_KINDS = ("ingest", "seek")
 
@@ -186,6 +188,7 @@ def commit_ledger(
     rows: list[dict[str, object]],
     columns: list[list[str]] | None = None,
     topic_ids: dict[str, str] | None = None,
+    reader_schema: dict[str, Any] | None = None,
 ) -> bool:
     """Append a batch's rows to the ledger in one transaction, unless already there.
 
@@ -202,6 +205,8 @@ def commit_ledger(
         columns: The data table's column signature the batch was written with; the
             next plan checks the schema against it.
         topic_ids: The broker's id of each topic, where it has one.
+        reader_schema: The Avro schema the batch was read with, when the table follows
+            its Schema Registry subject; the next plan starts from it.
 
     Returns:
         True if this call committed the batch, False if the ledger already held it.
@@ -217,6 +222,8 @@ def commit_ledger(
     meta: dict[str, object] = {} if columns is None else {COLUMNS_KEY: columns}
     if topic_ids:
         meta[TOPIC_IDS_KEY] = topic_ids
+    if reader_schema is not None:
+        meta[READER_SCHEMA_KEY] = reader_schema
     if not full:
         # A batch with nothing to record (an abandoned first plan) still takes its number.
         return commit_files(table, LEDGER_SCHEMA, [], [], cfg.name, batch, meta)
@@ -267,6 +274,15 @@ def committed_topic_ids(cfg: PipelineConfig) -> tuple[int, dict[str, str]] | Non
         (batch, {topic: id}), or None before any batch recorded them.
     """
     return _newest_recorded(cfg, TOPIC_IDS_KEY)
+
+
+def committed_reader_schema(cfg: PipelineConfig) -> tuple[int, dict[str, Any]] | None:
+    """The Avro schema the newest batch that recorded one was read with, with its number.
+
+    Returns:
+        (batch, schema), or None before any batch recorded one.
+    """
+    return _newest_recorded(cfg, READER_SCHEMA_KEY)
 
 
 def _newest_recorded(cfg: PipelineConfig, key: str) -> tuple[int, Any] | None:

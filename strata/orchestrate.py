@@ -26,16 +26,18 @@ def _each_table(
     raised, so Airflow retries the step, and a retry finds the tables that went
     through idle or done.
     """
+    from strata.evolve import table_schema
+
     cfg = load_pipeline(pipeline, conf_dir)
     if not cfg.routed:
-        return step(cfg)
+        return step(table_schema(cfg))
     from strata.routes import route_tables
 
     tables: dict[str, Any] = {}
     failures: list[tuple[str, Exception]] = []
     for name in route_tables(cfg):
         try:
-            tables[name] = step(cfg.route(name))
+            tables[name] = step(table_schema(cfg.route(name)))
         except Exception as exc:  # noqa: BLE001 - raised below, once every table had its turn
             failures.append((name, exc))
             tables[name] = {"status": "failed", "error": redact(str(exc))}

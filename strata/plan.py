@@ -92,6 +92,8 @@ class BatchPlan:
             topic re-created before the batch is finished is not read as the same log.
         began: Why each new partition (`topic:partition`) starts where it does; the
             ledger keeps it with the partition's first range.
+        reader_schema: The Avro schema the batch is read with, when the table follows
+            its Schema Registry subject (`schema_registry.evolve`); empty otherwise.
     """
 
     pipeline: str
@@ -108,6 +110,7 @@ class BatchPlan:
     losses: list[OffsetRange] = field(default_factory=list)
     topic_ids: dict[str, str] = field(default_factory=dict)
     began: dict[str, str] = field(default_factory=dict)
+    reader_schema: str = ""
 
     @property
     def offsets(self) -> int:
@@ -138,6 +141,7 @@ class BatchPlan:
             losses=[OffsetRange(**r) for r in body.get("losses", [])],
             topic_ids=dict(body.get("topic_ids", {})),
             began=dict(body.get("began", {})),
+            reader_schema=body.get("reader_schema", ""),
         )
 
 

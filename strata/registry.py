@@ -242,6 +242,54 @@ def _references(client: SchemaRegistryClient, schema: Schema, seen: set[Any]) ->
     return texts
 
 
+def latest_schema(registry: SchemaRegistryConfig, subject: str) -> dict[str, Any] | None:
+    """The newest Avro schema registered under a subject, or None if the subject has none.
+
+    Args:
+        registry: The registry settings (`url` set).
+        subject: The subject, e.g. `clicks-value`.
+
+    Returns:
+        The schema as JSON, or None when the registry does not know the subject or its
+        newest schema is not Avro.
+
+    Raises:
+        SchemaRegistryUnavailable: If the registry cannot be reached or refuses.
+    """
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    client = _client(registry)
+    try:
+        # Not `get_latest_version`: the client keeps its answer for the life of the
+        # process, and a long-lived driver (an Airflow worker) would never see a new one.
+        # A version, once registered, never changes: that lookup may be cached.
+        newest = max(client.get_versions(subject))
+        registered = client.get_version(subject, newest)
+    except SchemaRegistryError as exc:
+        if exc.http_status_code == 404:
+            return None
+        raise SchemaRegistryUnavailable(_unavailable_subject(registry, subject, exc)) from None
+    except Exception as exc:  # noqa: BLE001 - connection failures of any client layer
+        raise SchemaRegistryUnavailable(_unavailable_subject(registry, subject, exc)) from None
+    schema = registered.schema
+    if (schema.schema_type or "AVRO").upper() != "AVRO" or not schema.schema_str:
+        return None
+    document = json.loads(schema.schema_str)
+    return document if isinstance(document, dict) else None
+
+
+def _unavailable_subject(registry: SchemaRegistryConfig, subject: str, exc: Exception) -> str:
+    text = (
+        f"the Schema Registry at {registry.url} gave no answer about subject {subject!r} "
+        f"({type(exc).__name__}: {exc}); nothing was read. Check that the registry is up and "
+        "schema_registry.url, then run again"
+    )
+    text = " ".join(text.split())
+    if registry.password:
+        text = text.replace(registry.password, "***")
+    return redact(text)
+
+
 def _client(registry: SchemaRegistryConfig) -> SchemaRegistryClient:
     """The process's client of a registry: one per settings, so its own cache is shared."""
     from confluent_kafka.schema_registry import SchemaRegistryClient

@@ -85,9 +85,10 @@ def each_table(
 ) -> tuple[str, dict[str, Any]]:
     """Run a command on a pipeline, or on each table of a pipeline that routes to tables.
 
-    Each table has its turn whatever another's did: a table that failed is named in
-    the text and in the body's `tables_error`, which makes the command exit non-zero
-    once every table had its turn.
+    A table that follows its Schema Registry subject is given with the schema it
+    evolved to (`strata.evolve.table_schema`). Each table has its turn whatever
+    another's did: a table that failed is named in the text and in the body's
+    `tables_error`, which makes the command exit non-zero once every table had its turn.
 
     Args:
         cfg: The pipeline.
@@ -100,8 +101,10 @@ def each_table(
     Raises:
         ConfigError: If the command works on one table and `cfg` routes to several.
     """
+    from strata.evolve import table_schema
+
     if not cfg.routed:
-        return handler(cfg)
+        return handler(table_schema(cfg))
     if command not in EVERY_TABLE:
         require_one_table(cfg, command)
     from strata.errors import StrataError, root_cause
@@ -111,7 +114,7 @@ def each_table(
     failed: list[str] = []
     for name in route_tables(cfg):
         try:
-            text, body = handler(cfg.route(name))
+            text, body = handler(table_schema(cfg.route(name)))
         except StrataError as exc:
             text, body = f"error: {exc}", {"status": "failed", "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others

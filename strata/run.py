@@ -17,6 +17,7 @@ ledger commit, which is last and marks the batch done.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator
@@ -42,6 +43,7 @@ from strata.delta import (
     without_ranges,
 )
 from strata.errors import KafkaUnavailable, LeaseLost, PlanError, ReconcileError, SchemaError
+from strata.evolve import evolved, table_schema
 from strata.faults import crash_point
 from strata.kafka import partition_states, pipeline_topics, publish_offsets, topic_ids
 from strata.ledger import (
@@ -173,6 +175,8 @@ def run_batch(
         with planning.timed("plan"):
             state = ledger_state(cfg)
             plan, resumed, states = _load_or_plan(cfg, state, max_offsets, accept_loss)
+        if plan is not None and plan.reader_schema:
+            cfg = cfg.with_schema_text(plan.reader_schema)
         if plan is None:
             outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
             # Catch the consumer group up with the ledger, in case a run died before.
@@ -234,7 +238,14 @@ def _ingest(
         )
     with own_files_on_loss(cfg, plan.batch, written.run_id), outcome.stages.timed("ledger"):
         lock.check()
-        landed = commit_ledger(cfg, plan.batch, ledger_rows, data_columns(cfg), plan.topic_ids)
+        landed = commit_ledger(
+            cfg,
+            plan.batch,
+            ledger_rows,
+            data_columns(cfg),
+            plan.topic_ids,
+            json.loads(plan.reader_schema) if plan.reader_schema else None,
+        )
     crash_point("after_ledger")
     if not landed:
         # Another runner committed the batch first; this run's commits were no-ops.
@@ -348,6 +359,11 @@ def _load_or_plan(
     # Before the plan is saved, so nothing of a re-created topic or an incompatible
     # schema is ever read; an idle run skips both.
     plan = replace(plan, topic_ids=check_topic_ids(cfg))
+    if cfg.schema_registry.evolve:
+        # The schema is settled with the plan and saved in it: a resumed batch reads
+        # with it whatever the registry holds by then.
+        cfg = evolved(table_schema(cfg), {r.topic for r in plan.ranges})
+        plan = replace(plan, reader_schema=cfg.schema_text, fingerprint=decode_fingerprint(cfg))
     check_schema(cfg)
     saved = store.create(plan)
     return saved, saved is not plan, states
@@ -998,7 +1014,8 @@ def register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
     from strata.register import register_tables, render_registration
 
     try:
-        outcome.registered = render_registration(register_tables(cfg))
+        # The columns of a table that follows its registry are those it evolved to.
+        outcome.registered = render_registration(register_tables(table_schema(cfg)))
         if cfg.trino.url:
             from strata.sql import run_in_trino, trino_statements
 

@@ -111,3 +111,70 @@ def test_a_registry_that_cannot_be_reached_fails_the_batch_and_quarantines_nothi
     assert str(ours).startswith(f"the Schema Registry at {gone} could not be reached")
     assert REGISTRY_PASSWORD not in str(err.value)
     assert not (p.warehouse / p.name).exists() or p.table_rows("quarantine").num_rows == 0
+
+
+def test_a_table_that_follows_its_subject_takes_on_the_optional_fields_producers_add(
+    make_pipeline, broker, spark, schema_registry
+):
+    from strata.ledger import committed_reader_schema
+
+    overrides = registry_overrides(schema_registry.url)
+    overrides["schema_registry"]["evolve"] = True
+    p = make_pipeline(partitions=1, overrides=overrides)
+    ctx = SerializationContext(p.topic, MessageField.VALUE)
+    registry = client(schema_registry.url)
+    base = AvroSerializer(registry, json.dumps(READER), conf={"auto.register.schemas": True})
+    # The next version adds an optional field (taken on) and a required one (left out).
+    v3 = AvroSerializer(
+        registry,
+        json.dumps(
+            writer_schema(
+                add=[
+                    {"name": "campaign", "type": ["null", "string"], "default": None},
+                    {"name": "score", "type": "int"},
+                ]
+            )
+        ),
+        conf={"auto.register.schemas": True},
+    )
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+
+    def send(values: list[bytes]) -> None:
+        # The last message again, alone in its record batch: the test broker's high
+        # watermark then covers every message (see DESIGN.md).
+        for value in values:
+            producer.produce(p.topic, value, partition=0, timestamp=START_MS + 5)
+        producer.flush(30)
+        broker.seal(p.topic, [0], values[-1], timestamp_ms=START_MS + 5)
+
+    send([base(click(i, ts=START_MS + i), ctx) for i in range(6)])
+    assert run_batch(p.cfg(), session=lambda _: spark).status == "committed"
+    assert "campaign" not in p.table_rows("table").column_names
+    assert committed_reader_schema(p.cfg()) is not None
+
+    second = [
+        v3({**click(i, ts=START_MS + i), "campaign": f"c{i}", "score": i}, ctx)
+        if i % 2
+        else base(click(i, ts=START_MS + i), ctx)
+        for i in range(10, 20)
+    ]
+    send(second)
+    assert run_batch(p.cfg(), session=lambda _: spark).status == "committed"
+    rows = {r["event_id"]: r for r in p.table_rows("table").to_pylist()}
+    # Each batch's last message is sent twice (see `send`): 7 and 11 rows.
+    assert p.table_rows("table").num_rows == 7 + 11
+    assert "score" not in p.table_rows("table").column_names
+    assert [rows[f"e{i}"]["campaign"] for i in range(10, 20)] == [
+        f"c{i}" if i % 2 else None for i in range(10, 20)
+    ]
+    assert all(rows[f"e{i}"]["campaign"] is None for i in range(6))  # older files: null
+    batch, recorded = committed_reader_schema(p.cfg())
+    assert batch == 2 and [f["name"] for f in recorded["fields"]][-1] == "campaign"
+
+    # The table keeps the column when later messages no longer carry it.
+    send([base(click(i, ts=START_MS + i), ctx) for i in range(30, 33)])
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.status == "committed" and summary_dict(outcome)["quarantined"] == 0
+    table = p.table_rows("table")
+    assert "campaign" in table.column_names and table.num_rows == 7 + 11 + 4
+    assert p.landed() == expected_offsets({0: 7 + 11 + 4})
