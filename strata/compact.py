@@ -58,6 +58,7 @@ from strata.durations import parse_duration_ms
 from strata.errors import MaintenanceError, MetastoreError
 from strata.faults import crash_point
 from strata.locations import TableFile, current_files, generation_dir, mark, new_stamp
+from strata.partitions import partition_span
 from strata.schema import table_layout
 from strata.storage import filesystem
 from strata.write import (
@@ -208,15 +209,15 @@ def parse_partition(text: str, columns: list[str]) -> dict[str, str]:
     return values
 
 
-def partition_end(values: dict[str, str]) -> datetime | None:
-    """When an event-time partition's time span ends; None if the values are not times."""
-    try:
-        day = datetime.strptime(values["dt"], "%Y-%m-%d").replace(tzinfo=UTC)
-        if "hr" in values:
-            return day + timedelta(hours=int(values["hr"]) + 1)
-    except (KeyError, ValueError):
-        return None
-    return day + timedelta(days=1)
+def partition_end(values: dict[str, str], zone: str = "UTC") -> datetime | None:
+    """When an event-time partition's time span ends; None if the values are not times.
+
+    Args:
+        values: The partition's values (`dt`, maybe `hr` and a field's).
+        zone: The zone the values are local times of (`partitioning.timezone`).
+    """
+    span = partition_span(values["dt"], values.get("hr"), zone) if "dt" in values else None
+    return None if span is None else span[1]
 
 
 def small_bytes(cfg: PipelineConfig) -> int:
@@ -269,7 +270,7 @@ def plan_table(
     picked = []
     for key, files in sorted(by_key.items()):
         values = dict(zip(partition_by, key, strict=True))
-        if not _wanted(values, only, settled_before):
+        if not _wanted(values, only, settled_before, cfg.partitioning.timezone):
             continue
         mergeable = [
             f
@@ -295,14 +296,16 @@ def plan_table(
     return picked
 
 
-def _wanted(values: dict[str, str], only: dict[str, str] | None, settled_before: datetime) -> bool:
+def _wanted(
+    values: dict[str, str], only: dict[str, str] | None, settled_before: datetime, zone: str
+) -> bool:
     """Whether a partition is asked for (`--partition`) and settled (an unpartitioned
-    table's files settle one by one instead)."""
+    table's files settle one by one instead); its values are local times of `zone`."""
     if only is not None and any(values.get(k) != v for k, v in only.items()):
         return False
     if not values:
         return True
-    end = partition_end(values)
+    end = partition_end(values, zone)
     return end is not None and end <= settled_before
 
 
@@ -354,7 +357,8 @@ def plan_directory(
     picked = []
     for name, found in sorted(by_partition.items()):
         values = dict(part.split("=", 1) for part in name.split("/") if part)
-        if list(values) != partition_by or not _wanted(values, only, settled_before):
+        wanted = _wanted(values, only, settled_before, cfg.partitioning.timezone)
+        if list(values) != partition_by or not wanted:
             continue
         files: list[dict[str, Any]] = [
             {"path": f.path, "size_bytes": f.size} for f in sorted(found, key=_by_name)

@@ -191,6 +191,20 @@ def _valid_duration(value: str) -> str:
 Duration = Annotated[str, AfterValidator(_valid_duration)]
 
 
+def _valid_zone(value: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {value!r}; use an IANA name such as 'UTC'") from exc
+    return value
+
+
+# An IANA time zone name ("UTC", "Europe/Berlin"), checked when the config loads.
+Zone = Annotated[str, AfterValidator(_valid_zone)]
+
+
 class _Strict(BaseModel):
     # pydantic's error text quotes the offending input (`input_value=...`), which may be
     # a secret, or a mapping holding some: errors name the key and the rule, never the value.
@@ -224,7 +238,8 @@ class EventTimeConfig(_Strict):
     Attributes:
         field: Top-level field of the record that holds the event time.
         unit: `s`, `ms`, `us` or `ns` for epoch numbers; `iso8601` for strings.
-        timezone: Zone of ISO strings that carry no offset. Partitions are always UTC.
+        timezone: Zone of ISO strings that carry no offset. The partitions' zone is
+            `partitioning.timezone`.
         max_future_skew: How far an event time may lie ahead of its Kafka timestamp.
         late_after: An event whose Kafka timestamp trails it by more than this is late.
         max_lateness: An event whose Kafka timestamp trails it by more than this is
@@ -234,24 +249,11 @@ class EventTimeConfig(_Strict):
 
     field: str
     unit: Literal["s", "ms", "us", "ns", "iso8601"] = "ms"
-    timezone: str = "UTC"
+    timezone: Zone = "UTC"
     max_future_skew: Duration = "1h"
     late_after: Duration = "1h"
     max_lateness: Duration | None = "7d"
     min_valid: str = "2000-01-01"
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str) -> str:
-        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(
-                f"unknown time zone {value!r}; use an IANA name such as 'UTC'"
-            ) from exc
-        return value
 
     @property
     def max_future_skew_ms(self) -> int:
@@ -277,6 +279,106 @@ class EventTimeConfig(_Strict):
                 f"{self.late_after!r}; an event must be counted late before it is quarantined"
             )
         return self
+
+
+# A value of a field partition: a Hive path segment as it is, in every store and engine
+# (the writer refuses a value starting with '.').
+_PARTITION_VALUE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}$")
+# How many values a field partition may list: each is a directory under every hour.
+_MAX_PARTITION_VALUES = 256
+
+
+class FieldPartitionConfig(_Strict):
+    """An extra partition column from a message field, with a bounded set of values.
+
+    Attributes:
+        name: Top-level field of the record (string, enum, int or long).
+        values: The values that get a partition of their own.
+        other: The partition of every other value, null and a missing field included.
+    """
+
+    name: str
+    values: tuple[str, ...] = Field(min_length=1)
+    other: str = "__other__"
+
+    @field_validator("values", mode="before")
+    @classmethod
+    def _as_text(cls, value: Any) -> Any:  # noqa: ANN401 - YAML reads 1 as an int
+        # An int field's values may be written as YAML numbers; partitions are text.
+        if isinstance(value, list | tuple):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
+
+    @field_validator("values", "other")
+    @classmethod
+    def _path_safe(cls, value: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        for v in (value,) if isinstance(value, str) else value:
+            if not _PARTITION_VALUE.match(v):
+                raise ValueError(
+                    f"{v!r} cannot name a partition directory; use 1 to 64 letters, digits, "
+                    "'_', '-' and '.', not starting with '.'"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _distinct(self) -> FieldPartitionConfig:
+        if len(self.values) > _MAX_PARTITION_VALUES:
+            raise ValueError(
+                f"{len(self.values)} values: each is a partition under every event-time "
+                f"partition; list at most {_MAX_PARTITION_VALUES}, the rest land in `other`"
+            )
+        if len(set(self.values)) != len(self.values):
+            raise ValueError("a value is listed twice in `values`; list each once")
+        if self.other in self.values:
+            raise ValueError(
+                f"`other` {self.other!r} is also one of `values`, so its partition would mix "
+                "that value with every unlisted one; choose another name for `other`"
+            )
+        return self
+
+    @property
+    def column(self) -> str:
+        """The partition column: `p_` and the field's name, lower-cased.
+
+        Not the field's own name: a Hive or Trino table cannot have a data column and a
+        partition column of one name, and the data column keeps each row's exact value
+        (the `other` partition holds many).
+        """
+        return f"p_{self.name.lower()}"
+
+
+class PartitioningConfig(_Strict):
+    """How the data table is partitioned: event time in a zone, and optionally a field.
+
+    A plain `partitioning: dt_hr` (or `dt`) in the YAML is the same as `by:` alone.
+
+    Attributes:
+        by: `dt` or `dt_hr` (Hive-style `dt=YYYY-MM-DD/hr=HH`).
+        timezone: IANA zone of the `dt` and `hr` values: the event's local date and
+            hour there. An hour that repeats when clocks go back is one partition.
+        field: An extra partition column from a message field, after `dt` and `hr`.
+    """
+
+    by: Literal["dt", "dt_hr"] = "dt_hr"
+    timezone: Zone = "UTC"
+    field: FieldPartitionConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain(cls, data: Any) -> Any:  # noqa: ANN401 - pydantic hands over the raw value
+        if isinstance(data, str):
+            if data not in ("dt", "dt_hr"):
+                raise ValueError(
+                    f"{data!r} is not a partitioning; use dt, dt_hr, or a mapping with `by`, "
+                    "`timezone` and `field`"
+                )
+            return {"by": data}
+        return data
+
+    @property
+    def default(self) -> bool:
+        """Whether this is plain UTC `dt`/`hr` partitioning, as before zones and fields."""
+        return self.timezone == "UTC" and self.field is None
 
 
 class LimitsConfig(_Strict):
@@ -663,7 +765,7 @@ class PipelineConfig(_Strict):
             is registered; without `schema_registry`, a message carrying another id is
             quarantined, never decoded with a schema it was not written with.
         event_time: Event-time field and its rules.
-        partitioning: `dt` or `dt_hr` (Hive-style `dt=YYYY-MM-DD/hr=HH`).
+        partitioning: The data table's partition columns (see `PartitioningConfig`).
         layout: `per_task` (each task writes at most one file per event-time partition)
             or `shuffle` (rows are shuffled on the event-time partition first, so each
             gets about one file per batch, at the price of moving the rows once more).
@@ -714,7 +816,7 @@ class PipelineConfig(_Strict):
     schema_file: str
     schema_id: int | None = Field(default=None, ge=0)
     event_time: EventTimeConfig
-    partitioning: Literal["dt", "dt_hr"] = "dt_hr"
+    partitioning: PartitioningConfig = Field(default_factory=PartitioningConfig)
     layout: Literal["per_task", "shuffle"] = "per_task"
     table_format: Literal["delta", "parquet"] = "delta"
     warehouse: str = "warehouse"

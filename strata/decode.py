@@ -30,9 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from strata.config import PipelineConfig
+from strata.config import PartitioningConfig, PipelineConfig
 from strata.durations import human_duration
 from strata.errors import SchemaError
+from strata.partitions import event_partitions, field_partitions, floor_divide
 from strata.registry import WriterSchema, WriterSchemas
 from strata.schema import (
     QUARANTINE_SCHEMA,
@@ -42,7 +43,6 @@ from strata.schema import (
     load_pipeline_schema,
     logical_type,
     non_null,
-    partition_columns,
     without_logical_types,
 )
 
@@ -107,7 +107,7 @@ class DecodeRules:
         max_lateness: `event_time.max_lateness` as configured, for reasons.
         schema_id: For `confluent_avro`, the Schema Registry id messages must carry
             (without a registry), or whose messages need no registry lookup (with one).
-        partitioning: `dt` or `dt_hr`.
+        partitioning: The partition columns, their zone and field.
         out_schema: Schema of the decoded rows, partition columns included.
         wire_schema: What the values are read into before logical types and range
             checks apply (see `_wire_type`).
@@ -129,7 +129,7 @@ class DecodeRules:
     max_lateness_ms: int | None
     max_lateness: str | None
     schema_id: int | None
-    partitioning: str
+    partitioning: PartitioningConfig
     out_schema: pa.Schema
     wire_schema: pa.Schema
     avro_reader: Any
@@ -168,6 +168,7 @@ class DecodeRules:
                 f"{cfg.schema_path}: event_time.unit is {et.unit} but field {et.field!r} is "
                 f"{kind}; use unit: iso8601 for strings"
             )
+        _check_field_partition(cfg, topic)
         min_valid = datetime.fromisoformat(et.min_valid)
         if min_valid.tzinfo is None:
             min_valid = min_valid.replace(tzinfo=UTC)
@@ -206,6 +207,41 @@ class DecodeRules:
             avro_reader=avro_reader,
             schema_file=cfg.schema_file,
             writer_schemas=writer_schemas,
+        )
+
+
+def _check_field_partition(cfg: PipelineConfig, topic: TopicSchema) -> None:
+    """Refuse a `partitioning.field` the schema cannot feed: every message must have a
+    partition, whatever its value, so the field is a top-level one of a type whose
+    values compare as text."""
+    spec = cfg.partitioning.field
+    if spec is None:
+        return
+    where = f"{cfg.schema_path}: partitioning.field.name {spec.name!r}"
+    if spec.name not in topic.arrow.names:
+        raise SchemaError(
+            f"{where} is not a field of the schema; name a top-level field, one of "
+            f"{', '.join(topic.arrow.names)}"
+        )
+    kind = topic.arrow.field(spec.name).type
+    if not (pa.types.is_string(kind) or pa.types.is_int32(kind) or pa.types.is_int64(kind)):
+        raise SchemaError(
+            f"{where} is {kind}, but a field partition takes a string, enum, int or long "
+            "field, whose values can be listed exactly; partition by another field"
+        )
+    if not pa.types.is_string(kind):
+        odd = [v for v in spec.values if not re.fullmatch(r"-?(0|[1-9][0-9]*)", v)]
+        if odd:
+            raise SchemaError(
+                f"{where} is an integer field, but partitioning.field.values lists "
+                f"{', '.join(map(repr, odd))}, which no integer is written as; list integers "
+                "as plain decimals (7, -3), or they never match"
+            )
+    clash = [n for n in topic.arrow.names if n.lower() == spec.column]
+    if clash:
+        raise SchemaError(
+            f"{where}: its partition column `{spec.column}` has the name of the schema's "
+            f"field `{clash[0]}`; rename that field, or partition by another"
         )
 
 
@@ -298,10 +334,11 @@ def decode_chunk(
     columns["_event_time"] = event_time
     for name in _COORDINATE_COLUMNS:
         columns[name] = coords.column(name)
-    dt, hr = event_partitions(kept_us)
-    columns["dt"] = dt
-    if "hr" in partition_columns(rules.partitioning):
-        columns["hr"] = hr
+    # Only the partition columns of `out_schema` are taken below.
+    columns["dt"], columns["hr"] = event_partitions(kept_us, rules.partitioning.timezone)
+    spec = rules.partitioning.field
+    if spec is not None:
+        columns[spec.column] = field_partitions(parsed.column(spec.name), spec)
     rows = pa.table([columns[f.name] for f in rules.out_schema], schema=rules.out_schema)
 
     bad_idx = (
@@ -315,30 +352,6 @@ def decode_chunk(
         pa.array([reasons[i] for i in bad_idx], pa.string()),
     ).cast(QUARANTINE_SCHEMA)
     return Decoded(rows=rows, quarantine=quarantine)
-
-
-def event_partitions(event_us: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """UTC `dt` (YYYY-MM-DD) and `hr` (HH) strings of epoch-microsecond event times.
-
-    A batch touches few distinct hours, so each is formatted once and the column is
-    built by index: far cheaper than formatting every row.
-    """
-    hours = _floor_divide(event_us, 3_600_000_000)
-    distinct = pc.unique(hours)
-    moments = [_EPOCH + timedelta(hours=h) for h in distinct.to_pylist()]
-    where = pc.index_in(hours, value_set=distinct)
-    dt = pa.array([m.strftime("%Y-%m-%d") for m in moments], pa.string())
-    hr = pa.array([m.strftime("%H") for m in moments], pa.string())
-    return pc.take(dt, where), pc.take(hr, where)
-
-
-def _floor_divide(values: pa.Array, by: int) -> pa.Array:
-    """Integer division rounding down; Arrow's rounds toward zero, wrong before 1970."""
-    quotient = pc.divide(values, by)
-    if (pc.min(values).as_py() or 0) >= 0:
-        return quotient
-    short = pc.and_(pc.less(values, 0), pc.not_equal(pc.multiply(quotient, by), values))
-    return pc.if_else(short, pc.subtract(quotient, 1), quotient)
 
 
 def _wire_type(kind: pa.DataType, fmt: str) -> pa.DataType:
@@ -996,7 +1009,7 @@ def _event_time_us(col: pa.ChunkedArray, rules: DecodeRules) -> tuple[pa.Array, 
         whole = col.cast(pa.int64())
         per = _US_PER_UNIT[rules.event_unit]
         if per == 0:
-            us = _floor_divide(whole, 1000)
+            us = floor_divide(whole, 1000)
         else:
             # Out-of-range values wrap here, and are told apart by the bounds below.
             inside = pc.and_(

@@ -323,14 +323,17 @@ def decode_fingerprint(cfg: PipelineConfig) -> str:
 
     The Schema Registry's url counts (which registry names the writer schemas), its
     credentials do not; it is left out without a registry, so that the plans saved
-    before registries were supported keep their fingerprint.
+    before registries were supported keep their fingerprint. Partitioning counts whole
+    (its zone, its field's name, values and `other`), and is written as before when it
+    is plain UTC `dt`/`hr`, for the same reason.
     """
+    partitioning = cfg.partitioning
     body: dict[str, Any] = {
         "format": cfg.format,
         "schema_id": cfg.schema_id,
         "schema": cfg.schema_text,
         "event_time": cfg.event_time.model_dump(),
-        "partitioning": cfg.partitioning,
+        "partitioning": partitioning.by if partitioning.default else partitioning.model_dump(),
     }
     if cfg.format == "confluent_avro" and cfg.schema_registry.url is not None:
         body["schema_registry"] = cfg.schema_registry.url

@@ -216,14 +216,24 @@ def _same(current: Table, wanted: Table) -> bool:
     )
 
 
-_PARTITION_VALUE = {"dt": re.compile(r"^\d{4}-\d{2}-\d{2}$"), "hr": re.compile(r"^\d{2}$")}
+_TIME_VALUE = {"dt": re.compile(r"^\d{4}-\d{2}-\d{2}$"), "hr": re.compile(r"^\d{2}$")}
+
+
+def _written(cfg: PipelineConfig, column: str, value: str) -> bool:
+    """Whether Strata itself writes `value` into the data table's partition column."""
+    spec = cfg.partitioning.field
+    if spec is not None and column == spec.column:
+        return value in spec.values or value == spec.other
+    rule = _TIME_VALUE.get(column)
+    return rule is not None and rule.match(value) is not None
 
 
 def storage_partitions(cfg: PipelineConfig) -> list[tuple[str, ...]]:
-    """Event-time partitions present on storage, from the directory names.
+    """Partitions present on storage, from the directory names.
 
-    Only names Strata itself writes (`dt=YYYY-MM-DD`, `hr=HH`) are taken, so a stray
-    directory can never become a partition that points outside the table.
+    Only names Strata itself writes (`dt=YYYY-MM-DD`, `hr=HH`, a field partition's
+    listed values and `other`) are taken, so a stray directory can never become a
+    partition that points outside the table.
     """
     fs, root = filesystem(cfg.location("table"), cfg.storage_options)
     columns = partition_columns(cfg.partitioning)
@@ -239,7 +249,7 @@ def storage_partitions(cfg: PipelineConfig) -> list[tuple[str, ...]]:
                 if (
                     info.type == pafs.FileType.Directory
                     and key == column
-                    and _PARTITION_VALUE[column].match(value)
+                    and _written(cfg, column, value)
                 ):
                     deeper.append((*prefix, value))
         found = deeper

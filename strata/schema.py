@@ -18,7 +18,7 @@ import pyarrow as pa
 from strata.errors import SchemaError
 
 if TYPE_CHECKING:
-    from strata.config import MetastoreTable, PipelineConfig, TableName
+    from strata.config import MetastoreTable, PartitioningConfig, PipelineConfig, TableName
 
 # Kafka coordinates carried by every data, raw and quarantine row.
 COORDINATES = pa.schema(
@@ -120,7 +120,7 @@ def load_topic_schema(path: Path, text: str | None = None) -> TopicSchema:
     defaults = {}
     for f in avro.get("fields", []):
         name = f["name"]
-        if name.startswith("_") or name in ("dt", "hr"):
+        if name.startswith("_") or name in _TIME_COLUMNS:
             raise SchemaError(
                 f"{path}: field {name!r} collides with Strata's own columns "
                 "(names starting with '_', 'dt', 'hr'); rename it"
@@ -353,12 +353,16 @@ def _format_problems(kind: pa.DataType, name: str, cfg: PipelineConfig) -> list[
     return []
 
 
-def data_schema(topic: TopicSchema, partitioning: str) -> pa.Schema:
+def data_schema(topic: TopicSchema, partitioning: PartitioningConfig) -> pa.Schema:
     """The data table's schema: the record's columns, event time, coordinates, partitions.
+
+    What a partition column means beyond its name (the zone of `dt` and `hr`, the field
+    and values of a field partition) rides in the schema's metadata, so the column
+    signature the ledger records tells a change of it apart (see `schema_changes`).
 
     Args:
         topic: The topic schema.
-        partitioning: `dt` or `dt_hr`.
+        partitioning: The pipeline's partitioning.
 
     Returns:
         The full schema, partition columns last.
@@ -367,8 +371,16 @@ def data_schema(topic: TopicSchema, partitioning: str) -> pa.Schema:
     fields.append(pa.field("_event_time", pa.timestamp("us", tz="UTC")))
     fields.extend(COORDINATES)
     fields.append(pa.field("_batch", pa.int64(), nullable=False))
-    fields.extend(pa.field(c, pa.string(), nullable=False) for c in partition_columns(partitioning))
-    return pa.schema(fields)
+    columns = partition_columns(partitioning)
+    fields.extend(pa.field(c, pa.string(), nullable=False) for c in columns)
+    notes = {}
+    if partitioning.timezone != "UTC":
+        notes = {c: f"in {partitioning.timezone}" for c in columns if c in _TIME_COLUMNS}
+    if partitioning.field is not None:
+        spec = partitioning.field
+        notes[spec.column] = f"from field {spec.name}: {', '.join(spec.values)}; other {spec.other}"
+    metadata = {_PARTITION_NOTES: json.dumps(notes, sort_keys=True)} if notes else None
+    return pa.schema(fields, metadata=metadata)
 
 
 # Each table's name is the pipeline's name plus its suffix (in storage and metastore).
@@ -396,14 +408,34 @@ def table_layout(cfg: PipelineConfig, which: TableName) -> tuple[pa.Schema, list
     return (RAW_SCHEMA if which == "raw" else QUARANTINE_SCHEMA), []
 
 
-def partition_columns(partitioning: str) -> list[str]:
-    """Event-time partition columns for a partitioning setting."""
-    return ["dt", "hr"] if partitioning == "dt_hr" else ["dt"]
+def partition_columns(partitioning: PartitioningConfig) -> list[str]:
+    """The data table's partition columns: `dt`, `hr` if hourly, a field partition's."""
+    columns = ["dt", "hr"] if partitioning.by == "dt_hr" else ["dt"]
+    if partitioning.field is not None:
+        columns.append(partitioning.field.column)
+    return columns
+
+
+# The event-time partition columns, which no field of a schema may be named.
+_TIME_COLUMNS = ("dt", "hr")
+# Schema metadata: per partition column, what it means beyond its name (JSON).
+_PARTITION_NOTES = "strata.partitions"
+
+
+def _partition_notes(schema: pa.Schema) -> dict[str, str]:
+    raw = (schema.metadata or {}).get(_PARTITION_NOTES.encode())
+    return {} if raw is None else dict(json.loads(raw))
 
 
 def column_signature(schema: pa.Schema) -> list[list[str]]:
-    """A table's columns as `[name, type]` pairs, as the ledger records them per batch."""
-    return [[f.name, str(f.type)] for f in schema]
+    """A table's columns as `[name, type]` pairs, as the ledger records them per batch.
+
+    A partition column whose values mean more than UTC event time carries a third
+    item saying what (`in Europe/Berlin`, `from field country: DE, FR; other __other__`);
+    plain UTC `dt` and `hr` have none, as before zones and fields.
+    """
+    notes = _partition_notes(schema)
+    return [[f.name, str(f.type), *([notes[f.name]] if f.name in notes else [])] for f in schema]
 
 
 def schema_changes(
@@ -423,19 +455,30 @@ def schema_changes(
     Returns:
         The names of the added columns, and a sentence per incompatible change.
     """
-    old = {name: kind for name, kind in before}
+    old = {entry[0]: entry[1] for entry in before}
     new = {f.name: str(f.type) for f in after}
+    old_notes = {entry[0]: entry[2] for entry in before if len(entry) > 2}
+    new_notes = _partition_notes(after)
+    partitions = set(_TIME_COLUMNS) | set(old_notes) | set(new_notes)
     problems = []
-    moved = sorted((set(old) ^ set(new)) & {"dt", "hr"})
+    moved = []
+    for name in sorted((set(old) | set(new)) & partitions):
+        if (name in old) != (name in new):
+            moved.append(f"column {name}")
+        elif old_notes.get(name) != new_notes.get(name):
+            # Only `dt` and `hr` go without a note: UTC, as before zones.
+            was, now = old_notes.get(name, "in UTC"), new_notes.get(name, "in UTC")
+            moved.append(f"column {name} was {was}, is now {now}")
+        else:
+            continue
+        old.pop(name, None)
+        new.pop(name, None)
     if moved:
         problems.append(
-            f"the partitioning changed (column {', '.join(moved)}), but a table keeps the "
+            f"the partitioning changed ({'; '.join(moved)}), but a table keeps the "
             "partitioning it was created with; restore `partitioning`, or point the pipeline "
             "at new tables"
         )
-        for name in moved:
-            old.pop(name, None)
-            new.pop(name, None)
     for name, kind in old.items():
         if name not in new:
             problems.append(

@@ -12,7 +12,9 @@ import signal
 import subprocess
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -223,3 +225,36 @@ def test_plain_parquet_compaction_carries_late_rows_and_survives_a_kill(
     generations = {f.directory for f in visible_files(fs, root) if f.directory != f.partition}
     assert generations == set(current_locations(fs, root).values()) | set(moved.values())
     assert p.landed() == expected_offsets(expected)
+
+
+def test_a_partition_settles_at_the_end_of_its_hour_in_the_partition_zone(
+    make_pipeline, broker, spark
+):
+    # Kiritimati is 14 hours ahead: its hours, read as UTC, would end half a day late.
+    field = {"name": "device", "values": ["mobile"], "other": "rest"}
+    p = make_pipeline(
+        partitions=2,
+        overrides={"partitioning": {"timezone": "Pacific/Kiritimati", "field": field}},
+    )
+    hour = int(time.time()) // 3600 * 3600 * 1000
+    start = hour - 3 * 3_600_000  # events of one hour that ended two to three hours ago
+    for seed in (1, 2):
+        produce_clicks(broker, p.topic, 2, 60, start_ms=start, hours=1, seed=seed)
+        run_batch(p.cfg(), session=lambda _: spark)
+    cfg = p.cfg()
+    before = rows(p)
+    adds = pa.table(DeltaTable(cfg.location("table")).get_add_actions(flatten=True)).to_pylist()
+    keys = {(a["partition.dt"], a["partition.hr"], a["partition.p_device"]) for a in adds}
+    local = datetime.fromtimestamp(start / 1000, ZoneInfo("Pacific/Kiritimati"))
+    assert keys == {(f"{local:%Y-%m-%d}", f"{local:%H}", d) for d in ("mobile", "rest")}
+
+    # Its end is two to three hours past (up to four, should the clock pass an hour).
+    early = compact(cfg, older_than="4h", dry_run=True)
+    assert [e for e in early.partitions if e.table == "table"] == []
+    report = compact(cfg, older_than="1h", session=lambda _: spark)
+    merged = sorted(e.partition for e in report.partitions if e.table == "table")
+    assert merged == sorted(
+        f"dt={local:%Y-%m-%d}/hr={local:%H}/p_device={d}" for d in ("mobile", "rest")
+    )
+    assert {e.outcome for e in report.partitions if e.table == "table"} == {"compacted"}
+    assert rows(p) == before and set(p.landed().values()) == {1}

@@ -180,6 +180,50 @@ def test_plain_parquet_tables_list_exactly_their_partitions(
         assert sorted(client.partition_names("strata", p.name)) == on_disk
 
 
+def test_a_field_partition_is_registered_after_the_local_hours_and_strays_are_not(
+    make_pipeline, broker, spark, metastore
+):
+    field = {"name": "device", "values": ["mobile", "tablet"], "other": "rest"}
+    p = make_pipeline(
+        partitions=2,
+        overrides={
+            "table_format": "parquet",
+            "partitioning": {"by": "dt", "timezone": "America/Los_Angeles", "field": field},
+            "metastore": {"uri": metastore.uri},
+        },
+    )
+    produce_clicks(broker, p.topic, 2, 300, hours=16)
+    root = Path(p.cfg().location("table"))
+    # A directory Strata never writes: not a listed value, so never a partition.
+    (root / "dt=2025-11-22" / "p_device=laptop").mkdir(parents=True)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.register_error is None, outcome.register_error
+
+    # 10:00Z on 2025-11-22 to 02:00Z the next day is 02:00 to 18:00 in Los Angeles: one day.
+    on_disk = sorted(f"{d.name}/{f.name}" for d in root.glob("dt=*") for f in d.glob("p_device=*"))
+    assert on_disk == [
+        "dt=2025-11-22/p_device=laptop",
+        "dt=2025-11-22/p_device=mobile",
+        "dt=2025-11-22/p_device=rest",
+        "dt=2025-11-22/p_device=tablet",
+    ]
+    with MetastoreClient(metastore.uri, 30) as client:
+        table = client.get_table("strata", p.name)
+        assert [k.name for k in table.partitionKeys] == ["dt", "p_device"]
+        assert ("device", "string") in [(c.name, c.type) for c in table.sd.cols]
+        assert sorted(client.partition_names("strata", p.name)) == [
+            "dt=2025-11-22/p_device=mobile",
+            "dt=2025-11-22/p_device=rest",
+            "dt=2025-11-22/p_device=tablet",
+        ]
+    rows = p.table_rows("table", ["device", "p_device"]).to_pylist()
+    assert {(r["device"], r["p_device"]) for r in rows} == {
+        ("desktop", "rest"),
+        ("mobile", "mobile"),
+        ("tablet", "tablet"),
+    }
+
+
 class _FakeTrino:
     """A stand-in for a Trino coordinator: Trino cannot be installed here, so this
     speaks just enough of its HTTP protocol (POST /v1/statement, one final answer)

@@ -7,13 +7,17 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pytest
+import yaml
 from confluent_kafka import Producer
 from deltalake import DeltaTable
 
+from strata.errors import SchemaError
 from strata.ledger import read_ledger
 from strata.report import summary_dict
 from strata.run import run_batch
@@ -341,3 +345,47 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     assert holes.success
     page = (Path(cfg.location("quality")) / "index.html").read_text()
     assert "offsets [0, 120) of partition 0" in page
+
+
+def test_partitions_in_a_zone_and_by_a_field_land_every_offset_once_and_stay_put(
+    make_pipeline, broker, spark
+):
+    kolkata = ZoneInfo("Asia/Kolkata")  # +05:30: each UTC hour spans two local hours
+    partitioning = {
+        "timezone": "Asia/Kolkata",
+        "field": {"name": "country", "values": ["DE", "US"]},
+    }
+    p = make_pipeline(partitions=2, overrides={"partitioning": partitioning})
+    per = produce_clicks(broker, p.topic, 2, 600, malformed=3)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+
+    assert outcome.status == "committed"
+    assert p.landed() == expected_offsets(per)
+    data = p.table_rows("table").to_pylist()
+    for row in data:
+        local = row["_event_time"].astimezone(kolkata)
+        assert (row["dt"], row["hr"]) == (f"{local:%Y-%m-%d}", f"{local:%H}"), row
+        listed = row["country"] in ("DE", "US")
+        assert row["p_country"] == (row["country"] if listed else "__other__"), row
+    # 10:00Z to 13:00Z is 15:30 to 18:30 in Kolkata; unlisted countries and nulls share one.
+    assert {r["hr"] for r in data} == {"15", "16", "17", "18"}
+    assert {r["p_country"] for r in data} == {"DE", "US", "__other__"}
+    assert any(r["country"] is None for r in data) and any(r["country"] == "JP" for r in data)
+
+    table = DeltaTable(p.cfg().location("table"))
+    assert table.metadata().partition_columns == ["dt", "hr", "p_country"]
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    for add in adds:
+        values = (add["partition.dt"], add["partition.hr"], add["partition.p_country"])
+        assert add["path"].startswith("dt={}/hr={}/p_country={}/".format(*values)), add["path"]
+    assert {a["partition.p_country"] for a in adds} == {"DE", "US", "__other__"}
+
+    # The table keeps its partitioning: a new zone is refused before anything is read.
+    path = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    body = yaml.safe_load(path.read_text())
+    body["partitioning"]["timezone"] = "UTC"
+    path.write_text(yaml.safe_dump(body))
+    produce_clicks(broker, p.topic, 2, 50, seed=3)
+    with pytest.raises(SchemaError, match=r"column dt was in Asia/Kolkata, is now in UTC"):
+        run_batch(p.cfg(), session=lambda _: spark)
+    assert len(read_ledger(p.cfg()).to_pylist()) == 2

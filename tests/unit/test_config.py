@@ -29,7 +29,7 @@ GOOD = {"topics": ["clicks"], "schema_file": "clicks.avsc", "event_time": {"fiel
 
 def test_the_shipped_pipeline_loads():
     cfg = load_pipeline("clicks", ROOT / "conf")
-    assert cfg.topics == ["clicks"] and cfg.partitioning == "dt_hr"
+    assert cfg.topics == ["clicks"] and cfg.partitioning.by == "dt_hr"
     assert cfg.location("table").endswith("/warehouse/clicks")
 
 
