@@ -297,6 +297,7 @@ def decode_chunk(
 
     if rules.format == "json":
         usable = _only_utf8(values, usable, reasons)
+        usable = _not_null_json(values, usable, reasons)
         wire, parsed_idx = _parse_json(values, pc.indices_nonzero(usable), rules, reasons)
     else:
         wire, parsed_idx = _parse_avro(
@@ -409,6 +410,34 @@ def _only_utf8(values: pa.Array, usable: pa.Array, reasons: list[str | None]) ->
             reasons[i] = f"not valid JSON: not UTF-8 text (byte {exc.start})"
             keep[i] = False
     return pc.and_(usable, pa.array(keep))
+
+
+# A message whose first JSON value is `null`: Arrow's JSON reader (26.0) with an
+# explicit schema crashes the process (SIGSEGV, or a read that spins for ever) when
+# the first value of a block is a top-level null, after a byte-order mark too (which
+# its reader skips at the start of a block).
+_LEADING_NULL = "^(\ufeff)?[ \t\r\n]*null"
+
+
+def _not_null_json(values: pa.Array, usable: pa.Array, reasons: list[str | None]) -> pa.Array:
+    """Quarantine the messages that begin with a top-level `null`; they never reach Arrow.
+
+    `null` is valid JSON, but not a record: a producer that sends it (a tombstone
+    written as JSON, a serializer given None) must get a quarantine row, not a task
+    that dies on every re-run of its batch.
+    """
+    leading = pc.fill_null(pc.match_substring_regex(values, _LEADING_NULL), False)
+    found = pc.and_(usable, leading)
+    if not pc.any(found).as_py():
+        return usable
+    for i in pc.indices_nonzero(found).to_pylist():
+        rest = values[i].as_py().removeprefix(b"\xef\xbb\xbf").strip()
+        reasons[i] = (
+            "not valid JSON for the schema: the message is null, not an object"
+            if rest == b"null"
+            else "not valid JSON for the schema: the message begins with null, not an object"
+        )
+    return pc.and_(usable, pc.invert(leading))
 
 
 def _parse_json(
@@ -581,6 +610,11 @@ def _json_reason(value: bytes, error: str, topic: TopicSchema) -> str:
         where, _ = _json_field(value, fields, lambda n: n == text)
         return f"not valid JSON for the schema: {where}{_quote(repr(text))} is not a {kind} number"
     changed = re.search(r"Column\((.*)\) changed from (\w+) to (\w+)", error)
+    if changed and not changed.group(1):
+        return (
+            f"not valid JSON for the schema: the message is {_article(changed.group(3))}, "
+            "not an object"
+        )
     if changed:
         column, want, got = changed.groups()
         return (

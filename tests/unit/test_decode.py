@@ -1259,3 +1259,45 @@ def test_decoding_and_writing_chunk_after_chunk_holds_no_more_memory_as_chunks_g
     # A chunk is about 2 MB decoded; while the buffer fills (2 MB) the first chunks count.
     assert max(held[3:]) - min(held[3:]) < 4 << 20, [h >> 20 for h in held]
     assert len(writer.close()) >= 20
+
+
+def test_a_json_message_that_is_null_is_quarantined_and_never_crashes_the_process():
+    # Arrow's JSON reader crashes its process (SIGSEGV) when a block begins with a
+    # top-level null. Decoded in a child process, so the old behaviour fails this test
+    # instead of ending the test run.
+    script = """
+import json, sys
+from tests.unit.test_decode import click, decode_chunk, enc, raw, rules
+values = [b"null", b" null", b"\\xef\\xbb\\xbfnull", b"null {}", b"7", b"[1]", enc(click(7))]
+for first in range(len(values)):  # each message first in its block
+    order = values[first:] + values[:first]
+    out = decode_chunk(raw(order), rules())
+    reasons = dict(zip(out.quarantine.column("_offset").to_pylist(),
+                       out.quarantine.column("reason").to_pylist()))
+    print(json.dumps({"rows": out.rows.column("event_id").to_pylist(),
+                      "reasons": [reasons.get(i) for i in range(len(order))],
+                      "order": [v.decode("utf-8", "replace") for v in order]}))
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    null = "not valid JSON for the schema: the message is null, not an object"
+    expected = {
+        "null": null,
+        " null": null,
+        "\ufeffnull": null,
+        "null {}": "not valid JSON for the schema: the message begins with null, not an object",
+        "7": "not valid JSON for the schema: the message is a number, not an object",
+        "[1]": "not valid JSON for the schema: the message is an array, not an object",
+    }
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 7
+    for line in lines:
+        out = json.loads(line)
+        assert out["rows"] == ["e7"]
+        by_value = dict(zip(out["order"], out["reasons"], strict=True))
+        assert by_value == {**expected, enc(click(7)).decode(): None}
