@@ -91,6 +91,9 @@ def test_poison_json_values_each_land_once_and_the_batch_commits(make_pipeline, 
             json.dumps(click(13))[:-1].encode() + b', "x": ' + b"[" * 4000 + b"]" * 4000 + b"}",
             0,
         ),
+        # Arrow's JSON reader crashes on a block that begins with a top-level null.
+        "null": (b"null", 0),
+        "bom null": (b"\xef\xbb\xbf null", 0),
     }
     messages: list[tuple[int, bytes, int]] = []
     where: dict[str, tuple[int, int]] = {}
@@ -133,6 +136,8 @@ def test_poison_json_values_each_land_once_and_the_batch_commits(make_pipeline, 
         where["twice"]: f"{schema_json} field `page` appears twice",
         where["enum"]: "field `device`: 'toaster' is not a symbol of the enum "
         "(desktop, mobile, tablet)",
+        where["null"]: f"{schema_json} the message is null, not an object",
+        where["bom null"]: f"{schema_json} the message is null, not an object",
     }
     data = DeltaTable(p.cfg().location("table"))
     rows = {
