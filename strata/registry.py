@@ -203,6 +203,11 @@ def _unavailable(registry: SchemaRegistryConfig, schema_id: int, exc: Exception)
             f"({type(exc).__name__}: {exc}); no message was quarantined for it. Check that "
             "the registry is up and schema_registry.url, then re-run the batch"
         )
+    return _shown(registry, text)
+
+
+def _shown(registry: SchemaRegistryConfig, text: str) -> str:
+    """An error's text on one line, without the registry's password (whatever its length)."""
     text = " ".join(text.split())
     if registry.password:
         text = text.replace(registry.password, "***")
@@ -284,10 +289,7 @@ def _unavailable_subject(registry: SchemaRegistryConfig, subject: str, exc: Exce
         f"({type(exc).__name__}: {exc}); nothing was read. Check that the registry is up and "
         "schema_registry.url, then run again"
     )
-    text = " ".join(text.split())
-    if registry.password:
-        text = text.replace(registry.password, "***")
-    return redact(text)
+    return _shown(registry, text)
 
 
 def _client(registry: SchemaRegistryConfig) -> SchemaRegistryClient:
