@@ -35,7 +35,9 @@ def table_schema(cfg: PipelineConfig) -> PipelineConfig:
         `cfg`, or a copy reading with `schema_file`'s fields and those the table took
         on since (as the ledger recorded them with the newest batch).
     """
-    if not cfg.schema_registry.evolve:
+    if not cfg.schema_registry.evolve or not cfg.reads_schema_file:
+        # Not following the registry, or reading with an evolved schema already (a
+        # plan's, or this function's): the ledger is not read again.
         return cfg
     from strata.ledger import committed_reader_schema
 

@@ -247,8 +247,14 @@ def publish_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str | Non
         consumer.close()
 
 
-def retention_limits(cfg: PipelineConfig) -> dict[str, dict[str, int | None]]:
+def retention_limits(
+    cfg: PipelineConfig, topics: Iterable[str] | None = None
+) -> dict[str, dict[str, int | None]]:
     """Each topic's `retention.ms` and `retention.bytes`; None where unlimited or unknown.
+
+    Args:
+        cfg: The pipeline configuration.
+        topics: The topics to ask about; by default those the pipeline reads now.
 
     Returns:
         `{topic: {"ms": ..., "bytes": ...}}`.
@@ -257,7 +263,8 @@ def retention_limits(cfg: PipelineConfig) -> dict[str, dict[str, int | None]]:
     from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
     admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
-    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in pipeline_topics(cfg)]
+    asked = sorted(pipeline_topics(cfg) if topics is None else topics)
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in asked]
     if not resources:
         return {}
     out: dict[str, dict[str, int | None]] = {}

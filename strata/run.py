@@ -175,8 +175,14 @@ def run_batch(
         with planning.timed("plan"):
             state = ledger_state(cfg)
             plan, resumed, states = _load_or_plan(cfg, state, max_offsets, accept_loss)
-        if plan is not None and plan.reader_schema:
-            cfg = cfg.with_schema_text(plan.reader_schema)
+        if plan is not None:
+            # A plan reads with the schema it was saved with; one saved without (a
+            # backfill's) with the schema the table has evolved to.
+            cfg = (
+                cfg.with_schema_text(plan.reader_schema)
+                if plan.reader_schema
+                else table_schema(cfg)
+            )
         if plan is None:
             outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
             # Catch the consumer group up with the ledger, in case a run died before.
@@ -358,7 +364,7 @@ def _load_or_plan(
         return None, False, states
     # Before the plan is saved, so nothing of a re-created topic or an incompatible
     # schema is ever read; an idle run skips both.
-    plan = replace(plan, topic_ids=check_topic_ids(cfg))
+    plan = replace(plan, topic_ids=check_topic_ids(cfg, topics={s.topic for s in states}))
     if cfg.schema_registry.evolve:
         # The schema is settled with the plan and saved in it: a resumed batch reads
         # with it whatever the registry holds by then.
@@ -369,7 +375,9 @@ def _load_or_plan(
     return saved, saved is not plan, states
 
 
-def check_topic_ids(cfg: PipelineConfig, planned: BatchPlan | None = None) -> dict[str, str]:
+def check_topic_ids(
+    cfg: PipelineConfig, planned: BatchPlan | None = None, topics: Collection[str] | None = None
+) -> dict[str, str]:
     """Stop when a topic is not the one the committed offsets (or a plan) belong to.
 
     A topic deleted and created again under the same name starts its offsets at 0;
@@ -379,6 +387,8 @@ def check_topic_ids(cfg: PipelineConfig, planned: BatchPlan | None = None) -> di
     Args:
         cfg: The pipeline configuration.
         planned: A saved plan, whose topics' ids are checked instead of the ledger's.
+        topics: The topics read now, when the caller has listed them already; by
+            default they are asked of the brokers.
 
     Returns:
         The brokers' id of each topic (empty where they keep none).
@@ -386,9 +396,10 @@ def check_topic_ids(cfg: PipelineConfig, planned: BatchPlan | None = None) -> di
     Raises:
         PlanError: Naming the topic, both ids and the ways on.
     """
-    asked = (
-        sorted({r.topic for r in planned.ranges}) if planned is not None else pipeline_topics(cfg)
-    )
+    if planned is not None:
+        asked = sorted({r.topic for r in planned.ranges})
+    else:
+        asked = sorted(pipeline_topics(cfg) if topics is None else topics)
     current = topic_ids(cfg, asked)
     drop = ""
     if planned is not None:

@@ -210,7 +210,8 @@ def _retention(
     broker's stored size adds per-record overhead and compression takes some away, so
     it is an estimate, and the warning comes early (at three quarters of the limit).
     """
-    limits = retention_limits(cfg)
+    # The topics status listed already: a pattern's are not asked of the brokers again.
+    limits = retention_limits(cfg, {topic for topic, _ in lag})
     oldest = oldest_unread_ms(cfg, unread) if unread else {}
     now_ms = int(time.time() * 1000)
     for (topic, partition), info in lag.items():

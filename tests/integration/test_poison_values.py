@@ -23,6 +23,7 @@ from deltalake import DeltaTable
 from fastavro import parse_schema, schemaless_writer
 
 from strata.run import run_batch
+from strata.schema import without_logical_types
 from tests.conftest import START_MS, expected_offsets
 
 DAY_MS = 86_400_000
@@ -202,18 +203,6 @@ ORDER_SCHEMA = {
         },
     ],
 }
-
-
-def without_logical_types(avro_type):
-    if isinstance(avro_type, list):
-        return [without_logical_types(t) for t in avro_type]
-    if isinstance(avro_type, dict):
-        return {
-            k: without_logical_types(v) if k in ("type", "items", "values", "fields") else v
-            for k, v in avro_type.items()
-            if k != "logicalType"
-        }
-    return avro_type
 
 
 def test_avro_logical_types_land_as_their_values_and_hostile_ones_are_quarantined(
