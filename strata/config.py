@@ -449,6 +449,12 @@ class TrinoConfig(_Strict):
     Attributes:
         url: `http(s)://host:port` of the Trino coordinator; unset, Trino is not called.
         user: User the statements run as.
+        password: Password of `user` (Trino's password authentication, over https
+            only); write `${NAME}` to keep it out of the file.
+        access_token: A JWT sent as a bearer token (Trino's JWT or OAuth2
+            authentication), instead of a password; https only.
+        ca_file: PEM file of the certificate authority that signed the coordinator's
+            certificate, when it is not one the system trusts.
         hive_catalog: Trino catalog over the metastore for Parquet tables.
         delta_catalog: Trino catalog for Delta tables.
         register_delta_tables: Call `register_table` for Delta tables. Only needed when
@@ -458,10 +464,39 @@ class TrinoConfig(_Strict):
 
     url: str | None = None
     user: str = "strata"
+    password: str | None = None
+    access_token: str | None = None
+    ca_file: str | None = None
     hive_catalog: str = "hive"
     delta_catalog: str = "delta"
     register_delta_tables: bool = False
     timeout_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if re.match(r"^https?://[^\s/@]*@", value):
+            raise ValueError(
+                f"{redact(value)!r} holds credentials; put them in trino.user and "
+                "trino.password (or trino.access_token) instead, so that they are never printed"
+            )
+        if not re.match(r"^https?://[A-Za-z0-9.-]+(:\d+)?/?$", value):
+            raise ValueError(
+                f"{value!r} is not a Trino url; write http://host:8080 or https://host:8443"
+            )
+        return value.rstrip("/")
+
+    @field_validator("ca_file")
+    @classmethod
+    def _ca_file(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_file():
+            raise ValueError(
+                f"{value!r} is not a file; point ca_file at the PEM file of the Trino "
+                "coordinator's certificate authority, or remove it"
+            )
+        return value
 
     @field_validator("hive_catalog", "delta_catalog")
     @classmethod
@@ -469,6 +504,25 @@ class TrinoConfig(_Strict):
         if not _NAME.match(value):
             raise ValueError(f"{value!r} is not a valid catalog name")
         return value
+
+    @model_validator(mode="after")
+    def _authentication(self) -> TrinoConfig:
+        if self.password is not None and self.access_token is not None:
+            raise ValueError(
+                "trino.password and trino.access_token are both set; Trino takes one way "
+                "of signing in: keep the one your coordinator is configured for"
+            )
+        signed = self.password is not None or self.access_token is not None
+        if signed and (self.url is None or not self.url.startswith("https:")):
+            raise ValueError(
+                "trino.password or trino.access_token needs an https trino.url: Trino refuses "
+                "credentials over plain http, and they would cross the network readable"
+            )
+        if self.ca_file is not None and (self.url is None or not self.url.startswith("https:")):
+            raise ValueError(
+                "trino.ca_file applies to an https url only; use https:// or remove it"
+            )
+        return self
 
 
 class SchemaRegistryConfig(_Strict):
@@ -568,6 +622,11 @@ class AirflowConfig(_Strict):
         spark_conn_id: Airflow connection of the Spark cluster, for `spark_submit`.
         retries: Retries of each task; safe, since batches are idempotent.
         retry_delay: Wait before a retry.
+        trino_conn_id: An Airflow connection of type `trino`: the DAGs then run the
+            Trino statements of registration through it (with its authentication),
+            instead of `trino.url`.
+        lag_growth_runs: A run says so when the lag after it has grown over this many
+            runs in a row.
     """
 
     schedule: str = "@hourly"
@@ -575,6 +634,8 @@ class AirflowConfig(_Strict):
     spark_conn_id: str = "spark_default"
     retries: int = Field(default=2, ge=0)
     retry_delay: Duration = "1m"
+    trino_conn_id: str | None = None
+    lag_growth_runs: int = Field(default=3, ge=2)
 
     @model_validator(mode="before")
     @classmethod
@@ -683,6 +744,86 @@ class QualityConfig(_Strict):
     max_rows: int = Field(default=2_000_000, gt=0)
     history: int = Field(default=48, gt=0)
     location: str | None = None
+
+
+class MetricsConfig(_Strict):
+    """Prometheus metrics of every run, per pipeline and per partition.
+
+    Attributes:
+        textfile_dir: Directory of node_exporter's textfile collector: each run replaces
+            `strata_<pipeline>.prom` there, atomically.
+        pushgateway: `http(s)://host:port` of a Prometheus Pushgateway each run pushes
+            to, grouped by job and pipeline.
+        job: The `job` label of what is pushed.
+        username: Basic-auth user of the Pushgateway, if it asks for one.
+        password: Basic-auth password; write `${NAME}` to keep it out of the file.
+        timeout_s: Bound on a push.
+    """
+
+    textfile_dir: str | None = None
+    pushgateway: str | None = None
+    job: str = "strata"
+    username: str | None = None
+    password: str | None = None
+    timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("pushgateway")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if re.match(r"^https?://[^\s/@]*@", value):
+            raise ValueError(
+                f"{redact(value)!r} holds credentials; put them in metrics.username and "
+                "metrics.password instead, so that they are never printed"
+            )
+        if not re.match(r"^https?://[A-Za-z0-9.-]+(:\d+)?(/[^\s?#]*)?$", value):
+            raise ValueError(f"{value!r} is not a Pushgateway url; write http://host:9091")
+        return value.rstrip("/")
+
+    @field_validator("job")
+    @classmethod
+    def _job(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_.-]{1,128}$", value):
+            raise ValueError(f"{value!r} is not a job name; use letters, digits, '_', '.', '-'")
+        return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> MetricsConfig:
+        if (self.username is None) != (self.password is None):
+            given, missing = (
+                ("username", "password") if self.password is None else ("password", "username")
+            )
+            raise ValueError(
+                f"metrics.{given} is set without metrics.{missing}; basic auth needs both "
+                "(or remove both)"
+            )
+        if self.username is not None and self.pushgateway is None:
+            raise ValueError(
+                "metrics has credentials but no pushgateway; add metrics.pushgateway or remove them"
+            )
+        return self
+
+
+class CompletenessConfig(_Strict):
+    """When an event-time partition (`dt=`/`hr=`) is complete: it will not change any more.
+
+    Each Kafka partition read has a low-water event time: the newest event time read
+    from it (a partition read to its end when its batch was planned holds nothing
+    back). A partition of the table is marked complete once every Kafka partition's
+    low-water mark is past its end by `lateness`. Rows that arrive for it afterwards
+    still land, and are counted and reported as late after completion.
+
+    Attributes:
+        enabled: Mark partitions complete at all.
+        lateness: How long after a partition's end rows may still come.
+        marker: Also write a `_SUCCESS` file into each complete partition's directory,
+            for readers that wait for one.
+    """
+
+    enabled: bool = True
+    lateness: Duration = "1h"
+    marker: bool = False
 
 
 class RoutingConfig(_Strict):
@@ -798,6 +939,8 @@ class PipelineConfig(_Strict):
         airflow: Scheduling of the pipeline's DAGs.
         quality: The data-quality suite and gate.
         maintenance: Compaction, log checkpoints and vacuum.
+        metrics: Prometheus metrics of every run.
+        completeness: When an event-time partition is marked complete.
         storage_options: Object-store options (endpoint, region...) for s3:// locations.
         schemas_dir: Directory holding `schema_file`; set by the loader.
     """
@@ -838,6 +981,8 @@ class PipelineConfig(_Strict):
     airflow: AirflowConfig = Field(default_factory=AirflowConfig)
     quality: QualityConfig = Field(default_factory=QualityConfig)
     maintenance: MaintenanceConfig = Field(default_factory=MaintenanceConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    completeness: CompletenessConfig = Field(default_factory=CompletenessConfig)
     # Its keys (AWS_SECRET_ACCESS_KEY, ...) show as *** in every repr, by the one rule.
     storage_options: dict[str, str] = Field(default_factory=dict)
     schemas_dir: str = "schemas"

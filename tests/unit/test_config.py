@@ -242,3 +242,25 @@ def test_table_placeholders_need_routing_and_templates_need_valid_names(tmp_path
         load_pipeline("clicks", _routed(tmp_path / "b", routing={"table": "Raw-{topic}"}))
     with pytest.raises(ConfigError, match=r"does not route its topics to tables"):
         load_pipeline("clicks:app_clicks", _project(tmp_path / "c", GOOD))
+
+
+@pytest.mark.parametrize(
+    ("section", "fix"),
+    [
+        ({"trino": {"url": "https://etl:hunter22@trino:8443"}}, "trino.password"),
+        ({"trino": {"url": "http://trino:8080", "password": "hunter22"}}, "https"),
+        (
+            {"trino": {"url": "https://trino:8443", "password": "a1b2c3", "access_token": "x"}},
+            "one way",
+        ),
+        ({"metrics": {"pushgateway": "http://u:hunter22@pgw:9091"}}, "metrics.password"),
+        ({"metrics": {"pushgateway": "http://pgw:9091", "username": "u"}}, "metrics.password"),
+        ({"metrics": {"username": "u", "password": "hunter22"}}, "metrics.pushgateway"),
+        ({"completeness": {"lateness": "soon"}}, "completeness.lateness"),
+    ],
+)
+def test_trino_metrics_and_completeness_settings_are_checked_at_load(tmp_path, section, fix):
+    with pytest.raises(ConfigError) as err:
+        load_pipeline("clicks", _project(tmp_path, {**GOOD, **section}))
+    assert "clicks.yaml" in str(err.value) and fix in str(err.value)
+    assert "hunter22" not in str(err.value)

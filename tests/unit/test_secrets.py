@@ -188,13 +188,14 @@ def test_what_the_command_prints_is_redacted_even_when_a_message_quotes_a_secret
     from strata.report import render_summary, summary_dict
     from strata.run import RunOutcome
 
-    trino = {"trino": {"url": "https://strata:${TRINO_PASSWORD}@trino.internal:8443"}}
+    trino = {"trino": {"url": "https://trino.internal:8443", "password": "${TRINO_PASSWORD}"}}
     cfg = load_pipeline("clicks", project(tmp_path, merge(merge(GOOD, SECRETS), trino)))
     assert_no_canary(repr(cfg), str(cfg.trino))
     # A committed run whose summary quotes the Trino URL it registered in, and a client
     # library's warning that quotes a password ("..." with quotes, as JSON escapes them).
     outcome = RunOutcome(cfg.name, "committed", batch=1)
-    outcome.registered = f"tables registered; 4 statement(s) run in Trino at {cfg.trino.url}"
+    url = f"https://strata:{cfg.trino.password}@trino.internal:8443"
+    outcome.registered = f"tables registered; 4 statement(s) run in Trino at {url}"
     password = cfg.kafka.properties["sasl.password"]
     outcome.warnings.append(f'could not publish offsets: SASL PLAIN "{password}" refused')
     assert run_guarded(lambda: (render_summary(outcome), summary_dict(outcome)), True) == 0
