@@ -8,6 +8,10 @@ Batches are idempotent, so retries are safe: a retried task finishes the batch i
 first attempt planned, exactly once. Runs never overlap (`max_active_runs=1`) and
 nothing is caught up: each run reads what Kafka holds beyond the last commit.
 
+Each pipeline's DAG can live in a file of its own, a copy or symlink of this file
+named `strata_ingest_<pipeline>.py`: a malformed pipeline file then fails only its
+own DAG file, and the others still load (see `pipelines_here`).
+
 The Spark step runs in the worker (`airflow.spark_mode: local`) or is submitted to
 a cluster with `SparkSubmitOperator` (`spark_submit`), per pipeline. Set
 `STRATA_CONF_DIR` when the configuration is not beside this folder.
@@ -117,6 +121,22 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
     return dag
 
 
-for _name in list_pipelines(CONF_DIR):
+def pipelines_here(dag_file: Path, conf_dir: str) -> list[str]:
+    """The pipelines whose DAGs a copy of this file holds, by the copy's name.
+
+    Airflow records import errors, and marks DAGs stale, per DAG file: in one file,
+    one malformed pipeline would hide every pipeline's DAGs. A copy (or symlink) of
+    this file named `strata_ingest_NAME.py` holds pipeline NAME's DAGs alone, so a
+    malformed `NAME.yaml` fails that file only, named in its import error. This file
+    holds the DAGs of every pipeline without a file of its own.
+    """
+    prefix = "strata_ingest_"
+    if dag_file.stem.startswith(prefix):
+        return [dag_file.stem.removeprefix(prefix)]
+    apart = {f.stem.removeprefix(prefix) for f in dag_file.parent.glob(f"{prefix}*.py")}
+    return [name for name in list_pipelines(conf_dir) if name not in apart]
+
+
+for _name in pipelines_here(Path(__file__), CONF_DIR):
     _dag = ingest_dag(load_pipeline(_name, CONF_DIR))
     globals()[_dag.dag_id] = _dag

@@ -1,16 +1,22 @@
-"""Strata maintenance: compaction, log checkpoints and vacuum, per pipeline, daily.
+"""Strata maintenance: compaction, registration, log checkpoints and vacuum, daily.
 
 For each pipeline in `conf/pipelines/`, in order:
 
 1. `compact`: the small files of settled event-time partitions (and of the raw,
    quarantine and ledger tables) are merged into target-sized files, one Delta
    transaction per partition marked as no data change; ingest goes on beside it.
-2. `checkpoint`: each Delta table's log gets a checkpoint and loses its expired
+2. `register`: the metastore is set right where it drifted from storage (a table
+   altered or a partition dropped by hand, a compacted partition whose move was
+   interrupted), before vacuum deletes the directories compaction moved away from.
+   With `airflow.trino_conn_id`, the pipeline's Trino DDL (`strata sql ddl`) then runs
+   through that connection, creating whatever a Trino on another metastore lacks.
+3. `checkpoint`: each Delta table's log gets a checkpoint and loses its expired
    commits, so opening a table costs the same on day 1 and on day 1,000.
-3. `vacuum`: files removed longer ago than `maintenance.vacuum_retention` are
+4. `vacuum`: files removed longer ago than `maintenance.vacuum_retention` are
    deleted, and so are files of killed attempts that can never be committed.
 
-Each step is also a command: `strata compact|checkpoint|vacuum --pipeline NAME`.
+Each step is also a command: `strata compact|register|checkpoint|vacuum --pipeline NAME`.
+The quality suite is not here: it runs on each batch, in the ingest DAG.
 """
 
 from __future__ import annotations
@@ -42,6 +48,12 @@ with DAG(
 
             return compact_task(pipeline, CONF_DIR)
 
+        @task(task_id=f"register_{_name}")
+        def register(pipeline: str = _name) -> dict[str, object]:
+            from strata.orchestrate import register_task
+
+            return register_task(pipeline, CONF_DIR, ddl=True)
+
         @task(task_id=f"checkpoint_{_name}")
         def checkpoint(pipeline: str = _name) -> dict[str, object]:
             from strata.orchestrate import checkpoint_task
@@ -54,4 +66,4 @@ with DAG(
 
             return vacuum_task(pipeline, CONF_DIR)
 
-        compact() >> checkpoint() >> vacuum()
+        compact() >> register() >> checkpoint() >> vacuum()

@@ -122,6 +122,35 @@ def batch_ranges(cfg: PipelineConfig, first: int, last: int) -> list[OffsetRange
     return [OffsetRange(t, p, start, end) for (t, p), (start, end) in sorted(spans.items())]
 
 
+def replay_targets(
+    cfg: PipelineConfig,
+    from_batch: int | None,
+    to_batch: int | None,
+    target: tuple[str | None, int | None, int | None, int | None],
+) -> list[OffsetRange]:
+    """What a replay request names: batches `from_batch` to `to_batch`, or one range.
+
+    Args:
+        cfg: The pipeline configuration.
+        from_batch: The first batch, or None for a range.
+        to_batch: The last batch; None is `from_batch`.
+        target: Topic, partition, first offset and first offset after, all None for
+            batches.
+
+    Raises:
+        BackfillError: If the request names both, or neither, or part of a range.
+    """
+    if from_batch is not None and all(v is None for v in target):
+        return batch_ranges(cfg, from_batch, from_batch if to_batch is None else to_batch)
+    topic, partition, start, end = target
+    if from_batch is None and to_batch is None:
+        if topic is not None and partition is not None and start is not None and end is not None:
+            return [OffsetRange(topic, partition, start, end)]
+    raise BackfillError(
+        "give either --from-batch (and --to-batch), or --topic, --partition, --from and --to"
+    )
+
+
 def _reprocess(
     cfg: PipelineConfig,
     targets: list[OffsetRange],

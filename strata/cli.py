@@ -351,21 +351,11 @@ def _backfill(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[
 
 
 def _replay(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.backfill import batch_ranges, replay
-    from strata.errors import BackfillError
-    from strata.plan import OffsetRange
+    from strata.backfill import replay, replay_targets
     from strata.report import render_summary, summary_dict
 
     by_range = (args.topic, args.partition, args.start, args.end)
-    if args.from_batch is not None and all(v is None for v in by_range):
-        to_batch = args.from_batch if args.to_batch is None else args.to_batch
-        targets = batch_ranges(cfg, args.from_batch, to_batch)
-    elif args.from_batch is None and args.to_batch is None and None not in by_range:
-        targets = [OffsetRange(args.topic, args.partition, args.start, args.end)]
-    else:
-        raise BackfillError(
-            "give either --from-batch (and --to-batch), or --topic, --partition, --from and --to"
-        )
+    targets = replay_targets(cfg, args.from_batch, args.to_batch, by_range)
     outcome = replay(cfg, targets, args.reason)
     return render_summary(outcome), summary_dict(outcome)
 

@@ -81,23 +81,52 @@ def ingest_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     return _each_table(pipeline, conf_dir, _ingest_one)
 
 
-def _register_one(cfg: PipelineConfig) -> dict[str, Any]:
+def _register_one(cfg: PipelineConfig, ddl: bool = False) -> dict[str, Any]:
     from strata.run import RunOutcome, register
 
-    if not cfg.metastore.uri:
-        return {"pipeline": cfg.name, "registered": None, "reason": "no metastore configured"}
-    outcome = RunOutcome(cfg.name, "register")
-    register(cfg, outcome)
-    if outcome.register_error:
-        from strata.errors import MetastoreError
+    conn_id = cfg.airflow.trino_conn_id
+    body: dict[str, Any] = {"pipeline": cfg.name}
+    if cfg.metastore.uri:
+        outcome = RunOutcome(cfg.name, "register")
+        # With a connection, Trino is called below through it, not through `trino.url`.
+        register(_without_trino_url(cfg) if conn_id else cfg, outcome)
+        if outcome.register_error:
+            from strata.errors import MetastoreError
 
-        raise MetastoreError(redact(outcome.register_error))
-    return redact_json({"pipeline": cfg.name, "registered": outcome.registered})
+            raise MetastoreError(redact(outcome.register_error))
+        body["registered"] = outcome.registered
+    else:
+        body.update(registered=None, reason="no metastore configured")
+    if conn_id:
+        from strata.sql import ddl_statements, run_through_connection, trino_statements
+
+        statements = (
+            ddl_statements(cfg, cfg.trino.delta_catalog, cfg.trino.hive_catalog)
+            if ddl
+            else trino_statements(cfg)
+        )
+        body["trino"] = {"conn_id": conn_id, "ran": run_through_connection(conn_id, statements)}
+    return redact_json(body)
 
 
-def register_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
-    """Register the tables in the metastore (and tell Trino), if one is configured."""
-    return _each_table(pipeline, conf_dir, _register_one)
+def _without_trino_url(cfg: PipelineConfig) -> PipelineConfig:
+    return cfg.model_copy(update={"trino": cfg.trino.model_copy(update={"url": None})})
+
+
+def register_task(pipeline: str, conf_dir: str, ddl: bool = False) -> dict[str, Any]:
+    """Register the tables in the metastore (if one is configured), and tell Trino.
+
+    Trino is called through the Airflow connection `airflow.trino_conn_id` when it is
+    set, else at `trino.url`.
+
+    Args:
+        pipeline: The pipeline.
+        conf_dir: The configuration directory.
+        ddl: Through the connection, run the pipeline's whole DDL (`strata sql ddl`),
+            which creates what a Trino on another metastore lacks, instead of the
+            statements every run needs.
+    """
+    return _each_table(pipeline, conf_dir, lambda cfg: _register_one(cfg, ddl))
 
 
 def quality_gate_task(
@@ -158,6 +187,32 @@ def backfill_task(
     outcome = backfill(
         load_pipeline(pipeline, conf_dir), OffsetRange(topic, partition, start, end), reason
     )
+    return redact_json(summary_dict(outcome))
+
+
+def replay_task(
+    pipeline: str,
+    conf_dir: str,
+    reason: str,
+    from_batch: int | None = None,
+    to_batch: int | None = None,
+    target: tuple[str | None, int | None, int | None, int | None] = (None, None, None, None),
+) -> dict[str, Any]:
+    """Re-decode committed batches (or one range) from the raw copy, replacing their rows.
+
+    Args:
+        pipeline: The pipeline.
+        conf_dir: The configuration directory.
+        reason: Why; recorded in the ledger.
+        from_batch: The first batch to replay, or None for a range.
+        to_batch: The last batch; None is `from_batch`.
+        target: Topic, partition, first offset and first offset after, for a range.
+    """
+    from strata.backfill import replay, replay_targets
+    from strata.report import summary_dict
+
+    cfg = load_pipeline(pipeline, conf_dir)
+    outcome = replay(cfg, replay_targets(cfg, from_batch, to_batch, target), reason)
     return redact_json(summary_dict(outcome))
 
 

@@ -181,6 +181,7 @@ def test_the_maintenance_dag_compacts_checkpoints_and_vacuums_each_pipeline(
     dag = load_dags(p.conf_dir).dags["strata_maintenance"]
     assert [t.task_id for t in dag.tasks if p.name in t.task_id] == [
         f"compact_{p.name}",
+        f"register_{p.name}",
         f"checkpoint_{p.name}",
         f"vacuum_{p.name}",
     ]

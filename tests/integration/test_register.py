@@ -13,6 +13,7 @@ from strata.register import location_uri
 from strata.run import run_batch
 from strata.schema import TABLE_SUFFIXES
 from tests.conftest import produce_clicks
+from tests.fake_trino import FakeTrino
 
 
 def tables(service, database: str, pipeline: str) -> dict:
@@ -224,53 +225,10 @@ def test_a_field_partition_is_registered_after_the_local_hours_and_strays_are_no
     }
 
 
-class _FakeTrino:
-    """A stand-in for a Trino coordinator: Trino cannot be installed here, so this
-    speaks just enough of its HTTP protocol (POST /v1/statement, one final answer)
-    to record the statements the real client sends."""
-
-    def __init__(self):
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        seen = self.statements = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers["Content-Length"])).decode()
-                seen.append((self.headers.get("X-Trino-User"), body))
-                answer = {
-                    "id": f"q{len(seen)}",
-                    "infoUri": "http://x",
-                    "stats": {"state": "FINISHED"},
-                    "updateType": "CALL",
-                }
-                if "clicks_raw" in body:
-                    answer["error"] = {
-                        "message": "Table already exists",
-                        "errorName": "ALREADY_EXISTS",
-                        "errorCode": 1,
-                        "errorType": "USER_ERROR",
-                    }
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 def test_a_configured_trino_is_told_to_sync_partitions_after_publishing(
     make_pipeline, broker, spark, metastore
 ):
-    fake = _FakeTrino()
+    fake = FakeTrino()
     p = make_pipeline(
         partitions=1,
         overrides={
@@ -292,7 +250,7 @@ def test_a_configured_trino_is_told_to_sync_partitions_after_publishing(
 def test_delta_tables_are_registered_in_a_trino_on_another_metastore(
     make_pipeline, broker, spark, metastore
 ):
-    fake = _FakeTrino()
+    fake = FakeTrino()
     p = make_pipeline(
         partitions=1,
         overrides={

@@ -5,9 +5,12 @@ Real `dag.test()` runs are in tests/integration/test_airflow.py.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -25,7 +28,12 @@ def load_dags(conf_dir: Path | str, folder: Path = DAGS):
 def test_the_dag_folder_imports_without_errors(monkeypatch):
     monkeypatch.setenv("STRATA_CONF_DIR", str(ROOT / "conf"))
     bag = load_dags(ROOT / "conf")
-    assert sorted(bag.dag_ids) == ["strata_backfill", "strata_ingest_clicks", "strata_maintenance"]
+    assert sorted(bag.dag_ids) == [
+        "strata_backfill",
+        "strata_ingest_clicks",
+        "strata_maintenance",
+        "strata_replay",
+    ]
     dag = bag.dags.__getitem__("strata_ingest_clicks")
     assert [t.task_id for t in dag.topological_sort()] == [
         "plan",
@@ -54,3 +62,58 @@ def test_dag_files_are_airflow3_clean_and_cheap_to_import():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_replay_dag_takes_typed_params_naming_the_pipelines(monkeypatch):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    monkeypatch.setenv("STRATA_CONF_DIR", str(ROOT / "conf"))
+    params = load_dags(ROOT / "conf").dags["strata_replay"].params
+    assert params.get_param("pipeline").schema["enum"] == ["clicks"]
+    assert params.get_param("from_batch").resolve(3) == 3
+    for name, bad in [("from_batch", 0), ("from_batch", "3"), ("partition", -1), ("reason", "")]:
+        with pytest.raises(ParamValidationError):
+            params.get_param(name).resolve(bad)
+
+
+def test_the_maintenance_dag_registers_before_vacuum(monkeypatch):
+    monkeypatch.setenv("STRATA_CONF_DIR", str(ROOT / "conf"))
+    dag = load_dags(ROOT / "conf").dags["strata_maintenance"]
+    assert [t.task_id for t in dag.topological_sort()] == [
+        "compact_clicks",
+        "register_clicks",
+        "checkpoint_clicks",
+        "vacuum_clicks",
+    ]
+
+
+def test_a_malformed_pipeline_file_fails_only_its_own_dag_file(tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    shutil.copytree(ROOT / "schemas", tmp_path / "schemas")
+    clicks = (ROOT / "conf" / "pipelines" / "clicks.yaml").read_text()
+    (conf / "pipelines" / "good.yaml").write_text(clicks)
+    (conf / "pipelines" / "bad.yaml").write_text(clicks.replace("limits:", "limts:"))
+    monkeypatch.setenv("STRATA_CONF_DIR", str(conf))
+    # A deployment's DAGs folder: every DAG file, and the ingest file once per pipeline
+    # (as a copy, or as a symlink).
+    folder = tmp_path / "dags"
+    folder.mkdir()
+    for dag_file in DAGS.glob("*.py"):
+        shutil.copy(dag_file, folder)
+    shutil.copy(DAGS / "strata_ingest.py", folder / "strata_ingest_good.py")
+    (folder / "strata_ingest_bad.py").symlink_to(folder / "strata_ingest.py")
+
+    bag = DagBag(dag_folder=str(folder))
+    assert sorted(bag.dag_ids) == [
+        "strata_backfill",
+        "strata_ingest_good",
+        "strata_maintenance",
+        "strata_replay",
+    ]
+    assert list(bag.import_errors) == [str(folder / "strata_ingest_bad.py")]
+    error = bag.import_errors[str(folder / "strata_ingest_bad.py")]
+    assert f"{conf / 'pipelines' / 'bad.yaml'}: key `limts`" in error
+    assert "remove it or check its spelling" in error

@@ -138,3 +138,55 @@ def test_only_partition_directories_strata_writes_become_partitions(tmp_path):
         ("2025-11-22", "11"),
         ("2025-11-23", "00"),
     ]
+
+
+def _trino_pipeline(**trino) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {
+            "name": "clicks",
+            "topics": ["clicks"],
+            "schema_file": "clicks.avsc",
+            "schemas_dir": str(ROOT / "schemas"),
+            "event_time": {"field": "ts"},
+            "trino": trino,
+        }
+    )
+
+
+def test_the_trino_password_goes_as_basic_auth_to_a_coordinator_checked_against_ca_file(
+    tmp_path,
+):
+    import base64
+
+    from strata.errors import MetastoreError
+    from strata.sql import run_in_trino
+    from tests.fake_trino import FakeTrino, self_signed_certificate
+
+    tls = self_signed_certificate(tmp_path)
+    (tmp_path / "other").mkdir()
+    stranger, _ = self_signed_certificate(tmp_path / "other")
+    with FakeTrino(tls) as fake:
+        signed = {"url": fake.url, "user": "etl", "password": "trino-pw-Zk3"}
+        cfg = _trino_pipeline(**signed, ca_file=str(tls[0]))
+        assert run_in_trino(cfg, ["CALL x()"]) == ["CALL x()"]
+        token = base64.b64encode(b"etl:trino-pw-Zk3").decode()
+        assert fake.requests == [("etl", f"Basic {token}", "CALL x()")]
+
+        # A coordinator whose certificate the given authority did not sign is refused
+        # before the password is sent.
+        with pytest.raises(MetastoreError) as refused:
+            run_in_trino(_trino_pipeline(**signed, ca_file=str(stranger)), ["CALL y()"])
+        assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
+        assert "trino-pw-Zk3" not in str(refused.value)
+        assert len(fake.requests) == 1
+
+
+def test_the_trino_access_token_goes_as_a_bearer_token(tmp_path):
+    from strata.sql import run_in_trino
+    from tests.fake_trino import FakeTrino, self_signed_certificate
+
+    tls = self_signed_certificate(tmp_path)
+    with FakeTrino(tls) as fake:
+        cfg = _trino_pipeline(url=fake.url, access_token="eyJ.jwt.token", ca_file=str(tls[0]))
+        run_in_trino(cfg, ["CALL x()"])
+    assert fake.requests == [("strata", "Bearer eyJ.jwt.token", "CALL x()")]

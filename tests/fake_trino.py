@@ -1,0 +1,126 @@
+"""A stand-in for a Trino coordinator, over http or https.
+
+Trino cannot be installed here, so this speaks just enough of its HTTP protocol
+(POST /v1/statement, one final answer) to record what the real client sends: the
+user, the Authorization header and the statement. A statement naming `clicks_raw`
+is answered ALREADY_EXISTS, as Trino answers a table registered twice.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 signed by its own key: (certificate, key) PEM files."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake trino")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        # What OpenSSL's strict checks ask of a certificate that is its own authority.
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, False, False, False),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key()), critical=False
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = folder / "trino.pem", folder / "trino.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_file, key_file
+
+
+class FakeTrino:
+    """The coordinator; `requests` holds (user, Authorization header, statement) triples.
+
+    Args:
+        tls: A (certificate, key) pair to serve https with; plain http without.
+    """
+
+    def __init__(self, tls: tuple[Path, Path] | None = None):
+        seen = self.requests = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+                seen.append(
+                    (self.headers.get("X-Trino-User"), self.headers.get("Authorization"), body)
+                )
+                answer = {
+                    "id": f"q{len(seen)}",
+                    "infoUri": "http://x",
+                    "stats": {"state": "FINISHED"},
+                    "updateType": "CALL",
+                }
+                if "clicks_raw" in body:
+                    answer["error"] = {
+                        "message": "Table already exists",
+                        "errorName": "ALREADY_EXISTS",
+                        "errorCode": 1,
+                        "errorType": "USER_ERROR",
+                    }
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        scheme = "http"
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.port = self.server.server_port
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def statements(self) -> list[tuple[str | None, str]]:
+        """(user, statement) of each request."""
+        return [(user, body) for user, _, body in self.requests]
+
+    def __enter__(self) -> FakeTrino:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
