@@ -117,3 +117,27 @@ def test_a_malformed_pipeline_file_fails_only_its_own_dag_file(tmp_path, monkeyp
     error = bag.import_errors[str(folder / "strata_ingest_bad.py")]
     assert f"{conf / 'pipelines' / 'bad.yaml'}: key `limts`" in error
     assert "remove it or check its spelling" in error
+
+
+def test_with_a_trino_connection_registration_calls_trino_through_it(tmp_path, monkeypatch):
+    import json
+
+    from strata.config import load_pipeline
+    from strata.orchestrate import register_task
+    from strata.sql import trino_statements
+    from tests.fake_trino import FakeTrino
+
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    shutil.copytree(ROOT / "schemas", tmp_path / "schemas")
+    clicks = (ROOT / "conf" / "pipelines" / "clicks.yaml").read_text()
+    extra = "table_format: parquet\nairflow: {trino_conn_id: lake_trino}\n"
+    (conf / "pipelines" / "clicks.yaml").write_text(clicks + extra)
+    with FakeTrino() as fake:
+        connection = {"conn_type": "trino", "host": "127.0.0.1", "port": fake.port, "login": "etl"}
+        monkeypatch.setenv("AIRFLOW_CONN_LAKE_TRINO", json.dumps(connection))
+        shown = register_task("clicks", str(conf))
+    wanted = trino_statements(load_pipeline("clicks", conf))
+    assert wanted == ["""CALL "hive".system.sync_partition_metadata('strata', 'clicks', 'ADD')"""]
+    assert fake.statements == [("etl", wanted[0])]
+    assert shown["trino"] == {"conn_id": "lake_trino", "ran": wanted}
