@@ -14,6 +14,7 @@ from strata.sql import ddl_statements
 from tests.conftest import expected_offsets, produce_clicks
 from tests.fake_trino import FakeTrino, self_signed_certificate
 from tests.integration.test_airflow import load_dags, states
+from tests.unit.test_airflow import a_deployment_with_a_malformed_pipeline
 
 
 def test_the_replay_dag_replays_a_batch_from_the_raw_copy(
@@ -80,3 +81,42 @@ def test_the_maintenance_dag_runs_the_ddl_through_the_airflow_trino_connection(
     assert f"register_{p.name}" in logs, "the task logs were captured"
     assert password not in json.dumps(shown) + logs
     assert p.landed() == expected_offsets(per)
+
+
+def test_where_airflow_records_parsing_a_malformed_pipeline_leaves_the_others_scheduled(
+    airflow_db, tmp_path, monkeypatch
+):
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.models.errors import ParseImportError
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    conf, folder = a_deployment_with_a_malformed_pipeline(tmp_path)
+    for shared in ("strata_backfill.py", "strata_replay.py", "strata_maintenance.py"):
+        (folder / shared).unlink()  # their DAG ids are the other tests' too, in one database
+    monkeypatch.setenv("STRATA_CONF_DIR", str(conf))
+    # What the DAG processor does with each parse: import errors and DAGs into the database.
+    bundle = f"strata-{tmp_path.name}"
+    with create_session() as session:
+        session.add(DagBundleModel(name=bundle))
+    bag = DagBag(dag_folder=str(folder), bundle_path=folder, bundle_name=bundle)
+    sync_bag_to_db(bag, bundle, None)
+    with create_session() as session:
+        dags = {
+            d.dag_id: (d.is_stale, d.has_import_errors)
+            for d in session.scalars(select(DagModel).where(DagModel.bundle_name == bundle))
+        }
+        errors = {
+            e.filename: e.stacktrace
+            for e in session.scalars(
+                select(ParseImportError).where(ParseImportError.bundle_name == bundle)
+            )
+        }
+    # Airflow marks every DAG of a file with an import error stale: the good pipeline's
+    # DAG is in a file of its own, so it stays scheduled.
+    assert dags["strata_ingest_good"] == (False, False)
+    assert "strata_ingest_bad" not in dags
+    assert list(errors) == ["strata_ingest_bad.py"]
+    assert f"{conf / 'pipelines' / 'bad.yaml'}: key `limts`" in errors["strata_ingest_bad.py"]

@@ -87,25 +87,30 @@ def test_the_maintenance_dag_registers_before_vacuum(monkeypatch):
     ]
 
 
-def test_a_malformed_pipeline_file_fails_only_its_own_dag_file(tmp_path, monkeypatch):
-    from airflow.dag_processing.dagbag import DagBag
-
+def a_deployment_with_a_malformed_pipeline(tmp_path: Path) -> tuple[Path, Path]:
+    """A configuration with pipelines `good` and `bad` (a misspelt key), and a DAGs
+    folder holding every DAG file and the ingest file once per pipeline (a copy and a
+    symlink): (conf dir, DAGs folder)."""
     conf = tmp_path / "conf"
     (conf / "pipelines").mkdir(parents=True)
     shutil.copytree(ROOT / "schemas", tmp_path / "schemas")
     clicks = (ROOT / "conf" / "pipelines" / "clicks.yaml").read_text()
     (conf / "pipelines" / "good.yaml").write_text(clicks)
     (conf / "pipelines" / "bad.yaml").write_text(clicks.replace("limits:", "limts:"))
-    monkeypatch.setenv("STRATA_CONF_DIR", str(conf))
-    # A deployment's DAGs folder: every DAG file, and the ingest file once per pipeline
-    # (as a copy, or as a symlink).
     folder = tmp_path / "dags"
     folder.mkdir()
     for dag_file in DAGS.glob("*.py"):
         shutil.copy(dag_file, folder)
     shutil.copy(DAGS / "strata_ingest.py", folder / "strata_ingest_good.py")
     (folder / "strata_ingest_bad.py").symlink_to(folder / "strata_ingest.py")
+    return conf, folder
 
+
+def test_a_malformed_pipeline_file_fails_only_its_own_dag_file(tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    conf, folder = a_deployment_with_a_malformed_pipeline(tmp_path)
+    monkeypatch.setenv("STRATA_CONF_DIR", str(conf))
     bag = DagBag(dag_folder=str(folder))
     assert sorted(bag.dag_ids) == [
         "strata_backfill",
