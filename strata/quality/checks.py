@@ -9,6 +9,7 @@ and Arrow tables, so it is tested with small inline data.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -258,16 +259,46 @@ def lateness_counts(data: pa.Table) -> dict[str, int]:
     return out
 
 
-def reason_counts(reasons: pa.Array | pa.ChunkedArray, top: int = 8) -> dict[str, int]:
-    """Quarantined rows per reason, the `top` most common, most common first.
+# The variable parts of a quarantine reason, in the order they are replaced: values
+# quoted by `repr` (closed, or cut short with `...` by the decoder), moments, then
+# numbers (with a duration's unit; a type's width, `(32 bits)`, names the rule). Field
+# names, quoted in backticks, are kept apart beforehand: they name the rule too.
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|['\"].*?\.\.\.(?=\s|$)")
+_MOMENT = re.compile(
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}:\d{2})?"
+)
+_NUMBER = re.compile(
+    r"(?<![\w+\-.])-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?(?:ms|[smhdw])?(?!\w|\.\d| bits)"
+)
+_FIELD = re.compile(r"(`[^`]*`)")
 
-    Reasons carry the offending value after a `:` or `(`; rows are grouped on the part
-    before it, cut to 60 characters.
+
+def reason_class(reason: str) -> str:
+    """A quarantine reason with its variable parts replaced by placeholders.
+
+    Reasons quote what they reject: a value (`'abc'`), a moment, a number, a schema id.
+    Two messages broken the same way differ only there, so their reasons share a class;
+    messages broken in different fields or by different rules do not.
+
+    Args:
+        reason: A reason as the decoder wrote it.
+
+    Returns:
+        The reason with quoted values as `<value>`, moments as `<time>` and numbers
+        (with a duration's unit) as `<n>`; backtick-quoted field names are kept.
     """
-    if len(reasons) == 0:
-        return {}
-    short = pc.utf8_slice_codeunits(pc.replace_substring_regex(reasons, r"[:(].*$", ""), 0, 60)
-    return dict(Counter(short.to_pylist()).most_common(top))
+    parts = _FIELD.split(reason)
+    for i in range(0, len(parts), 2):
+        text = _QUOTED.sub("<value>", parts[i])
+        text = _MOMENT.sub("<time>", text)
+        parts[i] = _NUMBER.sub("<n>", text)
+    return "".join(parts)
+
+
+def reason_counts(reasons: pa.Array | pa.ChunkedArray, top: int = 8) -> dict[str, int]:
+    """Quarantined rows per reason class (`reason_class`), the `top` most common first."""
+    classes = Counter(reason_class(r) for r in reasons.to_pylist() if r is not None)
+    return dict(classes.most_common(top))
 
 
 def render_quality(result: QualityResult) -> str:

@@ -95,16 +95,18 @@ def _bars(labels: list[str], values: list[float], unit: str, horizontal: bool = 
     top = max(max(values), 1e-9)
     parts = []
     if horizontal:
-        bar_h = 22
-        height = bar_h * len(values) + 10
+        # Each label on a line of its own above its bar: a quarantine reason's class
+        # is a whole sentence, and the words that tell two classes apart can be last.
+        step = 34
+        height = step * len(values) + 6
         for i, (label, value) in enumerate(zip(labels, values, strict=True)):
-            w = (WIDTH - 330) * value / top
-            y = 5 + i * bar_h
+            w = (WIDTH - 80) * value / top
+            y = 4 + i * step
             parts.append(
-                f'<text x="0" y="{y + 15}" class=lab>{_text(label)}</text>'
-                f'<rect x="300" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}">'
+                f'<text x="0" y="{y + 11}" class=lab>{_text(label)}</text>'
+                f'<rect x="0" y="{y + 15}" width="{w:.1f}" height="14">'
                 f"<title>{_text(f'{label}: {_fmt(value)} {unit}')}</title></rect>"
-                f'<text x="{305 + w:.1f}" y="{y + 15}" class=val>{_fmt(value)}</text>'
+                f'<text x="{w + 5:.1f}" y="{y + 26}" class=val>{_fmt(value)}</text>'
             )
         return f'<svg viewBox="0 0 {WIDTH} {height}" width="{WIDTH}">{"".join(parts)}</svg>'
     slot = (WIDTH - PAD) / len(values)

@@ -244,7 +244,7 @@ def _neighbours(cfg: PipelineConfig, data: pa.Table) -> pa.Table:
 
 
 def _quarantine_reasons(cfg: PipelineConfig, first_batch: int) -> dict[str, int]:
-    """Quarantined rows per reason (its first words) since `first_batch`."""
+    """Quarantined rows per reason class (`checks.reason_class`) since `first_batch`."""
     try:
         found = tables.read(
             TableRef.of(cfg, "quarantine"), ["reason"], ds.field("_batch") >= first_batch

@@ -163,7 +163,7 @@ def test_the_bars_are_to_scale_and_titled_with_their_values():
     assert heights("Late arrivals (Kafka time minus event time)") == [full, 0, 0, 0, 0, full / 3]
     # Horizontal bars: their width, not their height, carries the value.
     widths = [float(r["width"]) for r in page.rects["Quarantine reasons"]]
-    assert widths == [WIDTH - 330, (WIDTH - 330) / 4]
+    assert widths == [WIDTH - 80, (WIDTH - 80) / 4]
     assert "bad: 4 rows" in page.sections["Quarantine reasons"]
 
 
