@@ -13,6 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -111,6 +112,80 @@ class QualityResult:
     def failed(self) -> list[Check]:
         """The checks that failed."""
         return [c for c in self.checks if not c.success]
+
+
+QUALITY_SCHEMA = pa.schema(
+    [
+        pa.field("pipeline", pa.string(), nullable=False),
+        pa.field("batch", pa.int64(), nullable=False),
+        pa.field("scope", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("gate", pa.string(), nullable=False),
+        pa.field("checked_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("success", pa.bool_(), nullable=False),
+        pa.field("check_name", pa.string()),
+        pa.field("check_column", pa.string()),
+        pa.field("unexpected", pa.int64()),
+        pa.field("detail", pa.string()),
+        pa.field("event_partition", pa.string()),
+        pa.field("dt", pa.string()),
+        pa.field("hr", pa.string()),
+        pa.field("rows", pa.int64()),
+        pa.field("incomplete", pa.bool_()),
+    ]
+)
+"""The quality table's rows: one per check of a batch (`scope` = `check`), one per
+event-time partition it wrote (`scope` = `partition`). A partition row's `success` is
+its batch's verdict; `incomplete` says whether the gate marked the partition."""
+
+
+def quality_rows(result: QualityResult) -> pa.Table:
+    """A batch's result as rows of the quality table (`QUALITY_SCHEMA`).
+
+    Args:
+        result: The batch's result.
+
+    Returns:
+        A row per check, in the result's order, then a row per event-time partition,
+        in path order.
+    """
+    batch = {
+        "pipeline": result.pipeline,
+        "batch": result.batch,
+        "kind": result.kind,
+        "gate": result.gate,
+        "checked_at": datetime.fromisoformat(result.checked_at),
+        "committed_at": datetime.fromisoformat(result.committed_at),
+    }
+    rows: list[dict[str, Any]] = [
+        {
+            **batch,
+            "scope": "check",
+            "success": c.success,
+            "check_name": c.name,
+            "check_column": c.column,
+            "unexpected": c.unexpected,
+            "detail": c.detail or None,
+        }
+        for c in result.checks
+    ]
+    incomplete = set(result.incomplete)
+    for path in sorted(result.partitions):
+        values = {key: value for key, _, value in (p.partition("=") for p in path.split("/"))}
+        rows.append(
+            {
+                **batch,
+                "scope": "partition",
+                "success": result.success,
+                "event_partition": path,
+                "dt": values.get("dt"),
+                "hr": values.get("hr"),
+                "rows": result.partitions[path],
+                "incomplete": path in incomplete,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=QUALITY_SCHEMA)
 
 
 def _check(name: str, problems: list[str], unexpected: int | None = None) -> Check:

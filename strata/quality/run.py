@@ -41,6 +41,7 @@ from strata.quality.checks import (
 from strata.quality.page import summary_page
 from strata.quality.store import ResultStore
 from strata.quality.suite import run_suite, suite_expectations
+from strata.quality.table import publish_result
 from strata.schema import load_topic_schema, partition_columns, table_layout
 from strata.storage import filesystem
 from strata.tables import Counts, TableRef
@@ -50,7 +51,8 @@ _TOTALS = ("messages", "rows", "quarantined", "gaps", "bytes", "late_rows")
 
 
 def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
-    """Check one committed batch, and write its result, Data Docs and the summary page.
+    """Check one committed batch, and write its result, Data Docs, quality table rows and
+    the summary page.
 
     Args:
         cfg: The pipeline configuration.
@@ -110,6 +112,7 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
     if cfg.quality.gate == "fail" and not result.success:
         result.incomplete = sorted(result.partitions)
     store.save(result)
+    publish_result(cfg, result)
     write_summary_page(cfg, store.recent(cfg.quality.history), ledger)
     return result
 
