@@ -7,7 +7,7 @@ by what its parts touch:
 
 - `checks`: the results and every computation over figures already read (the
   reconciliation checks, lateness and partition counts, the text report); no I/O.
-- `page`: the summary page's HTML, built from those figures; no I/O.
+- `page`: the summary page's HTML, built from those figures, and the Data Docs index; no I/O.
 - `suite`: the Great Expectations suite, its run and its escaped Data Docs.
 - `store`: the quality location: results, the page and the docs.
 - `table`: the quality table, each batch's checks and partitions for SQL, and its

@@ -38,7 +38,7 @@ from strata.quality.checks import (
     reconcile_checks,
     spread_sample,
 )
-from strata.quality.page import summary_page
+from strata.quality.page import docs_index, summary_page
 from strata.quality.store import ResultStore
 from strata.quality.suite import run_suite, suite_expectations
 from strata.quality.table import publish_result
@@ -79,11 +79,15 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
     store = ResultStore.of(cfg)
     context = Path(tempfile.mkdtemp(prefix="strata-gx-"))
     try:
-        gx_checks, docs_page = run_suite(
+        gx_checks, docs_page, runs = run_suite(
             cfg.name, batch, expectations, validated, _neighbours(cfg, data), context / "docs"
         )
         checks = gx_checks + checks
         docs = store.copy_docs(context / "docs", docs_page)
+        # Listed once their pages are there, beside every earlier run's.
+        documented = [*store.docs_runs(), *runs]
+        store.save_docs_runs(documented)
+        store.write_docs_index(docs_index(cfg.name, documented))
     finally:
         shutil.rmtree(context, ignore_errors=True)
     result = QualityResult(
