@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
 import pyarrow.parquet as pq
@@ -9,7 +10,7 @@ from deltalake import DeltaTable
 
 from strata.config import EventTimeConfig, PipelineConfig
 from strata.quality.checks import QUALITY_SCHEMA, Check, QualityResult, quality_rows
-from strata.quality.table import quality_table_location, replace_batch
+from strata.quality.table import publish_result, quality_table_location, replace_batch
 from tests.conftest import ROOT
 
 
@@ -97,3 +98,29 @@ def test_checking_a_batch_again_replaces_its_rows_in_one_transaction(tmp_path):
     assert len(files) == 2 and files[0].startswith("quality-b0000000001-")
     assert pq.read_table(tmp_path / "clicks_quality" / "checks" / files[0]).num_rows == 3
     assert pq.read_schema(tmp_path / "clicks_quality" / "checks" / files[1]) == QUALITY_SCHEMA
+
+
+def test_a_table_that_cannot_be_written_or_registered_is_a_warning_naming_the_batch(
+    tmp_path, caplog
+):
+    cfg = config(tmp_path)
+    # A file where the table's directory should be: no Delta table can be made there.
+    (tmp_path / "clicks_quality").mkdir()
+    (tmp_path / "clicks_quality" / "checks").write_text("not a directory")
+    with caplog.at_level(logging.WARNING, logger="strata"):
+        assert publish_result(cfg, result(4, "2025-11-22T10:05:00+00:00")) is False
+    [warning] = [r for r in caplog.records if r.name.startswith("strata")]
+    assert "batch 4's quality result is saved, but the quality table at" in warning.getMessage()
+    assert "`strata quality --batch 4` writes it again" in warning.getMessage()
+
+    # Written, but the metastore cannot be reached: the rows stay, and it says so.
+    (tmp_path / "clicks_quality" / "checks").unlink()
+    unreachable = cfg.model_copy(
+        update={"metastore": cfg.metastore.model_copy(update={"uri": "thrift://127.0.0.1:9"})}
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="strata"):
+        assert publish_result(unreachable, result(4, "2025-11-22T10:05:00+00:00")) is False
+    [warning] = [r for r in caplog.records if r.name.startswith("strata")]
+    assert "the quality table holds batch 4, but registering it failed" in warning.getMessage()
+    assert DeltaTable(quality_table_location(cfg)).to_pyarrow_table().num_rows == 2 + 4
