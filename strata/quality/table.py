@@ -9,7 +9,10 @@ transaction, so the table holds each batch once, as last checked.
 Each batch's rows are one file, and a replaced file is deleted as soon as the
 transaction that replaced it stands: the table's directory, read as plain Parquet
 (as a Parquet pipeline's catalog reads it), then holds every batch once too. A
-query running over the old snapshot at that moment may fail, and be run again.
+query running over the old snapshot at that moment may fail, and be run again. Checks
+of different batches may run at once; two checks of the same batch should not (the
+Airflow DAG runs one at a time): one could delete the file the other is committing,
+until the batch is checked again.
 
 Writing it comes after the batch committed and its result was saved: a failure here
 is a warning, never a lost batch or a lost result.
@@ -69,7 +72,8 @@ def replace_batch(cfg: PipelineConfig, result: QualityResult) -> int:
     """
     uri = quality_table_location(cfg)
     rows = quality_rows(result)
-    table = ensure_table(uri, QUALITY_SCHEMA, [], cfg.storage_options, f"{cfg.name}_quality")
+    name = f"{cfg.name}{QUALITY_SUFFIX}"
+    table = ensure_table(uri, QUALITY_SCHEMA, [], cfg.storage_options, name)
     fs, root = filesystem(uri, cfg.storage_options)
     prefix = _file_prefix(result.batch)
     written = write_file(fs, root, f"{prefix}{uuid.uuid4().hex[:12]}.parquet", rows, {})
