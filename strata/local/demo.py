@@ -1,23 +1,34 @@
-"""`make demo`: a local broker, a realistic click topic, one batch, and what landed."""
+"""`make demo`: a local broker, a realistic click topic, one batch, and what landed.
+
+`python -m strata.local.demo --batches N` lands N batches, each of new events (late,
+malformed and future ones among them), and checks the quality of each: what `make
+report-screenshot` shows.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from strata.local.events import HOUR_MS, click_events, produce
+from strata.local.events import HOUR_MS, Message, click_events, produce
 
 if TYPE_CHECKING:
     from strata.config import PipelineConfig
 
 
-def main() -> int:
-    """Run the demo end to end against a throw-away local broker."""
+def main(batches: int = 1) -> int:
+    """Run the demo end to end against a throw-away local broker.
+
+    Args:
+        batches: Batches to land and check, each of new events.
+    """
     from strata.config import ENV_BOOTSTRAP, ENV_METASTORE, ENV_WAREHOUSE, load_pipeline
     from strata.local.broker import LocalBroker
     from strata.local.metastore import LocalMetastore
@@ -53,6 +64,25 @@ def main() -> int:
         print(render_summary(outcome))
         print()
         print(render_quality(run_quality(cfg, outcome.batch)))
+        for number in range(2, batches + 1):
+            # Each later batch: fewer events over the last two hours, a few of them late,
+            # malformed or from the future, so the page has several reasons to show.
+            events = list(
+                click_events(
+                    4_000 * number, last - 2 * HOUR_MS, 2, late=5, malformed=3 * number,
+                    future=1, seed=number,
+                )
+            )  # fmt: skip
+            if number == 3:
+                # Valid for the schema, so landed, but beyond quality.ranges: the batch
+                # fails that check, and the page and the index say so.
+                events += [_slow_click(last - i * 60_000) for i in range(3)]
+            counts = produce(broker.bootstrap, "clicks", 4, iter(events))
+            broker.seal("clicks", [0, 1, 2, 3], json.dumps(seal).encode(), timestamp_ms=last)
+            outcome = run_batch(cfg)
+            print(f"\nbatch {number} of {batches}: seeded {counts} + 4 sealing events")
+            print(render_summary(outcome))
+            print(render_quality(run_quality(cfg, outcome.batch)))
         print(f"quality summary page: {cfg.location('quality')}/index.html")
         print()
         print(render_status(pipeline_status(cfg)))
@@ -65,13 +95,20 @@ def main() -> int:
     return 0
 
 
+def _slow_click(at_ms: int) -> Message:
+    """A click whose page took two minutes: a valid event outside `quality.ranges`."""
+    record = {"event_id": f"slow-{at_ms}", "user_id": 7, "page": "/checkout",
+              "device": "mobile", "latency_ms": 120_000, "ts": at_ms}  # fmt: skip
+    return Message(b"7", json.dumps(record).encode(), at_ms + 1_000, "ok")
+
+
 def _show_registered(cfg: PipelineConfig) -> None:
     from strata.metastore import MetastoreClient
 
     assert cfg.metastore.uri is not None
     with MetastoreClient(cfg.metastore.uri, cfg.metastore.timeout_s) as client:
         print(f"metastore {cfg.metastore.uri}, database {cfg.metastore.database}:")
-        for suffix in ("", "_raw", "_quarantine", "_ledger"):
+        for suffix in ("", "_raw", "_quarantine", "_ledger", "_quality"):
             table = client.get_table(cfg.metastore.database, cfg.name + suffix)
             if table is not None:
                 provider = (table.parameters or {}).get("spark.sql.sources.provider", "hive")
@@ -112,5 +149,17 @@ def _show_landed(cfg: PipelineConfig) -> None:
     print(f"raw copy {cfg.location('raw')}: {raw.num_rows:,} messages")
 
 
+def _entry(argv: Sequence[str] | None = None) -> int:
+    """`python -m strata.local.demo [--batches N]`."""
+    parser = argparse.ArgumentParser(prog="python -m strata.local.demo", description=__doc__)
+    parser.add_argument(
+        "--batches", type=int, default=1, help="batches to land and check (default 1)"
+    )
+    args = parser.parse_args(argv)
+    if args.batches < 1:
+        parser.error("--batches takes a whole number of at least 1")
+    return main(args.batches)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_entry())

@@ -9,9 +9,11 @@ and Arrow tables, so it is tested with small inline data.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -110,6 +112,80 @@ class QualityResult:
     def failed(self) -> list[Check]:
         """The checks that failed."""
         return [c for c in self.checks if not c.success]
+
+
+QUALITY_SCHEMA = pa.schema(
+    [
+        pa.field("pipeline", pa.string(), nullable=False),
+        pa.field("batch", pa.int64(), nullable=False),
+        pa.field("scope", pa.string(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("gate", pa.string(), nullable=False),
+        pa.field("checked_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("success", pa.bool_(), nullable=False),
+        pa.field("check_name", pa.string()),
+        pa.field("check_column", pa.string()),
+        pa.field("unexpected", pa.int64()),
+        pa.field("detail", pa.string()),
+        pa.field("event_partition", pa.string()),
+        pa.field("dt", pa.string()),
+        pa.field("hr", pa.string()),
+        pa.field("rows", pa.int64()),
+        pa.field("incomplete", pa.bool_()),
+    ]
+)
+"""The quality table's rows: one per check of a batch (`scope` = `check`), one per
+event-time partition it wrote (`scope` = `partition`). A partition row's `success` is
+its batch's verdict; `incomplete` says whether the gate marked the partition."""
+
+
+def quality_rows(result: QualityResult) -> pa.Table:
+    """A batch's result as rows of the quality table (`QUALITY_SCHEMA`).
+
+    Args:
+        result: The batch's result.
+
+    Returns:
+        A row per check, in the result's order, then a row per event-time partition,
+        in path order.
+    """
+    batch = {
+        "pipeline": result.pipeline,
+        "batch": result.batch,
+        "kind": result.kind,
+        "gate": result.gate,
+        "checked_at": datetime.fromisoformat(result.checked_at),
+        "committed_at": datetime.fromisoformat(result.committed_at),
+    }
+    rows: list[dict[str, Any]] = [
+        {
+            **batch,
+            "scope": "check",
+            "success": c.success,
+            "check_name": c.name,
+            "check_column": c.column,
+            "unexpected": c.unexpected,
+            "detail": c.detail or None,
+        }
+        for c in result.checks
+    ]
+    incomplete = set(result.incomplete)
+    for path in sorted(result.partitions):
+        values = {key: value for key, _, value in (p.partition("=") for p in path.split("/"))}
+        rows.append(
+            {
+                **batch,
+                "scope": "partition",
+                "success": result.success,
+                "event_partition": path,
+                "dt": values.get("dt"),
+                "hr": values.get("hr"),
+                "rows": result.partitions[path],
+                "incomplete": path in incomplete,
+            }
+        )
+    return pa.Table.from_pylist(rows, schema=QUALITY_SCHEMA)
 
 
 def _check(name: str, problems: list[str], unexpected: int | None = None) -> Check:
@@ -258,16 +334,46 @@ def lateness_counts(data: pa.Table) -> dict[str, int]:
     return out
 
 
-def reason_counts(reasons: pa.Array | pa.ChunkedArray, top: int = 8) -> dict[str, int]:
-    """Quarantined rows per reason, the `top` most common, most common first.
+# The variable parts of a quarantine reason, in the order they are replaced: values
+# quoted by `repr` (closed, or cut short with `...` by the decoder), moments, then
+# numbers (with a duration's unit; a type's width, `(32 bits)`, names the rule). Field
+# names, quoted in backticks, are kept apart beforehand: they name the rule too.
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|['\"].*?\.\.\.(?=\s|$)")
+_MOMENT = re.compile(
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?(?:Z|[+-]\d{2}:\d{2})?"
+)
+_NUMBER = re.compile(
+    r"(?<![\w+\-.])-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?(?:ms|[smhdw])?(?!\w|\.\d| bits)"
+)
+_FIELD = re.compile(r"(`[^`]*`)")
 
-    Reasons carry the offending value after a `:` or `(`; rows are grouped on the part
-    before it, cut to 60 characters.
+
+def reason_class(reason: str) -> str:
+    """A quarantine reason with its variable parts replaced by placeholders.
+
+    Reasons quote what they reject: a value (`'abc'`), a moment, a number, a schema id.
+    Two messages broken the same way differ only there, so their reasons share a class;
+    messages broken in different fields or by different rules do not.
+
+    Args:
+        reason: A reason as the decoder wrote it.
+
+    Returns:
+        The reason with quoted values as `<value>`, moments as `<time>` and numbers
+        (with a duration's unit) as `<n>`; backtick-quoted field names are kept.
     """
-    if len(reasons) == 0:
-        return {}
-    short = pc.utf8_slice_codeunits(pc.replace_substring_regex(reasons, r"[:(].*$", ""), 0, 60)
-    return dict(Counter(short.to_pylist()).most_common(top))
+    parts = _FIELD.split(reason)
+    for i in range(0, len(parts), 2):
+        text = _QUOTED.sub("<value>", parts[i])
+        text = _MOMENT.sub("<time>", text)
+        parts[i] = _NUMBER.sub("<n>", text)
+    return "".join(parts)
+
+
+def reason_counts(reasons: pa.Array | pa.ChunkedArray, top: int = 8) -> dict[str, int]:
+    """Quarantined rows per reason class (`reason_class`), the `top` most common first."""
+    classes = Counter(reason_class(r) for r in reasons.to_pylist() if r is not None)
+    return dict(classes.most_common(top))
 
 
 def render_quality(result: QualityResult) -> str:

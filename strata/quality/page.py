@@ -84,6 +84,47 @@ def summary_page(
     return _PAGE.format(title=_text(f"{name} quality"), body="\n".join(body))
 
 
+def docs_index(name: str, runs: list[dict[str, Any]]) -> str:
+    """The Data Docs index's HTML: every validation documented, newest first.
+
+    Great Expectations' own index draws its table with scripts fetched from public
+    CDNs, and lists only what one context holds; this one is static, like the summary
+    page, and lists every run.
+
+    Args:
+        name: The pipeline's name.
+        runs: Every validation documented, as `suite.documented_run` describes it.
+
+    Returns:
+        A whole HTML document, linking each validation's page and each suite's page
+        relative to the Data Docs directory.
+    """
+    ordered = sorted(runs, key=lambda r: (r["run_time"], r["run_name"]), reverse=True)
+    rows = "".join(
+        f"<tr{'' if r['success'] else ' class=bad'}><td>{_text(r['run_time'])}</td>"
+        f"<td>{_text(r['run_name'])}</td><td>{_text(r['asset_name'] or '')}</td>"
+        f'<td><a href="{_href("expectations/" + r["suite"] + ".html")}">{_text(r["suite"])}</a>'
+        f'</td><td><a href="{_href(r["page"])}">{"passed" if r["success"] else "failed"}</a>'
+        "</td></tr>"
+        for r in ordered
+    )
+    failed = sum(not r["success"] for r in runs)
+    body = [
+        f"<h1>{_text(name)}: Data Docs</h1>",
+        f"<p class=sub>{len(runs)} validations by Great Expectations, {failed} failed; "
+        "newest first. Each batch is validated twice: its rows, and uniqueness over the "
+        "table.</p>",
+        _section(
+            "Validations",
+            "<table><tr><th>checked at</th><th>run</th><th>asset</th><th>suite</th>"
+            f"<th>result</th></tr>{rows}</table>"
+            if runs
+            else "<p>No validation yet.</p>",
+        ),
+    ]
+    return _PAGE.format(title=_text(f"{name} data docs"), body="\n".join(body))
+
+
 def _section(title: str, content: str) -> str:
     return f"<section><h2>{_text(title)}</h2>{content}</section>"
 
@@ -95,16 +136,18 @@ def _bars(labels: list[str], values: list[float], unit: str, horizontal: bool = 
     top = max(max(values), 1e-9)
     parts = []
     if horizontal:
-        bar_h = 22
-        height = bar_h * len(values) + 10
+        # Each label on a line of its own above its bar: a quarantine reason's class
+        # is a whole sentence, and the words that tell two classes apart can be last.
+        step = 34
+        height = step * len(values) + 6
         for i, (label, value) in enumerate(zip(labels, values, strict=True)):
-            w = (WIDTH - 330) * value / top
-            y = 5 + i * bar_h
+            w = (WIDTH - 80) * value / top
+            y = 4 + i * step
             parts.append(
-                f'<text x="0" y="{y + 15}" class=lab>{_text(label)}</text>'
-                f'<rect x="300" y="{y + 3}" width="{w:.1f}" height="{bar_h - 6}">'
+                f'<text x="0" y="{y + 11}" class=lab>{_text(label)}</text>'
+                f'<rect x="0" y="{y + 15}" width="{w:.1f}" height="14">'
                 f"<title>{_text(f'{label}: {_fmt(value)} {unit}')}</title></rect>"
-                f'<text x="{305 + w:.1f}" y="{y + 15}" class=val>{_fmt(value)}</text>'
+                f'<text x="{w + 5:.1f}" y="{y + 26}" class=val>{_fmt(value)}</text>'
             )
         return f'<svg viewBox="0 0 {WIDTH} {height}" width="{WIDTH}">{"".join(parts)}</svg>'
     slot = (WIDTH - PAD) / len(values)

@@ -38,9 +38,10 @@ from strata.quality.checks import (
     reconcile_checks,
     spread_sample,
 )
-from strata.quality.page import summary_page
+from strata.quality.page import docs_index, summary_page
 from strata.quality.store import ResultStore
 from strata.quality.suite import run_suite, suite_expectations
+from strata.quality.table import publish_result
 from strata.schema import load_topic_schema, partition_columns, table_layout
 from strata.storage import filesystem
 from strata.tables import Counts, TableRef
@@ -50,7 +51,8 @@ _TOTALS = ("messages", "rows", "quarantined", "gaps", "bytes", "late_rows")
 
 
 def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
-    """Check one committed batch, and write its result, Data Docs and the summary page.
+    """Check one committed batch, and write its result, Data Docs, quality table rows and
+    the summary page.
 
     Args:
         cfg: The pipeline configuration.
@@ -77,11 +79,15 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
     store = ResultStore.of(cfg)
     context = Path(tempfile.mkdtemp(prefix="strata-gx-"))
     try:
-        gx_checks, docs_page = run_suite(
+        gx_checks, docs_page, runs = run_suite(
             cfg.name, batch, expectations, validated, _neighbours(cfg, data), context / "docs"
         )
         checks = gx_checks + checks
         docs = store.copy_docs(context / "docs", docs_page)
+        # Listed once their pages are there, beside every earlier run's.
+        documented = [*store.docs_runs(), *runs]
+        store.save_docs_runs(documented)
+        store.write_docs_index(docs_index(cfg.name, documented))
     finally:
         shutil.rmtree(context, ignore_errors=True)
     result = QualityResult(
@@ -110,6 +116,7 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
     if cfg.quality.gate == "fail" and not result.success:
         result.incomplete = sorted(result.partitions)
     store.save(result)
+    publish_result(cfg, result)
     write_summary_page(cfg, store.recent(cfg.quality.history), ledger)
     return result
 
@@ -244,7 +251,7 @@ def _neighbours(cfg: PipelineConfig, data: pa.Table) -> pa.Table:
 
 
 def _quarantine_reasons(cfg: PipelineConfig, first_batch: int) -> dict[str, int]:
-    """Quarantined rows per reason (its first words) since `first_batch`."""
+    """Quarantined rows per reason class (`checks.reason_class`) since `first_batch`."""
     try:
         found = tables.read(
             TableRef.of(cfg, "quarantine"), ["reason"], ds.field("_batch") >= first_batch

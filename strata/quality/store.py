@@ -1,7 +1,8 @@
 """What quality writes under `quality.location`, and reads back.
 
-One JSON result per batch under `results/`, the batch's Data Docs under `docs/`, and
-the pipeline's summary page as `index.html`. The location is a local directory or an
+One JSON result per batch under `results/`, the batch's Data Docs under `docs/` (with
+the list of every validation documented, `docs/runs.json`, and its index), and the
+pipeline's summary page as `index.html`. The location is a local directory or an
 object-store prefix; every write replaces its file atomically, so a reader never sees
 half a page.
 """
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from strata.config import PipelineConfig
 
 _RESULT_NAME = re.compile(r"^batch-\d{10}\.json$")
+# Every validation whose page is under `docs/`: what the Data Docs index is built from.
+_RUNS = "runs.json"
 
 
 class ResultStore:
@@ -79,6 +82,23 @@ class ResultStore:
     def write_page(self, page: str) -> str:
         """Write (or replace) the summary page, `index.html`; returns its path."""
         path = f"{self.root}/index.html"
+        write_bytes_atomically(self.fs, path, page.encode())
+        return path
+
+    def docs_runs(self) -> list[dict[str, Any]]:
+        """Every validation documented under `docs/`, as the Data Docs index lists them."""
+        data = read_bytes(self.fs, f"{self.root}/docs/{_RUNS}")
+        runs: list[dict[str, Any]] = [] if data is None else json.loads(data)
+        return runs
+
+    def save_docs_runs(self, runs: list[dict[str, Any]]) -> None:
+        """Replace the list of documented validations, after their pages were copied."""
+        body = json.dumps(runs, indent=1, sort_keys=True)
+        write_bytes_atomically(self.fs, f"{self.root}/docs/{_RUNS}", body.encode())
+
+    def write_docs_index(self, page: str) -> str:
+        """Write (or replace) the Data Docs index, `docs/index.html`; returns its path."""
+        path = f"{self.root}/docs/index.html"
         write_bytes_atomically(self.fs, path, page.encode())
         return path
 

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from great_expectations.core.expectation_validation_result import (
         ExpectationSuiteValidationResult,
     )
+    from great_expectations.data_context.types.resource_identifiers import (
+        ValidationResultIdentifier,
+    )
 
     from strata.config import QualityConfig
 
@@ -113,7 +116,7 @@ def run_suite(
     rows: pa.Table,
     neighbours: pa.Table,
     docs_dir: Path,
-) -> tuple[list[Check], str | None]:
+) -> tuple[list[Check], str | None, list[dict[str, Any]]]:
     """Run the suite on the batch's rows, and table-wide uniqueness on their neighbours.
 
     Args:
@@ -123,11 +126,12 @@ def run_suite(
         rows: The rows to validate (the batch's, or a sample of them).
         neighbours: Coordinates of every row of the table within the batch's offsets,
             of any batch: a message landed twice must show as a duplicate.
-        docs_dir: A local directory to build the Data Docs site in.
+        docs_dir: A local directory to build the Data Docs pages in (no index).
 
     Returns:
-        A check per expectation run, and the Data Docs page of the batch's rows,
-        relative to the site.
+        A check per expectation run, the Data Docs page of the batch's rows relative
+        to the site, and this run's validations as the index lists them
+        (`documented_run`).
     """
     _import_quietly()
     import great_expectations as gx
@@ -171,6 +175,7 @@ def run_suite(
     run_id = gx.RunIdentifier(run_name=f"batch-{batch:010d}")
     checks: list[Check] = []
     page = None
+    documented_runs: list[dict[str, Any]] = []
     # What the docs are built from: each suite's page and each validation result.
     documented: list[Any] = [ExpectationSuiteIdentifier(name=s.name) for s in (suite, unique)]
     for suite_, definition, frame in ((suite, rows_def, rows), (unique, coords_def, neighbours)):
@@ -190,10 +195,9 @@ def run_suite(
         for key, result in outcome.run_results.items():
             context.validation_results_store.set(key, _inert_for_docs(result))
             documented.append(key)
+            documented_runs.append(documented_run(key, bool(result.success), result.asset_name))
             if page is None:
-                # GX leaves `to_tuple` unannotated.
-                parts = key.to_tuple()  # type: ignore[no-untyped-call]
-                page = "validations/" + "/".join(parts) + ".html"
+                page = documented_runs[-1]["page"]
             for r in result.results:
                 config = r.expectation_config
                 assert config is not None  # every result of a suite run names its expectation
@@ -211,8 +215,34 @@ def run_suite(
                     )
                     detail = f"{unexpected:,} unexpected; e.g. {_short(sample)}"
                 checks.append(Check(config.type, bool(r.success), column, detail, unexpected))
-    context.build_data_docs(site_names=["strata"], resource_identifiers=documented)
-    return checks, page
+    # No index: this context holds this run's validations alone, and GX's index draws
+    # its table with scripts from public CDNs. `page.docs_index` lists every run.
+    context.build_data_docs(
+        site_names=["strata"], resource_identifiers=documented, build_index=False
+    )
+    return checks, page, documented_runs
+
+
+def documented_run(
+    key: ValidationResultIdentifier, success: bool, asset: str | None
+) -> dict[str, Any]:
+    """A validation's entry in the Data Docs index, as JSON values.
+
+    Args:
+        key: The validation result's key in its store.
+        success: Whether the validation passed.
+        asset: The data asset validated.
+    """
+    run_id = key.run_id
+    return {
+        "suite": key.expectation_suite_identifier.name,
+        "run_name": run_id.run_name,
+        "run_time": run_id.run_time.isoformat(timespec="seconds"),
+        "asset_name": asset,
+        "success": success,
+        # GX leaves `to_tuple` unannotated.
+        "page": "validations/" + "/".join(key.to_tuple()) + ".html",  # type: ignore[no-untyped-call]
+    }
 
 
 def _inert_for_docs(result: ExpectationSuiteValidationResult) -> ExpectationSuiteValidationResult:

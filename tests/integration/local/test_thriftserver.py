@@ -6,14 +6,12 @@ import math
 from collections import Counter
 from datetime import timedelta
 
-import pytest
 import sqlglot
 from pyhive import hive
 from sqlglot import exp
 
 from strata.compact import compact
 from strata.ledger import read_ledger
-from strata.local.thriftserver import LocalThriftServer
 from strata.locations import current_files, current_locations, visible_files
 from strata.lock import run_lock
 from strata.maintain import sweep_moved, vacuum
@@ -25,12 +23,6 @@ from strata.write import partition_path
 from tests.conftest import ROOT, START_MS, produce_clicks
 
 QUERIES = ROOT / "sql" / "queries"
-
-
-@pytest.fixture(scope="session")
-def thriftserver(tmp_path_factory, metastore):
-    with LocalThriftServer(tmp_path_factory.mktemp("thriftserver"), metastore.uri) as server:
-        yield server
 
 
 def spark_sql(name: str, pipeline: str) -> str:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
+from strata.decode import decode_chunk
 from strata.ledger import LEDGER_SCHEMA
 from strata.quality.checks import (
     LATENESS_BUCKETS,
@@ -18,12 +19,14 @@ from strata.quality.checks import (
     lateness_bucket,
     lateness_counts,
     partition_counts,
+    reason_class,
     reason_counts,
     recent_batches,
     reconcile_checks,
     render_quality,
     spread_sample,
 )
+from tests.unit.test_decode import T0, click, enc, raw, rules
 
 COMMITTED = datetime(2025, 11, 22, 10, tzinfo=UTC)
 
@@ -287,17 +290,71 @@ def test_a_sample_is_spread_evenly_over_the_rows():
     assert spread_sample(data, 10) is data and spread_sample(data, 50) is data
 
 
-def test_quarantine_reasons_group_on_the_words_before_the_value_they_quote():
-    reasons = pa.array(
-        ['not valid JSON: {"a"', "not valid JSON: <x>", "missing field (user_id)"]
-        + ["x" * 80]
-        + [f"reason {i}" for i in range(9)]
+def quarantined(values: list[bytes], kafka_ts: list[int] | None = None) -> list[str]:
+    """The reasons the decoder gives for the messages, in offset order."""
+    out = decode_chunk(raw(values, kafka_ts), rules()).quarantine.sort_by("_offset")
+    assert out.num_rows == len(values)
+    return out.column("reason").to_pylist()
+
+
+def test_quarantine_reasons_group_by_their_whole_class_across_values_and_moments():
+    day = 86_400_000
+    reasons = quarantined(
+        [
+            enc(click(0, device="tv")),
+            enc(click(1, device="fridge")),
+            enc(click(2, user_id=12.5)),
+            enc(click(3, user_id=7.25)),
+            enc(click(4, user_id="abc")),
+            enc(click(5, page=3)),
+            enc(click(6, ts=T0 - 30 * day)),
+            enc(click(7, ts=T0 - 90 * day)),
+            enc(click(8, ts=0)),
+            b"{\x00",
+            b"\x00",
+        ]
     )
-    counts = reason_counts(reasons)
-    assert counts["not valid JSON"] == 2 and counts["missing field "] == 1
-    assert counts["x" * 60] == 1
-    assert len(counts) == 8 and next(iter(counts)) == "not valid JSON"
+    # Messages broken the same way, each reason quoting its own value or moment.
+    for pair in (reasons[0:2], reasons[2:4], reasons[6:8], reasons[9:11]):
+        assert len(set(pair)) == 2, pair
+    counts = reason_counts(pa.array(reasons), top=20)
+    assert counts == {
+        "field `device`: <value> is not a symbol of the enum (desktop, mobile, tablet)": 2,
+        "not valid JSON for the schema: field `user_id`: <n> is not written as an integer": 2,
+        "event time <time> is <n> before its Kafka timestamp <time>, beyond "
+        "event_time.max_lateness <n>": 2,
+        "not valid JSON: a NUL byte at position <n>": 2,
+        "not valid JSON for the schema: field `user_id` should be a number, not a string": 1,
+        "not valid JSON for the schema: field `page` should be a string, not a number": 1,
+        "event time <time> is before <time> (epoch zero or an unset clock)": 1,
+    }
+    assert len(reason_counts(pa.array(reasons), top=3)) == 3
     assert reason_counts(pa.array([], pa.string())) == {}
+
+
+def test_a_reason_class_keeps_field_names_and_type_widths_and_hides_values_ids_and_times():
+    assert reason_class("field `ts_2`: 'a \\'b\\' 7' is not a UUID") == (
+        "field `ts_2`: <value> is not a UUID"
+    )
+    # A value cut short by the decoder has no closing quote.
+    cut = reason_class("field `e`: 'xxxxxxxx... is not a UUID")
+    assert cut == "field `e`: <value> is not a UUID"
+    assert reason_class(
+        "written with schema id 7, not the configured schema_id 42; decoding it with another "
+        "schema would misread its fields"
+    ) == (
+        "written with schema id <n>, not the configured schema_id <n>; decoding it with "
+        "another schema would misread its fields"
+    )
+    assert reason_class("field `n`: -2147483649 is out of range for int (32 bits)") == (
+        "field `n`: <n> is out of range for int (32 bits)"
+    )
+    assert reason_class("not valid JSON: not UTF-8 text (byte 3)") == (
+        "not valid JSON: not UTF-8 text (byte <n>)"
+    )
+    assert reason_class("event time 2025-11-22T10:00:00Z is 3.5h ahead (allowed skew 1.0h)") == (
+        "event time <time> is <n> ahead (allowed skew <n>)"
+    )
 
 
 def result(**over) -> QualityResult:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 from html.parser import HTMLParser
+from urllib.parse import unquote
 
 import pytest
 
 from strata.ledger import LEDGER_SCHEMA
-from strata.quality.page import HEIGHT, PAD, WIDTH, summary_page
+from strata.quality.page import HEIGHT, PAD, WIDTH, docs_index, summary_page
 
 # Closes a quoted attribute of either kind, then tries a script and an image's onerror.
 HOSTILE = "\"'><script>alert(1)</script><img src=x onerror=\"alert('x')\">&amp;"
@@ -163,7 +164,7 @@ def test_the_bars_are_to_scale_and_titled_with_their_values():
     assert heights("Late arrivals (Kafka time minus event time)") == [full, 0, 0, 0, 0, full / 3]
     # Horizontal bars: their width, not their height, carries the value.
     widths = [float(r["width"]) for r in page.rects["Quarantine reasons"]]
-    assert widths == [WIDTH - 330, (WIDTH - 330) / 4]
+    assert widths == [WIDTH - 80, (WIDTH - 80) / 4]
     assert "bad: 4 rows" in page.sections["Quarantine reasons"]
 
 
@@ -184,3 +185,28 @@ def test_an_empty_pipeline_says_so_instead_of_plotting():
     assert "No rows yet." in page.sections["Event-time partitions"]
     assert "None recorded." in page.sections["Offsets lost to retention"]
     assert not page.rects.get("Rows per batch")
+
+
+def test_the_data_docs_index_lists_every_run_newest_first_with_every_value_escaped():
+    def run(batch: int, suite: str, success: bool = True) -> dict:
+        return {
+            "suite": suite, "run_name": f"batch-{batch:010d}", "asset_name": "rows",
+            "run_time": f"2025-11-22T1{batch}:00:00+00:00", "success": success,
+            "page": f"validations/{suite}/batch-{batch:010d}/x/strata-rows.html",
+        }  # fmt: skip
+
+    runs = [run(1, "clicks"), run(3, "clicks", success=False), run(2, HOSTILE)]
+    markup = docs_index(HOSTILE, runs)
+    page = Page(markup)
+    assert HOSTILE not in markup and not re.search(r"<(script|img)\b", markup, re.I)
+    assert page.title == f"{HOSTILE} data docs"
+    links = [a["href"] for t, a in page.elements if t == "a"]
+    assert [unquote(h) for h in links[1::2]] == [r["page"] for r in (runs[1], runs[2], runs[0])]
+    # A hostile suite name stays inside a relative path, its markup percent-encoded.
+    assert all(href.startswith(("expectations/", "validations/")) for href in links)
+    assert not any(set("<>\"' ") & set(href) for href in links)
+    assert "3 validations by Great Expectations, 1 failed" in page.sections[""]
+    shown = page.sections["Validations"]
+    assert shown.index("batch-0000000003") < shown.index("batch-0000000002")
+    assert HOSTILE in shown
+    assert "No validation yet." in Page(docs_index("clicks", [])).sections["Validations"]

@@ -81,3 +81,16 @@ def test_the_page_and_the_docs_land_under_the_location(tmp_path):
     assert (tmp_path / "quality" / "docs" / "index.html").read_text() == "site"
     assert store.copy_docs(built, None) is None
     assert store.copy_docs(tmp_path / "never-built", "x.html") is None
+
+
+def test_the_documented_runs_are_kept_under_the_docs_and_replaced_whole(tmp_path):
+    store = ResultStore(str(tmp_path))
+    assert store.docs_runs() == []  # no docs yet
+    runs = [{"suite": "clicks", "run_name": "batch-0000000001", "page": "validations/a.html"}]
+    store.save_docs_runs(runs)
+    assert json.loads((tmp_path / "docs" / "runs.json").read_text()) == runs
+    more = runs + [
+        {"suite": "clicks", "run_name": "batch-0000000002", "page": "validations/b.html"}
+    ]
+    store.save_docs_runs(more)
+    assert store.docs_runs() == more
