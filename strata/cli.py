@@ -265,12 +265,25 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
     print(redact(text), flush=True)
     # A run whose batch committed but whose tables could not be registered still fails:
     # the data is safe, and the exit code makes the scheduler retry the registration.
-    error = body.get("register_error") or body.get("gate_error") or body.get("tables_error")
+    # A status without the brokers shows the ledger, and fails for the lag it lacks.
+    error = (
+        body.get("register_error")
+        or body.get("gate_error")
+        or body.get("tables_error")
+        or _broker_error(body)
+    )
     if error:
         print(f"strata: error: {redact(error)}", file=sys.stderr, flush=True)
     if as_json:
         print(json.dumps(redact_json(body), sort_keys=True), flush=True)
     return 1 if error else 0
+
+
+def _broker_error(body: dict[str, Any]) -> str | None:
+    """Why the brokers could not be asked, for the pipeline or the first table that says."""
+    tables = body.get("tables")
+    bodies = [body, *(tables.values() if isinstance(tables, dict) else [])]
+    return next((b["broker_error"] for b in bodies if b.get("broker_error")), None)
 
 
 def _fail(message: str, code: int, as_json: bool) -> int:

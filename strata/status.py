@@ -302,7 +302,8 @@ def render_status(status: dict[str, Any]) -> str:
     """The status as text."""
     lines = [f"pipeline {status['pipeline']}: last committed batch {status['last_batch']}"]
     if "broker_error" in status:
-        lines.append(f"warning: lag unknown: {status['broker_error']}")
+        # The error itself is the command's last line, on stderr.
+        lines.append("lag unknown: the brokers did not answer")
     for warning in status.get("warnings", []):
         lines.append(f"WARNING: {warning}")
     lines.append(
