@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(status)
     status.add_argument("--history", type=int, default=10, help="how many recent batches to list")
+    status.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="print the lag, time to retention and last batch as Prometheus metrics (the text "
+        "exposition format) instead",
+    )
     register = sub.add_parser(
         "register",
         aliases=["publish"],
@@ -208,7 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "prometheus", False) and args.json:
+        parser.error("--prometheus prints the exposition format alone; leave out --json")
     configure_logging()
     handler: Handler = {
         "run": _run,
@@ -237,6 +246,8 @@ def _dispatch(
     """Run a command on the pipeline, or on each of its tables if it routes to tables."""
     from strata.routes import each_table
 
+    if getattr(args, "prometheus", False):
+        return _prometheus(cfg, args)
     return each_table(cfg, args.command, lambda one: handler(one, args))
 
 
@@ -295,16 +306,23 @@ def _fail(message: str, code: int, as_json: bool) -> int:
 
 
 def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.metrics import after_run
     from strata.report import render_summary, summary_dict
     from strata.run import run_batch
 
     accepted = None if args.accept_loss is None else f"{_who()}: {args.accept_loss}"
     outcome = run_batch(cfg, max_offsets=args.max_offsets, accept_loss=accepted)
-    text, body = render_summary(outcome), summary_dict(outcome)
+    result = None
     if outcome.batch is not None and cfg.quality.gate != "off" and not args.no_quality:
-        from strata.quality import render_quality, run_quality
+        from strata.quality import run_quality
 
         result = run_quality(cfg, outcome.batch)
+    # After the commit and the quality suite, whose result the metrics count.
+    after_run(cfg, outcome)
+    text, body = render_summary(outcome), summary_dict(outcome)
+    if result is not None:
+        from strata.quality import render_quality
+
         text += "\n" + render_quality(result)
         body["quality"] = {
             "success": result.success,
@@ -428,6 +446,20 @@ def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 
     status = pipeline_status(cfg, args.history)
     return render_status(status), status
+
+
+def _prometheus(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """`status --prometheus`: one exposition, of the pipeline or of all its tables."""
+    from strata.metrics import status_metrics
+    from strata.routes import route_tables
+    from strata.status import pipeline_status
+
+    if not cfg.routed:
+        status = pipeline_status(cfg, args.history)
+        return status_metrics([status]).decode().rstrip("\n"), status
+    tables = {name: pipeline_status(cfg.route(name), args.history) for name in route_tables(cfg)}
+    text = status_metrics(tables.values()).decode().rstrip("\n")
+    return text, {"pipeline": cfg.name, "tables": tables}
 
 
 def entry() -> None:
