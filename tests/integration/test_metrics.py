@@ -68,7 +68,11 @@ def capped(make_pipeline, broker, tmp_path):
         p = make_pipeline(
             partitions=2,
             create=False,
-            overrides={"limits": {"max_offsets_per_partition": CAP}, "metrics": metrics},
+            overrides={
+                "limits": {"max_offsets_per_partition": CAP},
+                "metrics": metrics,
+                "airflow": {"lag_growth_runs": 2},
+            },
         )
         broker.create_topic(p.topic, 2, {"retention.ms": str(48 * HOUR_MS)})
         written_at = int(time.time() * 1000) - 40 * HOUR_MS
@@ -80,7 +84,7 @@ def capped(make_pipeline, broker, tmp_path):
     return make
 
 
-def test_a_run_writes_its_batch_as_metrics_and_status_prints_them(capped, spark, tmp_path):
+def test_a_run_writes_its_batch_as_metrics_and_status_prints_them(capped, broker, spark, tmp_path):
     textfiles = tmp_path / "textfile"
     textfiles.mkdir()
     p, per = capped({"textfile_dir": str(textfiles)})
@@ -133,6 +137,23 @@ def test_a_run_writes_its_batch_as_metrics_and_status_prints_them(capped, spark,
     assert only(now, "strata_last_commit_timestamp_seconds") == pytest.approx(
         max(r["committed_at"] for r in ledger.values()).timestamp(), abs=1
     )
+
+    # More arrives than a batch reads, twice: the lag left behind grows two batches in
+    # a row (airflow.lag_growth_runs), and the task's summary says so.
+    lags = [sum(per.values()) - 2 * CAP]
+    for batch in (2, 3):
+        more = produce_clicks(broker, p.topic, 2, 600, start_ms=int(time.time() * 1000), seed=batch)
+        lags.append(lags[-1] + sum(more.values()) - 2 * CAP)
+        summary = ingest_task(p.name, str(p.conf_dir))
+        assert summary["batch"] == batch
+    assert lags[0] < lags[1] < lags[2]
+    [growing] = [w for w in summary["warnings"] if "grown" in w]
+    assert growing.startswith(
+        f"the lag left behind has grown 2 batches in a row ({lags[0]:,} -> {lags[1]:,} -> "
+        f"{lags[2]:,} messages)"
+    )
+    found = samples((textfiles / f"strata_{p.name}.prom").read_text())
+    assert only(found, "strata_lag_growth_runs") == 2 and only(found, "strata_batch") == 3
 
 
 class Pushgateway(ThreadingHTTPServer):
