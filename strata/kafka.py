@@ -210,9 +210,11 @@ def partition_states(
                         TopicPartition(topic, partition), timeout=timeout, cached=False
                     )
                 except KafkaException as exc:
+                    error = exc.args[0]
                     raise KafkaUnavailable(
-                        f"partition {partition} of `{topic}`: no watermarks within "
-                        f"{timeout:.0f}s ({exc.args[0]})"
+                        f"partition {partition} of `{topic}`: no watermarks from the brokers at "
+                        f"{cfg.kafka.bootstrap_servers} within {timeout:.0f}s "
+                        f"({error.str() if isinstance(error, KafkaError) else error})"
                     ) from None
                 states.append(
                     PartitionState(topic, partition, low, high, committed.get((topic, partition)))
