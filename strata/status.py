@@ -1,4 +1,8 @@
-"""`strata status`: committed ranges, batch history and lag, from the ledger."""
+"""`strata status`: committed ranges, batch history and lag, from the ledger.
+
+The part a run watches too (`pipeline_view`: lag, time to retention, a lag that keeps
+growing, and their warnings) goes into every run's summary and metrics.
+"""
 
 from __future__ import annotations
 
