@@ -90,7 +90,7 @@ def test_a_run_writes_its_batch_as_metrics_and_status_prints_them(capped, broker
     p, per = capped({"textfile_dir": str(textfiles)})
     began = time.time()
 
-    # The Airflow ingest task, in this process: it uses the test's Spark session.
+    # The Airflow ingest task, in this process, on the tests' SparkSession (the active one).
     summary = ingest_task(p.name, str(p.conf_dir))
     found = samples((textfiles / f"strata_{p.name}.prom").read_text())
 
