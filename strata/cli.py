@@ -74,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(status)
     status.add_argument("--history", type=int, default=10, help="how many recent batches to list")
+    status.add_argument(
+        "--prometheus",
+        action="store_true",
+        help="print the lag, time to retention and last batch as Prometheus metrics (the text "
+        "exposition format) instead",
+    )
     register = sub.add_parser(
         "register",
         aliases=["publish"],
@@ -208,7 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "prometheus", False) and args.json:
+        parser.error("--prometheus prints the exposition format alone; leave out --json")
     configure_logging()
     handler: Handler = {
         "run": _run,
@@ -237,6 +246,8 @@ def _dispatch(
     """Run a command on the pipeline, or on each of its tables if it routes to tables."""
     from strata.routes import each_table
 
+    if getattr(args, "prometheus", False):
+        return _prometheus(cfg, args)
     return each_table(cfg, args.command, lambda one: handler(one, args))
 
 
@@ -265,12 +276,25 @@ def run_guarded(action: Callable[[], tuple[str, dict[str, Any]]], as_json: bool)
     print(redact(text), flush=True)
     # A run whose batch committed but whose tables could not be registered still fails:
     # the data is safe, and the exit code makes the scheduler retry the registration.
-    error = body.get("register_error") or body.get("gate_error") or body.get("tables_error")
+    # A status without the brokers shows the ledger, and fails for the lag it lacks.
+    error = (
+        body.get("register_error")
+        or body.get("gate_error")
+        or body.get("tables_error")
+        or _broker_error(body)
+    )
     if error:
         print(f"strata: error: {redact(error)}", file=sys.stderr, flush=True)
     if as_json:
         print(json.dumps(redact_json(body), sort_keys=True), flush=True)
     return 1 if error else 0
+
+
+def _broker_error(body: dict[str, Any]) -> str | None:
+    """Why the brokers could not be asked, for the pipeline or the first table that says."""
+    tables = body.get("tables")
+    bodies = [body, *(tables.values() if isinstance(tables, dict) else [])]
+    return next((b["broker_error"] for b in bodies if b.get("broker_error")), None)
 
 
 def _fail(message: str, code: int, as_json: bool) -> int:
@@ -282,16 +306,23 @@ def _fail(message: str, code: int, as_json: bool) -> int:
 
 
 def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.metrics import after_run
     from strata.report import render_summary, summary_dict
     from strata.run import run_batch
 
     accepted = None if args.accept_loss is None else f"{_who()}: {args.accept_loss}"
     outcome = run_batch(cfg, max_offsets=args.max_offsets, accept_loss=accepted)
-    text, body = render_summary(outcome), summary_dict(outcome)
+    result = None
     if outcome.batch is not None and cfg.quality.gate != "off" and not args.no_quality:
-        from strata.quality import render_quality, run_quality
+        from strata.quality import run_quality
 
         result = run_quality(cfg, outcome.batch)
+    # After the commit and the quality suite, whose result the metrics count.
+    after_run(cfg, outcome)
+    text, body = render_summary(outcome), summary_dict(outcome)
+    if result is not None:
+        from strata.quality import render_quality
+
         text += "\n" + render_quality(result)
         body["quality"] = {
             "success": result.success,
@@ -405,6 +436,20 @@ def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 
     status = pipeline_status(cfg, args.history)
     return render_status(status), status
+
+
+def _prometheus(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """`status --prometheus`: one exposition, of the pipeline or of all its tables."""
+    from strata.metrics import status_metrics
+    from strata.routes import route_tables
+    from strata.status import pipeline_status
+
+    if not cfg.routed:
+        status = pipeline_status(cfg, args.history)
+        return status_metrics([status]).decode().rstrip("\n"), status
+    tables = {name: pipeline_status(cfg.route(name), args.history) for name in route_tables(cfg)}
+    text = status_metrics(tables.values()).decode().rstrip("\n")
+    return text, {"pipeline": cfg.name, "tables": tables}
 
 
 def entry() -> None:

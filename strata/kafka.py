@@ -1,21 +1,85 @@
 """The Kafka side of a run: watermarks for planning, and offsets for lag tools.
 
 Every request is bounded by `kafka.timeout_s`, so a dead broker or a missing topic is
-a clear error within that time, never a hang.
+a clear error within that time, never a hang. Every client's log goes through the
+`strata.kafka.client` logger (see `ClientLog`), never straight to stderr.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition, libversion
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition, libversion
 
 from strata.config import PipelineConfig
 from strata.errors import KafkaUnavailable
+from strata.log import RateLimit
 from strata.plan import OffsetRange, PartitionState
+
+# librdkafka prefixes a line with the thread it came from, and ends a failed
+# connection with how long it took: neither tells one failure from another.
+_THREAD = re.compile(r"^\[thrd:[^\]]*\]:\s*")
+_ATTEMPT = re.compile(r"\s*\(after \d+ms in state \w+(, \d+ identical error\(s\) suppressed)?\)$")
+
+
+class ClientLog:
+    """librdkafka's log lines, as records of the `strata.kafka.client` logger.
+
+    Without it librdkafka writes to stderr itself: against a dead broker, a line per
+    reconnection attempt, hundreds a minute, around the one error that matters. Here
+    each line is logged at its level, the same line at most once a minute (with the
+    count held back); a failed connection (facility FAIL) at DEBUG only, since the
+    client retries it on its own and, once it lasts, the request fails with an error
+    of ours that names the brokers and quotes the latest failure.
+
+    confluent-kafka calls `log(level, "%s [%s] %s", facility, client, text)` from the
+    thread that serves the client.
+    """
+
+    def __init__(self, logger: logging.Logger, window_s: float = 60.0) -> None:
+        """Route to a logger.
+
+        Args:
+            logger: Where the records go.
+            window_s: How long a line is held back after it was logged.
+        """
+        self.logger = logger
+        self.limit = RateLimit(window_s)
+        self._failure: tuple[float, str] | None = None
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        """Log one librdkafka line (the method confluent-kafka calls)."""
+        if len(args) == 3:
+            facility, text = str(args[0]), str(args[2])
+        else:
+            facility, text = "", msg % args if args else msg
+        text = _THREAD.sub("", text)
+        if facility == "FAIL":
+            self._failure = (time.monotonic(), _ATTEMPT.sub("", text))
+            level = logging.DEBUG
+        if not self.logger.isEnabledFor(level):
+            return
+        held = self.limit.admit((level, facility, _ATTEMPT.sub("", text)))
+        if held is None:
+            return
+        more = f" ({held:,} more like it in the last {self.limit.window_s:.0f}s)" if held else ""
+        self.logger.log(level, "kafka client: %s%s", text, more)
+
+    def failure_since(self, seconds: float) -> str | None:
+        """The latest failed connection, if it came in the last `seconds`."""
+        failure = self._failure
+        if failure is None or time.monotonic() - failure[0] > seconds:
+            return None
+        return failure[1]
+
+
+CLIENT_LOG = ClientLog(logging.getLogger("strata.kafka.client"))
+"""The log of every Kafka client this process makes (one rate limit for them all)."""
 
 
 def client_version() -> str:
@@ -25,7 +89,7 @@ def client_version() -> str:
 
 def client_conf(cfg: PipelineConfig, **extra: Any) -> dict[str, Any]:  # noqa: ANN401
     """librdkafka settings for a pipeline: bootstrap, pass-through properties, extras."""
-    conf: dict[str, Any] = {"bootstrap.servers": cfg.kafka.bootstrap_servers}
+    conf: dict[str, Any] = {"bootstrap.servers": cfg.kafka.bootstrap_servers, "logger": CLIENT_LOG}
     conf.update(cfg.kafka.properties)
     conf.update(extra)
     return conf
@@ -44,11 +108,24 @@ def _consumer(cfg: PipelineConfig, group: str) -> Consumer:
     )
 
 
-def _unreachable(cfg: PipelineConfig, exc: KafkaException) -> KafkaUnavailable:
+def _unreachable(
+    cfg: PipelineConfig, exc: BaseException | None = None, client: Consumer | None = None
+) -> KafkaUnavailable:
+    """The one error a request the brokers did not answer ends in, naming them and why."""
     timeout = cfg.kafka.timeout_s
+    if client is not None:
+        # A consumer hands its log lines over when polled (or closed): the failures
+        # behind the timeout are among them.
+        client.poll(0)
+    error = exc.args[0] if exc is not None and exc.args else None
+    why = [error.str() if isinstance(error, KafkaError) else str(error or "no answer")]
+    # The client's own account (connection refused, a TLS or SASL failure) says more.
+    failure = CLIENT_LOG.failure_since(timeout + 5)
+    if failure:
+        why.append(failure)
     return KafkaUnavailable(
         f"cannot reach the brokers at {cfg.kafka.bootstrap_servers} within "
-        f"{timeout:.0f}s ({exc.args[0]}); check kafka.bootstrap_servers "
+        f"{timeout:.0f}s ({'; '.join(why)}); check kafka.bootstrap_servers "
         f"(or STRATA_KAFKA_BOOTSTRAP) and the network"
     )
 
@@ -65,7 +142,7 @@ def _topic_partitions(cfg: PipelineConfig, consumer: Consumer) -> dict[str, list
         try:
             meta = consumer.list_topics(timeout=timeout)
         except KafkaException as exc:
-            raise _unreachable(cfg, exc) from None
+            raise _unreachable(cfg, exc, consumer) from None
         for topic, info in sorted(meta.topics.items()):
             # A topic being created or deleted may answer with an error; the next run
             # sees it settled.
@@ -76,7 +153,7 @@ def _topic_partitions(cfg: PipelineConfig, consumer: Consumer) -> dict[str, list
         try:
             meta = consumer.list_topics(topic, timeout=timeout)
         except KafkaException as exc:
-            raise _unreachable(cfg, exc) from None
+            raise _unreachable(cfg, exc, consumer) from None
         info = meta.topics.get(topic)
         if info is None or info.error is not None or not info.partitions:
             reason = info.error if info is not None and info.error else "no partitions"
@@ -133,9 +210,11 @@ def partition_states(
                         TopicPartition(topic, partition), timeout=timeout, cached=False
                     )
                 except KafkaException as exc:
+                    error = exc.args[0]
                     raise KafkaUnavailable(
-                        f"partition {partition} of `{topic}`: no watermarks within "
-                        f"{timeout:.0f}s ({exc.args[0]})"
+                        f"partition {partition} of `{topic}`: no watermarks from the brokers at "
+                        f"{cfg.kafka.bootstrap_servers} within {timeout:.0f}s "
+                        f"({error.str() if isinstance(error, KafkaError) else error})"
                     ) from None
                 states.append(
                     PartitionState(topic, partition, low, high, committed.get((topic, partition)))
@@ -196,6 +275,9 @@ def topic_ids(cfg: PipelineConfig, topics: Iterable[str] | None = None) -> dict[
 
     Returns:
         `{topic: id}` for the topics the brokers gave an id for.
+
+    Raises:
+        KafkaUnavailable: If the brokers do not answer within `kafka.timeout_s`.
     """
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AdminClient
@@ -214,6 +296,8 @@ def topic_ids(cfg: PipelineConfig, topics: Iterable[str] | None = None) -> dict[
             described = future.result(cfg.kafka.timeout_s)
         except KafkaException:
             continue
+        except TimeoutError:
+            raise _unreachable(cfg) from None
         uid = str(described.topic_id) if described.topic_id is not None else ""
         # An all-zero id is how the protocol says "none".
         if uid and uid.strip("A=") != "":
@@ -258,6 +342,9 @@ def retention_limits(
 
     Returns:
         `{topic: {"ms": ..., "bytes": ...}}`.
+
+    Raises:
+        KafkaUnavailable: If the brokers do not answer within `kafka.timeout_s`.
     """
     # The admin module defines ConfigResource without listing it in `__all__`.
     from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
@@ -273,6 +360,8 @@ def retention_limits(
             entries = future.result(cfg.kafka.timeout_s)
         except KafkaException:
             entries = {}
+        except TimeoutError:
+            raise _unreachable(cfg) from None
         limits: dict[str, int | None] = {}
         for key in ("ms", "bytes"):
             entry = entries.get(f"retention.{key}")

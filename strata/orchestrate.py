@@ -70,10 +70,15 @@ def plan_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
 
 
 def _ingest_one(cfg: PipelineConfig) -> dict[str, Any]:
-    from strata.report import summary_dict
+    from strata.metrics import after_run
+    from strata.report import render_summary, summary_dict
     from strata.run import run_batch
 
-    return redact_json(summary_dict(run_batch(cfg, register_tables=False)))
+    outcome = run_batch(cfg, register_tables=False)
+    # Retention and growing-lag warnings join the summary; metrics are written.
+    after_run(cfg, outcome)
+    print(redact(render_summary(outcome)), flush=True)  # noqa: T201 - the task log
+    return redact_json(summary_dict(outcome))
 
 
 def ingest_task(pipeline: str, conf_dir: str) -> dict[str, Any]:

@@ -1,8 +1,14 @@
-"""`strata status`: committed ranges, batch history and lag, from the ledger."""
+"""`strata status`: committed ranges, batch history and lag, from the ledger.
+
+The part a run watches too (`pipeline_view`: lag, time to retention, a lag that keeps
+growing, and their warnings) goes into every run's summary and metrics.
+"""
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +19,7 @@ from strata.config import PipelineConfig
 from strata.durations import human_duration
 from strata.errors import KafkaUnavailable, PlanError
 from strata.kafka import oldest_unread_ms, partition_states, retention_limits
-from strata.ledger import ledger_state, read_ledger
+from strata.ledger import LedgerState, ledger_state, read_ledger
 from strata.maintain import table_health
 from strata.plan import PlanStore, vanished_topics
 
@@ -31,41 +37,7 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
     """
     rows = read_ledger(cfg)
     state = ledger_state(cfg, rows)
-    out: dict[str, Any] = {"pipeline": cfg.name, "last_batch": state.last_batch, "warnings": []}
-    partitions = []
-    lag: dict[tuple[str, int], dict[str, Any]] = {}
-    try:
-        unread: dict[tuple[str, int], int] = {}
-        states = partition_states(cfg, state.committed)
-        for s in states:
-            committed = state.committed.get((s.topic, s.partition))
-            position = committed if committed is not None else s.low
-            lag[(s.topic, s.partition)] = {
-                "low": s.low,
-                "high": s.high,
-                "lag": max(s.high - position, 0),
-            }
-            if s.high > position:
-                unread[(s.topic, s.partition)] = max(position, s.low)
-        _retention(cfg, unread, lag, out["warnings"], _observed(rows))
-        out["warnings"] += [
-            f"topic `{topic}` matched topics_pattern and has committed offsets, but the "
-            "brokers no longer list it (deleted); it is no longer read"
-            for topic in vanished_topics(cfg, states, state.committed)
-        ]
-    except KafkaUnavailable as exc:
-        out["broker_error"] = str(exc)
-    keys = sorted(set(state.committed) | set(lag))
-    for key in keys:
-        entry: dict[str, Any] = {
-            "topic": key[0],
-            "partition": key[1],
-            "committed": state.committed.get(key),
-        }
-        entry.update(lag.get(key, {}))
-        partitions.append(entry)
-    out["partitions"] = partitions
-    out["total_lag"] = sum(v["lag"] for v in lag.values()) if lag else None
+    out = _view(cfg, rows, state, listed=True)
     out["batches"] = _history(rows, history)
     losses = rows.filter(pc.equal(rows.column("kind"), "loss")) if rows.num_rows else rows
     out["losses"] = [
@@ -103,6 +75,126 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
             f"`strata compact --pipeline {cfg.name}` merges them (the maintenance DAG does daily)"
         )
     return out
+
+
+def pipeline_view(cfg: PipelineConfig) -> dict[str, Any]:
+    """What a run leaves to watch: `pipeline_status` without the history and the tables.
+
+    Args:
+        cfg: The pipeline configuration.
+
+    Returns:
+        The status's `pipeline`, `last_batch`, `last_committed_at`, `partitions`,
+        `total_lag`, `lag_growth_runs`, `warnings` (retention and growing lag) and
+        `broker_error`.
+    """
+    rows = read_ledger(cfg)
+    return _view(cfg, rows, ledger_state(cfg, rows), listed=False)
+
+
+def _view(cfg: PipelineConfig, rows: pa.Table, state: LedgerState, listed: bool) -> dict[str, Any]:
+    """Per partition the committed offset, lag and time to retention; warnings of both.
+
+    Args:
+        cfg: The pipeline configuration.
+        rows: The ledger.
+        state: What it says is committed.
+        listed: Also warn of topics a pattern no longer matches (a run warns of them
+            itself).
+    """
+    committed_at = rows.column("committed_at") if rows.num_rows else None
+    last = pc.max(committed_at).as_py() if committed_at is not None else None
+    out: dict[str, Any] = {
+        "pipeline": cfg.name,
+        "last_batch": state.last_batch,
+        "last_committed_at": None if last is None else last.isoformat(timespec="seconds"),
+        "warnings": [],
+    }
+    lag: dict[tuple[str, int], dict[str, Any]] = {}
+    try:
+        unread: dict[tuple[str, int], int] = {}
+        states = partition_states(cfg, state.committed)
+        for s in states:
+            committed = state.committed.get((s.topic, s.partition))
+            position = committed if committed is not None else s.low
+            lag[(s.topic, s.partition)] = {
+                "low": s.low,
+                "high": s.high,
+                "lag": max(s.high - position, 0),
+            }
+            if s.high > position:
+                unread[(s.topic, s.partition)] = max(position, s.low)
+        _retention(cfg, unread, lag, out["warnings"], _observed(rows))
+        if listed:
+            out["warnings"] += [
+                f"topic `{topic}` matched topics_pattern and has committed offsets, but the "
+                "brokers no longer list it (deleted); it is no longer read"
+                for topic in vanished_topics(cfg, states, state.committed)
+            ]
+    except KafkaUnavailable as exc:
+        out["broker_error"] = str(exc)
+    partitions = []
+    for key in sorted(set(state.committed) | set(lag)):
+        entry: dict[str, Any] = {
+            "topic": key[0],
+            "partition": key[1],
+            "committed": state.committed.get(key),
+        }
+        entry.update(lag.get(key, {}))
+        partitions.append(entry)
+    out["partitions"] = partitions
+    out["total_lag"] = sum(v["lag"] for v in lag.values()) if lag else None
+    lags = ingest_lags(rows)
+    out["lag_growth_runs"] = streak = lag_growth(lags)
+    if streak >= cfg.airflow.lag_growth_runs:
+        out["warnings"].append(
+            f"the lag left behind has grown {streak} batches in a row "
+            f"({' -> '.join(f'{n:,}' for n in lags[-streak - 1 :] if n is not None)} messages): "
+            "the pipeline reads less than arrives. Run it more often, raise "
+            "limits.max_offsets_per_partition, or give it more Spark cores"
+        )
+    return out
+
+
+def ingest_lags(rows: pa.Table) -> list[int | None]:
+    """The messages each ingest batch left behind its planned high watermarks, oldest first.
+
+    Args:
+        rows: The ledger.
+
+    Returns:
+        One figure per ingest batch (`strata.quality.checks.lag_after`), None where
+        its watermarks were not recorded.
+    """
+    from strata.quality.checks import lag_after
+
+    if rows.num_rows == 0:
+        return []
+    ingested = rows.filter(pc.equal(rows.column("kind"), "ingest")).select(
+        ["batch", "high_watermark", "end_offset"]
+    )
+    by_batch: dict[int, list[dict[str, Any]]] = {}
+    for r in ingested.to_pylist():
+        by_batch.setdefault(r["batch"], []).append(r)
+    return [lag_after(by_batch[b]) for b in sorted(by_batch)]
+
+
+def lag_growth(lags: Sequence[int | None]) -> int:
+    """How many of the newest batches in a row each left more lag behind than the one before.
+
+    Args:
+        lags: The lag each batch left, oldest first (`ingest_lags`).
+
+    Returns:
+        The length of the streak that ends with the newest batch; a batch whose lag is
+        unknown, or not larger than the one before, ends it (0: the newest did not grow).
+    """
+    streak = 0
+    for before, after in reversed(list(itertools.pairwise(lags))):
+        if before is None or after is None or after <= before:
+            break
+        streak += 1
+    return streak
 
 
 def _unfinished(cfg: PipelineConfig, batch: int) -> dict[str, Any] | None:
@@ -302,7 +394,8 @@ def render_status(status: dict[str, Any]) -> str:
     """The status as text."""
     lines = [f"pipeline {status['pipeline']}: last committed batch {status['last_batch']}"]
     if "broker_error" in status:
-        lines.append(f"warning: lag unknown: {status['broker_error']}")
+        # The error itself is the command's last line, on stderr.
+        lines.append("lag unknown: the brokers did not answer")
     for warning in status.get("warnings", []):
         lines.append(f"WARNING: {warning}")
     lines.append(

@@ -33,7 +33,7 @@ def test_run_and_status_against_a_down_broker_print_no_secret(make_pipeline, can
     run = p.cli("run", "--json")
     assert run.returncode == 1 and "cannot reach the brokers" in run.stderr, run.stderr
     status = p.cli("status", "--json")
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == 1 and "cannot reach the brokers" in status.stderr, status.stderr
     assert "lag unknown" in status.stdout
     assert_no_canary(run.stdout, run.stderr, status.stdout, status.stderr)
 
