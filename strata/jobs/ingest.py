@@ -21,6 +21,7 @@ from typing import Any
 from strata.cli import run_guarded
 from strata.config import PipelineConfig, load_pipeline
 from strata.log import configure as configure_logging
+from strata.metrics import after_run
 from strata.report import render_summary, summary_dict
 from strata.routes import each_table
 from strata.run import run_batch
@@ -53,6 +54,8 @@ def main() -> int:
             session=build_session,
             register_tables=not args.no_register,
         )
+        # The same warnings and metrics as a run in the Airflow worker or at the prompt.
+        after_run(cfg, outcome)
         return render_summary(outcome), summary_dict(outcome)
 
     # A pipeline routing its topics to tables runs each table in this one
