@@ -74,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(status)
     status.add_argument("--history", type=int, default=10, help="how many recent batches to list")
+    complete = sub.add_parser(
+        "completeness",
+        help="which event-time partitions are complete, the watermark, and late rows",
+        description="From the ledger: the watermark (the lowest newest event time among the "
+        "Kafka partitions that hold it back) and the one holding it, each partition of the "
+        "data table complete or not (and since which batch), the partitions a failed "
+        "quality gate holds, and the rows that landed after a partition was complete.",
+    )
+    _common(complete)
+    complete.add_argument(
+        "--limit", type=int, default=48, help="newest partitions to list (--json lists all)"
+    )
     register = sub.add_parser(
         "register",
         aliases=["publish"],
@@ -213,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = {
         "run": _run,
         "status": _status,
+        "completeness": _completeness,
         "register": _register,
         "publish": _register,
         "sql": _sql,
@@ -302,6 +315,16 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
             body["gate_error"] = (
                 f"batch {outcome.batch} is committed but failed its quality checks (gate: fail)"
             )
+    if outcome.batch is not None:
+        # After the gate: a partition it holds gets no marker.
+        from strata.completeness import publish_completeness
+
+        found, problems = publish_completeness(cfg, outcome.batch)
+        if found is not None and found.completed:
+            text += f"\ncomplete now: {', '.join(found.completed)}"
+            body["completed"] = found.completed
+        for problem in problems:
+            text += f"\nwarning: {problem}"
     return text, body
 
 
@@ -408,6 +431,13 @@ def _vacuum(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 
     report = vacuum(cfg, args.dry_run)
     return render_maintenance("vacuum" + (" (dry run)" if args.dry_run else ""), report), report
+
+
+def _completeness(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.completeness import completeness, render_completeness
+
+    found = completeness(cfg)
+    return render_completeness(found, args.limit), found.as_dict()
 
 
 def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

@@ -1280,6 +1280,15 @@ class PipelineConfig(_Strict):
         return self._reads_schema_file
 
     @property
+    def asset_uri(self) -> str:
+        """The Airflow Asset of the data table, `strata://<pipeline>/<table>`.
+
+        Its events announce the partitions that became complete (`strata.completeness`);
+        a pipeline that does not route to tables is its own table.
+        """
+        return f"strata://{self._route_of or self.name}/{self.name}"
+
+    @property
     def group_id(self) -> str:
         """Consumer group that receives the committed end offsets."""
         return self.kafka.group_id or f"strata-{self.name}"
