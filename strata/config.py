@@ -809,10 +809,13 @@ class CompletenessConfig(_Strict):
     """When an event-time partition (`dt=`/`hr=`) is complete: it will not change any more.
 
     Each Kafka partition read has a low-water event time: the newest event time read
-    from it (a partition read to its end when its batch was planned holds nothing
-    back). A partition of the table is marked complete once every Kafka partition's
-    low-water mark is past its end by `lateness`. Rows that arrive for it afterwards
-    still land, and are counted and reported as late after completion.
+    from it. After each ingest batch the watermark is the lowest of them, leaving out
+    a partition that was read to its end when its batch was planned and has read
+    nothing in a later batch (an idle one); it never goes back. A partition of the
+    table is marked complete after the first batch whose watermark is past its end by
+    `lateness`, unless a failed quality gate marked it incomplete. Rows that arrive
+    for it afterwards still land, and are counted and reported as late after
+    completion (see `strata.completeness`).
 
     Attributes:
         enabled: Mark partitions complete at all.
