@@ -5,16 +5,41 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+from deltalake import DeltaTable
+
 from strata.completeness import MARKER, completeness, publish_completeness
 from strata.metastore import MetastoreClient
 from strata.run import run_batch
-from tests.conftest import START_MS, produce_clicks
+from tests.conftest import ROOT, START_MS, produce_clicks
 from tests.integration.test_airflow import load_dags, states
 
 HOUR_MS = 3_600_000
 # START_MS is 2025-11-22T10:00Z: the hour the tests complete.
 HOUR = "dt=2025-11-22/hr=10"
 LATER = "dt=2025-11-22/hr=12"
+
+
+def route(p, topics: list[str]) -> None:
+    """Make the pipeline send each topic to a table named after it."""
+    path = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    body = yaml.safe_load(path.read_text())
+    body.update(topics=topics, schema_file="{table}.avsc", routing={"table": "{topic}"})
+    path.write_text(yaml.safe_dump(body))
+    cfg = p.cfg()
+    for topic in topics:
+        schema = p.conf_dir.parent / "schemas" / f"{cfg.table_for(topic)}.avsc"
+        schema.write_bytes((ROOT / "schemas" / "clicks.avsc").read_bytes())
+
+
+def events(dag) -> list[tuple[str, dict]]:
+    """The Asset events the DAG's runs emitted, oldest first: (URI, extra)."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        found = session.query(AssetEvent).filter(AssetEvent.source_dag_id == dag.dag_id)
+        return [(e.asset.uri, e.extra) for e in found.order_by(AssetEvent.id)]
 
 
 def partition_parameters(metastore, p) -> dict[str, dict[str, str]]:
@@ -48,10 +73,12 @@ def test_an_hour_is_complete_only_after_the_lateness_and_late_rows_are_counted(
 
     # Events of 12:00-13:00 on both partitions: 10:00-11:00 is now over by more than 1h.
     second = produce_clicks(broker, p.topic, 2, 40, hours=1, start_ms=START_MS + 2 * HOUR_MS)
-    outcome = run_batch(p.cfg(), session=lambda _: spark)
-    assert outcome.register_error is None and "1 partitions marked complete" in outcome.registered
-    done, problems = publish_completeness(p.cfg(), 2)
-    assert problems == [] and done is not None and done.completed == [HOUR]
+    # `strata run` registers, then marks what the batch completed (after its quality run).
+    done = p.cli("run", "--no-quality", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    assert body["completed"] == [HOUR] and f"complete now: {HOUR}" in done.stdout
+    assert "1 partitions marked complete" in body["registered"]
     params = partition_parameters(metastore, p)
     assert params[HOUR]["strata.complete"] == "true"
     assert params[HOUR]["strata.completed_batch"] == "2"
@@ -87,28 +114,22 @@ def test_an_hour_is_complete_only_after_the_lateness_and_late_rows_are_counted(
 def test_the_ingest_dag_emits_an_asset_event_only_when_an_hour_completes(
     make_pipeline, broker, spark, airflow_db, monkeypatch
 ):
-    from airflow.models.asset import AssetEvent
-    from airflow.utils.session import create_session
-
-    p = make_pipeline(partitions=2, overrides={"completeness": {"lateness": "30m"}})
+    p = make_pipeline(partitions=2, overrides={"completeness": {"lateness": "30m", "marker": True}})
     monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
     dag = load_dags(p.conf_dir).dags[f"strata_ingest_{p.name}"]
+    marker = Path(p.cfg().location("table")) / HOUR / MARKER
 
-    def events() -> list[tuple[str, dict]]:
-        with create_session() as session:
-            found = session.query(AssetEvent).filter(AssetEvent.source_dag_id == dag.dag_id)
-            return [(e.asset.uri, e.extra) for e in found.order_by(AssetEvent.id)]
-
-    produce_clicks(broker, p.topic, 2, 100, hours=1)
+    first = produce_clicks(broker, p.topic, 2, 100, hours=1)
     run = dag.test()
     assert str(run.state) == "success", states(run)
-    assert states(run)["complete"] == "skipped" and events() == []
+    assert states(run)["complete"] == "skipped" and events(dag) == []
+    assert not marker.exists()
 
-    produce_clicks(broker, p.topic, 2, 40, hours=1, start_ms=START_MS + 2 * HOUR_MS)
+    second = produce_clicks(broker, p.topic, 2, 40, hours=1, start_ms=START_MS + 2 * HOUR_MS)
     run = dag.test()
     assert str(run.state) == "success", states(run)
     assert states(run)["complete"] == "success"
-    assert events() == [
+    assert events(dag) == [
         (
             f"strata://{p.name}/{p.name}",
             {
@@ -118,4 +139,33 @@ def test_the_ingest_dag_emits_an_asset_event_only_when_an_hour_completes(
                 "late": {},
             },
         )
+    ]
+    # The Delta table's partition directory holds the marker; its readers read the log.
+    landed = sum(first.values()) + sum(second.values())
+    assert marker.exists() and not (marker.parent.parent / "hr=12" / MARKER).exists()
+    assert DeltaTable(p.cfg().location("table")).to_pyarrow_table().num_rows == landed
+
+
+def test_a_pipeline_routed_to_tables_announces_each_table_on_its_own(
+    make_pipeline, broker, spark, airflow_db, monkeypatch
+):
+    p = make_pipeline(partitions=1, overrides={"completeness": {"lateness": "30m"}})
+    topics = [f"{p.topic}.web", f"{p.topic}.app"]
+    for topic in topics:
+        broker.create_topic(topic, 1)
+        produce_clicks(broker, topic, 1, 30, hours=1)
+    route(p, topics)
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    dag = load_dags(p.conf_dir).dags[f"strata_ingest_{p.name}"]
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+    assert states(run)["complete"] == "skipped"
+
+    # Only the web topic moves on: only its table completes 10:00-11:00.
+    produce_clicks(broker, topics[0], 1, 10, hours=1, start_ms=START_MS + 2 * HOUR_MS)
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+    web = p.cfg().table_for(topics[0])
+    assert [(uri, extra["completed"]) for uri, extra in events(dag)] == [
+        (f"strata://{p.name}/{web}", [HOUR])
     ]
