@@ -377,6 +377,7 @@ def completeness(
     ledger: pa.Table | None = None,
     *,
     totals: bool = True,
+    quality: bool = True,
 ) -> Completeness:
     """Each partition's completeness, and what one ingest batch completed.
 
@@ -388,6 +389,8 @@ def completeness(
         ledger: The ledger rows, if already read.
         totals: Count every partition's rows late after completion, not only the
             batch's (a run leaves this to the completeness view).
+        quality: Read the quality marks (every batch's stored result); without them no
+            partition is held, which is enough to count late rows.
 
     Returns:
         The completeness.
@@ -400,7 +403,7 @@ def completeness(
     if batch is None and marks:
         batch = marks[-1].batch
     files = _table_files(cfg)
-    held = ResultStore.of(cfg).incomplete()
+    held = ResultStore.of(cfg).incomplete() if quality else {}
     states = partition_states(
         sorted({f.partition for f in files}),
         marks,

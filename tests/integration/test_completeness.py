@@ -145,6 +145,15 @@ def test_the_ingest_dag_emits_an_asset_event_only_when_an_hour_completes(
     assert marker.exists() and not (marker.parent.parent / "hr=12" / MARKER).exists()
     assert DeltaTable(p.cfg().location("table")).to_pyarrow_table().num_rows == landed
 
+    # Late rows into the complete hour: counted in the ingest's summary, and no event.
+    late = sum(produce_clicks(broker, p.topic, 2, 4, hours=1, seed=5).values())
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+    assert states(run)["complete"] == "skipped" and len(events(dag)) == 1
+    ingest = next(ti for ti in run.get_task_instances() if ti.task_id == "ingest")
+    warnings = ingest.xcom_pull(task_ids="ingest")["warnings"]
+    assert any(f"landed {late} rows in 1 partitions already complete" in w for w in warnings)
+
 
 def test_a_pipeline_routed_to_tables_announces_each_table_on_its_own(
     make_pipeline, broker, spark, airflow_db, monkeypatch

@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
-from strata.completeness import partition_states, watermarks
+from strata.completeness import MARKER, Completeness, partition_states, watermarks, write_markers
 from strata.ledger import LEDGER_SCHEMA
 
 HOUR = timedelta(hours=1)
@@ -134,3 +136,39 @@ def test_no_event_time_no_watermark_and_a_stray_partition_is_left_out():
     assert [m.at for m in watermarks(ledger(*rows))] == [None]
     found = states(rows, ["dt=2025-11-22/hr=10", "dt=bad/hr=xx"])
     assert list(found) == ["dt=2025-11-22/hr=10"] and not found["dt=2025-11-22/hr=10"].complete
+
+
+def test_markers_go_to_complete_partitions_only_and_leave_when_a_gate_holds_one(tmp_path):
+    from strata.config import CompletenessConfig, EventTimeConfig, PipelineConfig
+    from tests.conftest import ROOT
+
+    cfg = PipelineConfig(
+        name="clicks",
+        topics=["clicks"],
+        schema_file="clicks.avsc",
+        schemas_dir=str(ROOT / "schemas"),
+        event_time=EventTimeConfig(field="ts"),
+        warehouse=str(tmp_path),
+        table_format="parquet",
+        completeness=CompletenessConfig(marker=True),
+    )
+    table = tmp_path / "clicks"
+    rows = [row(1, 0, 2.5), row(1, 1, 2.5)]
+    parts = ["dt=2025-11-22/hr=10", "dt=2025-11-22/hr=11"]
+    for part in parts:
+        (table / part).mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1, 2]}), table / part / "part-b0000000001-t0.parquet")
+
+    def found(held=None):
+        now = states(rows, parts, held=held).values()
+        return Completeness("clicks", "", "1h", 1, None, None, list(now))
+
+    assert write_markers(cfg, found()) == ([parts[0]], [])
+    assert '"strata.completed_batch": "1"' in (table / parts[0] / MARKER).read_text()
+    assert not (table / parts[1] / MARKER).exists()
+    assert write_markers(cfg, found()) == ([], [])
+    # Arrow's discovery, as Spark's, Hive's and Trino's, skips a name beginning with `_`.
+    assert ds.dataset(table, format="parquet", partitioning="hive").to_table().num_rows == 4
+
+    assert write_markers(cfg, found(held={parts[0]: [2]})) == ([], [parts[0]])
+    assert not (table / parts[0] / MARKER).exists()
