@@ -317,7 +317,7 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
             )
     if outcome.batch is not None:
         # After the gate: a partition it holds gets no marker.
-        from strata.completeness import publish_completeness
+        from strata.register import publish_completeness
 
         found, problems = publish_completeness(cfg, outcome.batch)
         if found is not None and found.completed:

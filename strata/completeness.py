@@ -508,31 +508,3 @@ def render_completeness(found: Completeness, limit: int = 48) -> str:
         lines.append(f"completed by batch {found.batch}: {', '.join(found.completed)}")
     lines.extend(late_warnings(found))
     return "\n".join(lines)
-
-
-def publish_completeness(cfg: PipelineConfig, batch: int) -> tuple[Completeness | None, list[str]]:
-    """After a batch and its quality gate: mark complete partitions, say what changed.
-
-    Writes the `_SUCCESS` markers (with `completeness.marker`), and registers again when
-    the batch's failed gate held partitions, so that no metastore parameter says
-    complete where the gate says not. Runs after the commit; a failure is a warning.
-
-    Args:
-        cfg: The pipeline.
-        batch: The batch just committed (and checked).
-
-    Returns:
-        The completeness (None if it could not be worked out) and the warnings to show.
-    """
-    if not cfg.completeness.enabled:
-        return None, []
-    try:
-        found = completeness(cfg, batch, totals=False)
-        write_markers(cfg, found)
-        if cfg.metastore.uri and any(batch in s.held_by for s in found.partitions):
-            from strata.register import register_tables
-
-            register_tables(cfg)
-    except Exception as exc:  # noqa: BLE001 - the batch stands; the next run marks again
-        return None, [f"partition completeness not published: {exc}"]
-    return found, []

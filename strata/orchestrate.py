@@ -173,8 +173,9 @@ def complete_task(
 
 
 def _complete_one(cfg: PipelineConfig, batch: int | None) -> dict[str, Any]:
-    from strata.completeness import late_warnings, publish_completeness
+    from strata.completeness import late_warnings
     from strata.ledger import ledger_state
+    from strata.register import publish_completeness
 
     body: dict[str, Any] = {"pipeline": cfg.name, "asset": cfg.asset_uri, "batch": batch}
     # A batch the run did not commit completes nothing (yet).

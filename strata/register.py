@@ -10,6 +10,10 @@ Delta tables are registered the way Spark and Trino's Delta Lake connector expec
 them: an external table with the location, `spark.sql.sources.provider=delta`, and
 a placeholder column; readers take the schema and the files from the Delta log, so
 no `register_table` call is needed by hand.
+
+Registration also says which event-time partitions are complete (`strata.completeness`):
+as parameters of each complete partition of a Parquet table, and of the data table;
+`publish_completeness`, after a batch's quality gate, writes the `_SUCCESS` markers too.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from strata.completeness import (
     WATERMARK_KEY,
     Completeness,
     completeness,
+    write_markers,
 )
 from strata.config import PipelineConfig
 from strata.errors import MetastoreError
@@ -493,3 +498,29 @@ def render_registration(report: RegistrationReport) -> str:
             f"(left alone): {', '.join(report.partitions_unknown[:5])}"
         )
     return f"metastore database {report.database}: " + "; ".join(parts)
+
+
+def publish_completeness(cfg: PipelineConfig, batch: int) -> tuple[Completeness | None, list[str]]:
+    """After a batch and its quality gate: mark complete partitions, say what changed.
+
+    Writes the `_SUCCESS` markers (with `completeness.marker`), and registers again when
+    the batch's failed gate held partitions, so that no metastore parameter says
+    complete where the gate says not. Runs after the commit; a failure is a warning.
+
+    Args:
+        cfg: The pipeline.
+        batch: The batch just committed (and checked).
+
+    Returns:
+        The completeness (None if it could not be worked out) and the warnings to show.
+    """
+    if not cfg.completeness.enabled:
+        return None, []
+    try:
+        found = completeness(cfg, batch, totals=False)
+        write_markers(cfg, found)
+        if cfg.metastore.uri and any(batch in s.held_by for s in found.partitions):
+            register_tables(cfg)
+    except Exception as exc:  # noqa: BLE001 - the batch stands; the next run marks again
+        return None, [f"partition completeness not published: {exc}"]
+    return found, []

@@ -8,8 +8,9 @@ from pathlib import Path
 import yaml
 from deltalake import DeltaTable
 
-from strata.completeness import MARKER, completeness, publish_completeness
+from strata.completeness import MARKER, completeness
 from strata.metastore import MetastoreClient
+from strata.register import publish_completeness
 from strata.run import run_batch
 from tests.conftest import ROOT, START_MS, produce_clicks
 from tests.integration.test_airflow import load_dags, states
