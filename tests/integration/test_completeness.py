@@ -12,7 +12,8 @@ from strata.completeness import MARKER, completeness
 from strata.metastore import MetastoreClient
 from strata.register import publish_completeness
 from strata.run import run_batch
-from tests.conftest import ROOT, START_MS, produce_clicks
+from strata.storage import filesystem
+from tests.conftest import ROOT, START_MS, produce_clicks, s3_pipeline
 from tests.integration.test_airflow import load_dags, states
 
 HOUR_MS = 3_600_000
@@ -179,3 +180,22 @@ def test_a_pipeline_routed_to_tables_announces_each_table_on_its_own(
     assert [(uri, extra["completed"]) for uri, extra in events(dag)] == [
         (f"strata://{p.name}/{web}", [HOUR])
     ]
+
+
+def test_the_marker_is_written_on_s3(make_pipeline, broker, spark, s3_endpoint, tmp_path):
+    p, options = s3_pipeline(
+        make_pipeline,
+        s3_endpoint,
+        tmp_path,
+        "complete",
+        completeness={"marker": True, "lateness": "30m"},
+    )
+    produce_clicks(broker, p.topic, 2, 50, hours=1)
+    run_batch(p.cfg(), session=lambda _: spark)
+    produce_clicks(broker, p.topic, 2, 20, hours=1, start_ms=START_MS + 2 * HOUR_MS)
+    run_batch(p.cfg(), session=lambda _: spark)
+    found, problems = publish_completeness(p.cfg(), 2)
+    assert problems == [] and found is not None and found.completed == [HOUR]
+    fs, root = filesystem(p.cfg().location("table"), options)
+    marker = fs.get_file_info([f"{root}/{HOUR}/{MARKER}", f"{root}/{LATER}/{MARKER}"])
+    assert [m.type.name for m in marker] == ["File", "NotFound"]
