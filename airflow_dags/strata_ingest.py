@@ -3,7 +3,11 @@
 Each run plans the next batch (ranges shown in the `plan` task's XCom), ingests it
 with Spark, registers the tables in the metastore, and runs the batch's data-quality
 suite: under the pipeline's `quality.gate: fail` a failed suite fails the run (the
-batch stays committed; its event-time partitions are marked incomplete).
+batch stays committed; its event-time partitions are marked incomplete). Last, the
+`complete` task marks the event-time partitions the batch completed and emits an
+event of the table's Asset, `strata://<pipeline>/<table>`, listing them in its
+`extra`; when the batch completed none, the task is skipped and no event is emitted,
+so a DAG scheduled on the Asset runs once per completed hour.
 Batches are idempotent, so retries are safe: a retried task finishes the batch its
 first attempt planned, exactly once. Runs never overlap (`max_active_runs=1`) and
 nothing is caught up: each run reads what Kafka holds beyond the last commit.
@@ -20,10 +24,11 @@ a cluster with `SparkSubmitOperator` (`spark_submit`), per pipeline. Set
 from __future__ import annotations
 
 import os
+from collections.abc import Generator
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG, Asset, AssetAlias, Metadata, task
 
 from strata.config import (
     PipelineConfig,
@@ -116,8 +121,36 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
                 # A retry would check the same committed rows again: fail at once.
                 raise AirflowFailException(str(exc)) from None
 
+        # One Asset per table: a pipeline that routes its topics to tables names its
+        # tables' Assets when they complete, through an alias.
+        alias = AssetAlias(f"strata_{name}_tables") if cfg.routed else None
+        asset = None if cfg.routed else Asset(cfg.asset_uri)
+
+        @task(outlets=[alias or asset])
+        def complete(planned: dict[str, object]) -> Generator[Metadata, None, dict[str, object]]:
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            from strata.orchestrate import complete_task
+
+            found = complete_task(name, CONF_DIR, planned.get("batch"), planned)  # type: ignore[arg-type]
+            tables = found.get("tables", {name: found})
+            announced = False
+            for body in tables.values():
+                if body.get("completed"):
+                    announced = True
+                    yield Metadata(
+                        asset or Asset(body["asset"]),
+                        {k: body.get(k) for k in ("batch", "completed", "watermark", "late")},
+                        alias=alias,
+                    )
+            if not announced:
+                # A skipped task emits no Asset event: downstream DAGs wait for an hour.
+                raise AirflowSkipException("no partition became complete in this run")
+            return found
+
         planned = plan()
-        planned >> ingest >> register() >> quality_gate(planned)
+        checked = planned >> ingest >> register() >> quality_gate(planned)
+        checked >> complete(planned)
     return dag
 
 

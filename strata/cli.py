@@ -80,6 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the lag, time to retention and last batch as Prometheus metrics (the text "
         "exposition format) instead",
     )
+    complete = sub.add_parser(
+        "completeness",
+        help="which event-time partitions are complete, the watermark, and late rows",
+        description="From the ledger: the watermark (the lowest newest event time among the "
+        "Kafka partitions that hold it back) and the one holding it, each partition of the "
+        "data table complete or not (and since which batch), the partitions a failed "
+        "quality gate holds, and the rows that landed after a partition was complete.",
+    )
+    _common(complete)
+    complete.add_argument(
+        "--limit", type=int, default=48, help="newest partitions to list (--json lists all)"
+    )
     register = sub.add_parser(
         "register",
         aliases=["publish"],
@@ -222,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler = {
         "run": _run,
         "status": _status,
+        "completeness": _completeness,
         "register": _register,
         "publish": _register,
         "sql": _sql,
@@ -333,6 +346,16 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
             body["gate_error"] = (
                 f"batch {outcome.batch} is committed but failed its quality checks (gate: fail)"
             )
+    if outcome.batch is not None:
+        # After the gate: a partition it holds gets no marker.
+        from strata.register import publish_completeness
+
+        found, problems = publish_completeness(cfg, outcome.batch)
+        if found is not None and found.completed:
+            text += f"\ncomplete now: {', '.join(found.completed)}"
+            body["completed"] = found.completed
+        for problem in problems:
+            text += f"\nwarning: {problem}"
     return text, body
 
 
@@ -429,6 +452,13 @@ def _vacuum(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 
     report = vacuum(cfg, args.dry_run)
     return render_maintenance("vacuum" + (" (dry run)" if args.dry_run else ""), report), report
+
+
+def _completeness(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.completeness import completeness, render_completeness
+
+    found = completeness(cfg)
+    return render_completeness(found, args.limit), found.as_dict()
 
 
 def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

@@ -809,10 +809,13 @@ class CompletenessConfig(_Strict):
     """When an event-time partition (`dt=`/`hr=`) is complete: it will not change any more.
 
     Each Kafka partition read has a low-water event time: the newest event time read
-    from it (a partition read to its end when its batch was planned holds nothing
-    back). A partition of the table is marked complete once every Kafka partition's
-    low-water mark is past its end by `lateness`. Rows that arrive for it afterwards
-    still land, and are counted and reported as late after completion.
+    from it. After each ingest batch the watermark is the lowest of them, leaving out
+    a partition that was read to its end when its batch was planned and has read
+    nothing in a later batch (an idle one); it never goes back. A partition of the
+    table is marked complete after the first batch whose watermark is past its end by
+    `lateness`, unless a failed quality gate marked it incomplete. Rows that arrive
+    for it afterwards still land, and are counted and reported as late after
+    completion (see `strata.completeness`).
 
     Attributes:
         enabled: Mark partitions complete at all.
@@ -1278,6 +1281,15 @@ class PipelineConfig(_Strict):
     def reads_schema_file(self) -> bool:
         """Whether the schema read with is `schema_file`'s as loaded (see `with_schema_text`)."""
         return self._reads_schema_file
+
+    @property
+    def asset_uri(self) -> str:
+        """The Airflow Asset of the data table, `strata://<pipeline>/<table>`.
+
+        Its events announce the partitions that became complete (`strata.completeness`);
+        a pipeline that does not route to tables is its own table.
+        """
+        return f"strata://{self._route_of or self.name}/{self.name}"
 
     @property
     def group_id(self) -> str:

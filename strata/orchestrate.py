@@ -182,6 +182,53 @@ def _quality_one(cfg: PipelineConfig, batch: int | None) -> dict[str, Any]:
     return redact_json(body)
 
 
+def complete_task(
+    pipeline: str, conf_dir: str, batch: int | None, planned: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Mark the partitions complete after the batch this DAG run planned, and list them.
+
+    Args:
+        pipeline: The pipeline.
+        conf_dir: The configuration directory.
+        batch: The batch the plan task planned, or None.
+        planned: The plan task's whole answer: for a pipeline that routes to tables,
+            each table's batch is taken from it.
+
+    Returns:
+        Per table: its Asset's URI, the partitions the batch completed, the watermark
+        and the rows it landed after completion.
+    """
+    tables = (planned or {}).get("tables", {})
+
+    def one(cfg: PipelineConfig) -> dict[str, Any]:
+        return _complete_one(cfg, tables[cfg.name]["batch"] if cfg.name in tables else batch)
+
+    return _each_table(pipeline, conf_dir, one)
+
+
+def _complete_one(cfg: PipelineConfig, batch: int | None) -> dict[str, Any]:
+    from strata.completeness import late_warnings
+    from strata.ledger import ledger_state
+    from strata.register import publish_completeness
+
+    body: dict[str, Any] = {"pipeline": cfg.name, "asset": cfg.asset_uri, "batch": batch}
+    # A batch the run did not commit completes nothing (yet).
+    if batch is None or ledger_state(cfg).last_batch < batch:
+        return {**body, "completed": []}
+    found, problems = publish_completeness(cfg, batch)
+    for line in problems + ([] if found is None else late_warnings(found)):
+        print(f"warning: {redact(line)}", flush=True)  # noqa: T201 - the task log
+    if found is None:
+        return {**body, "completed": [], "problems": [redact(p) for p in problems]}
+    return {
+        **body,
+        "completed": found.completed,
+        "watermark": found.watermark,
+        "held_back_by": found.holding,
+        "late": found.late,
+    }
+
+
 def backfill_task(
     pipeline: str, conf_dir: str, topic: str, partition: int, start: int, end: int, reason: str
 ) -> dict[str, Any]:

@@ -10,6 +10,10 @@ Delta tables are registered the way Spark and Trino's Delta Lake connector expec
 them: an external table with the location, `spark.sql.sources.provider=delta`, and
 a placeholder column; readers take the schema and the files from the Delta log, so
 no `register_table` call is needed by hand.
+
+Registration also says which event-time partitions are complete (`strata.completeness`):
+as parameters of each complete partition of a Parquet table, and of the data table;
+`publish_completeness`, after a batch's quality gate, writes the `_SUCCESS` markers too.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ from pymetastore.hive_metastore.ttypes import (
     Table,
 )
 
+from strata.completeness import (
+    COMPLETE_BEFORE_KEY,
+    PARTITION_KEYS,
+    WATERMARK_KEY,
+    Completeness,
+    completeness,
+    write_markers,
+)
 from strata.config import PipelineConfig
 from strata.errors import MetastoreError
 from strata.ledger import LEDGER_SCHEMA
@@ -55,6 +67,12 @@ class RegistrationReport:
         partitions_added: Partitions the metastore lacked and now has.
         partitions_unknown: Partitions the metastore lists but storage lacks (left alone).
         partitions_moved: Partitions whose location was set to their directory in use.
+        partitions_completed: Partitions whose completeness parameters were set now
+            (`strata.complete` and the rest; see `strata.completeness`).
+        partitions_reopened: Partitions whose completeness parameters were removed: a
+            failed quality gate marked them incomplete.
+        completeness_error: Why completeness could not be worked out; the tables and
+            partitions are registered all the same.
     """
 
     database: str
@@ -65,6 +83,9 @@ class RegistrationReport:
     partitions_added: list[str] = field(default_factory=list)
     partitions_unknown: list[str] = field(default_factory=list)
     partitions_moved: list[str] = field(default_factory=list)
+    partitions_completed: list[str] = field(default_factory=list)
+    partitions_reopened: list[str] = field(default_factory=list)
+    completeness_error: str | None = None
 
 
 def location_uri(location: str) -> str:
@@ -257,7 +278,11 @@ def storage_partitions(cfg: PipelineConfig) -> list[tuple[str, ...]]:
 
 
 def _reconcile_partitions(
-    client: MetastoreClient, cfg: PipelineConfig, table: Table, report: RegistrationReport
+    client: MetastoreClient,
+    cfg: PipelineConfig,
+    table: Table,
+    report: RegistrationReport,
+    found: Completeness | None,
 ) -> None:
     columns = partition_columns(cfg.partitioning)
     on_storage = storage_partitions(cfg)
@@ -275,6 +300,7 @@ def _reconcile_partitions(
     batch = cfg.metastore.partition_batch
     _move_partitions(client, table, sorted(registered & set(current)), location, batch, report)
     missing = [values for values in on_storage if name(values) not in registered]
+    wanted = {} if found is None else {s.partition: s.parameters() for s in found.partitions}
     report.partitions_unknown = sorted(registered - {name(v) for v in on_storage})
     for at in range(0, len(missing), batch):
         parts = []
@@ -289,11 +315,51 @@ def _reconcile_partitions(
                     createTime=int(time.time()),
                     lastAccessTime=0,
                     sd=storage,
-                    parameters={},
+                    parameters=wanted.get(name(values), {}),
                 )
             )
         client.add_partitions(table.dbName, table.tableName, parts)
     report.partitions_added = [name(v) for v in missing]
+    report.partitions_completed = [p for p in report.partitions_added if wanted.get(p)]
+    if found is not None:
+        # Only a partition whose span the watermark passed can carry the parameters (a
+        # mark may have reopened it since): the open ones are not even fetched.
+        settled = [
+            s.partition
+            for s in found.partitions
+            if s.completed_batch is not None and s.partition in registered
+        ]
+        _mark_partitions(client, table, settled, wanted, batch, report)
+
+
+def _mark_partitions(
+    client: MetastoreClient,
+    table: Table,
+    names: list[str],
+    wanted: dict[str, dict[str, str]],
+    batch: int,
+    report: RegistrationReport,
+) -> None:
+    """Give registered partitions the completeness parameters they should have, and no other.
+
+    Other parameters (the metastore's own, an operator's) are kept as they are.
+    """
+    for at in range(0, len(names), batch):
+        parts = client.partitions_by_names(table.dbName, table.tableName, names[at : at + batch])
+        changed = []
+        for part in parts:
+            partition = partition_path(
+                [c.name for c in table.partitionKeys], [str(v) for v in part.values]
+            )
+            params = dict(part.parameters or {})
+            want = wanted.get(partition, {})
+            if {k: params[k] for k in PARTITION_KEYS if k in params} == want:
+                continue
+            part.parameters = {k: v for k, v in params.items() if k not in PARTITION_KEYS} | want
+            changed.append(part)
+            (report.partitions_completed if want else report.partitions_reopened).append(partition)
+        if changed:
+            client.alter_partitions(table.dbName, table.tableName, changed)
 
 
 def _move_partitions(
@@ -344,6 +410,12 @@ def register_tables(cfg: PipelineConfig) -> RegistrationReport:
             "thrift://host:port"
         )
     report = RegistrationReport(ms.database)
+    found = None
+    if cfg.completeness.enabled:
+        try:
+            found = completeness(cfg)
+        except Exception as exc:  # noqa: BLE001 - completeness never stops registration
+            report.completeness_error = f"completeness unknown: {exc}"
     with MetastoreClient(ms.uri, ms.timeout_s) as client:
         client.ensure_database(
             ms.database, location_uri(cfg.warehouse), "Tables landed from Kafka by Strata"
@@ -358,19 +430,43 @@ def register_tables(cfg: PipelineConfig) -> RegistrationReport:
                 wanted = parquet_table(ms.database, name, location, schema, partition_by, cfg.name)
             else:
                 wanted = delta_table(ms.database, name, location, cfg.name)
+            if which == "table" and found is not None:
+                wanted.parameters.update(_table_marks(cfg, found))
             current = client.get_table(ms.database, name)
             if current is None:
                 client.create_table(wanted)
                 report.created.append(name)
             elif _same(current, wanted):
                 report.unchanged.append(name)
+                _update_marks(client, current, wanted)
             else:
                 wanted.createTime = current.createTime
                 client.alter_table(wanted)
                 report.updated.append(name)
             if which == "table" and cfg.table_format == "parquet":
-                _reconcile_partitions(client, cfg, wanted, report)
+                _reconcile_partitions(client, cfg, wanted, report, found)
     return report
+
+
+def _table_marks(cfg: PipelineConfig, found: Completeness) -> dict[str, str]:
+    """The data table's completeness parameters: for Delta tables, whose partitions the
+    metastore does not list, the only place a metastore reader finds them."""
+    before = found.complete_before(cfg)
+    if found.watermark is None or before is None:
+        return {}
+    return {WATERMARK_KEY: found.watermark, COMPLETE_BEFORE_KEY: before}
+
+
+def _update_marks(client: MetastoreClient, current: Table, wanted: Table) -> None:
+    """Bring a table's completeness parameters up to date; its other ones stay."""
+    params = dict(current.parameters or {})
+    marks = {k: v for k, v in (wanted.parameters or {}).items() if k in _TABLE_KEYS}
+    if {k: params[k] for k in _TABLE_KEYS if k in params} != marks:
+        current.parameters = {k: v for k, v in params.items() if k not in _TABLE_KEYS} | marks
+        client.alter_table(current)
+
+
+_TABLE_KEYS = (WATERMARK_KEY, COMPLETE_BEFORE_KEY)
 
 
 def render_registration(report: RegistrationReport) -> str:
@@ -386,6 +482,14 @@ def render_registration(report: RegistrationReport) -> str:
     ]
     if report.partitions_added:
         parts.append(f"{len(report.partitions_added)} partitions added")
+    if report.partitions_completed:
+        parts.append(f"{len(report.partitions_completed)} partitions marked complete")
+    if report.partitions_reopened:
+        parts.append(
+            f"{len(report.partitions_reopened)} partitions no longer complete (failed quality)"
+        )
+    if report.completeness_error:
+        parts.append(report.completeness_error)
     if report.partitions_moved:
         parts.append(f"{len(report.partitions_moved)} partitions moved to their compacted files")
     if report.partitions_unknown:
@@ -394,3 +498,29 @@ def render_registration(report: RegistrationReport) -> str:
             f"(left alone): {', '.join(report.partitions_unknown[:5])}"
         )
     return f"metastore database {report.database}: " + "; ".join(parts)
+
+
+def publish_completeness(cfg: PipelineConfig, batch: int) -> tuple[Completeness | None, list[str]]:
+    """After a batch and its quality gate: mark complete partitions, say what changed.
+
+    Writes the `_SUCCESS` markers (with `completeness.marker`), and registers again when
+    the batch's failed gate held partitions, so that no metastore parameter says
+    complete where the gate says not. Runs after the commit; a failure is a warning.
+
+    Args:
+        cfg: The pipeline.
+        batch: The batch just committed (and checked).
+
+    Returns:
+        The completeness (None if it could not be worked out) and the warnings to show.
+    """
+    if not cfg.completeness.enabled:
+        return None, []
+    try:
+        found = completeness(cfg, batch, totals=False)
+        write_markers(cfg, found)
+        if cfg.metastore.uri and any(batch in s.held_by for s in found.partitions):
+            register_tables(cfg)
+    except Exception as exc:  # noqa: BLE001 - the batch stands; the next run marks again
+        return None, [f"partition completeness not published: {exc}"]
+    return found, []

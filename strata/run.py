@@ -204,6 +204,8 @@ def run_batch(
                 "brokers no longer list it: it was deleted, and is no longer read. Its rows "
                 "and ledger rows stay"
             )
+        if plan is not None and plan.kind == "ingest" and outcome.batch is not None:
+            _late_after_completion(cfg, outcome)
         outcome.stages.merge(planning)
         if register_tables:
             with outcome.stages.timed("register"):
@@ -1038,6 +1040,19 @@ def register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
             f"{done}registering the tables in the metastore failed: {exc}. The next run, "
             f"or `strata register --pipeline {cfg.name}`, completes the registration."
         )
+
+
+def _late_after_completion(cfg: PipelineConfig, outcome: RunOutcome) -> None:
+    """Warn of the batch's rows that landed in partitions already complete before it."""
+    if not cfg.completeness.enabled:
+        return
+    from strata.completeness import completeness, late_warnings
+
+    try:
+        found = completeness(cfg, outcome.batch, totals=False, quality=False)
+        outcome.warnings.extend(late_warnings(found))
+    except Exception as exc:  # noqa: BLE001 - the batch stands; this is a report
+        outcome.warnings.append(f"rows late after completion not counted: {exc}")
 
 
 def _publish_offsets(cfg: PipelineConfig, ranges: list[OffsetRange], outcome: RunOutcome) -> None:

@@ -40,7 +40,9 @@ def test_the_dag_folder_imports_without_errors(monkeypatch):
         "ingest",
         "register",
         "quality_gate",
+        "complete",
     ]
+    assert [a.uri for a in dag.get_task("complete").outlets] == ["strata://clicks/clicks"]
     assert dag.max_active_runs == 1 and dag.catchup is False and "strata" in dag.tags
     assert dag.doc_md and dag.default_args["retries"] == 2
 
