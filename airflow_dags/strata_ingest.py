@@ -126,13 +126,19 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
         alias = AssetAlias(f"strata_{name}_tables") if cfg.routed else None
         asset = None if cfg.routed else Asset(cfg.asset_uri)
 
-        @task(outlets=[alias or asset])
+        # Its own Asset is an inlet too: the events already emitted say what was announced.
+        @task(outlets=[alias or asset], inlets=[alias or asset])
         def complete(planned: dict[str, object]) -> Generator[Metadata, None, dict[str, object]]:
+            from airflow.sdk import get_current_context
             from airflow.sdk.exceptions import AirflowSkipException
 
-            from strata.orchestrate import complete_task
+            from strata.orchestrate import announced_batches, complete_task
 
-            found = complete_task(name, CONF_DIR, planned.get("batch"), planned)  # type: ignore[arg-type]
+            context = get_current_context()
+            emitted = context["inlet_events"][alias or asset].ascending(False).limit(1000)
+            announced = announced_batches(emitted, context["dag"].dag_id)
+            batch = planned.get("batch")
+            found = complete_task(name, CONF_DIR, batch, planned, announced)  # type: ignore[arg-type]
             tables = found.get("tables", {name: found})
             announced = False
             for body in tables.values():

@@ -378,6 +378,7 @@ def completeness(
     *,
     totals: bool = True,
     quality: bool = True,
+    since: int | None = None,
 ) -> Completeness:
     """Each partition's completeness, and what one ingest batch completed.
 
@@ -391,6 +392,10 @@ def completeness(
             batch's (a run leaves this to the completeness view).
         quality: Read the quality marks (every batch's stored result); without them no
             partition is held, which is enough to count late rows.
+        since: The last batch whose completed partitions were announced: `completed`
+            then lists those completed by any batch after it up to `batch`, so a run
+            that announced nothing (its gate failed, its task died) loses no partition.
+            None lists those `batch` completed.
 
     Returns:
         The completeness.
@@ -411,10 +416,10 @@ def completeness(
         cfg.partitioning.timezone,
         held,
     )
-    since = {s.partition: s.completed_batch for s in states if s.completed_batch is not None}
+    since_batch = {s.partition: s.completed_batch for s in states if s.completed_batch is not None}
     if totals:
         by_name = {s.partition: s for s in states}
-        for partition, count in late_rows(cfg, files, since, ingested).items():
+        for partition, count in late_rows(cfg, files, since_batch, ingested).items():
             by_name[partition].late_rows = count
     now = next((m for m in marks if m.batch == batch), None)
     found = Completeness(
@@ -426,9 +431,15 @@ def completeness(
         None if now is None else now.holding,
         states,
     )
+    if batch is not None:
+        after = batch - 1 if since is None else since
+        found.completed = [
+            s.partition
+            for s in states
+            if s.complete and s.completed_batch is not None and after < s.completed_batch <= batch
+        ]
     if now is not None:
-        found.completed = [s.partition for s in states if s.complete and s.completed_batch == batch]
-        found.late = late_rows(cfg, files, since, ingested, only=batch)
+        found.late = late_rows(cfg, files, since_batch, ingested, only=batch)
     return found
 
 

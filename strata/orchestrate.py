@@ -8,7 +8,7 @@ XCom, so the UI shows what each run planned, read and registered. What Airflow k
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -183,7 +183,11 @@ def _quality_one(cfg: PipelineConfig, batch: int | None) -> dict[str, Any]:
 
 
 def complete_task(
-    pipeline: str, conf_dir: str, batch: int | None, planned: dict[str, Any] | None = None
+    pipeline: str,
+    conf_dir: str,
+    batch: int | None,
+    planned: dict[str, Any] | None = None,
+    announced: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Mark the partitions complete after the batch this DAG run planned, and list them.
 
@@ -193,29 +197,60 @@ def complete_task(
         batch: The batch the plan task planned, or None.
         planned: The plan task's whole answer: for a pipeline that routes to tables,
             each table's batch is taken from it.
+        announced: The last batch announced per Asset URI (`announced_batches`): the
+            partitions completed by any batch since are listed (by any batch at all for
+            an Asset missing from it). None lists those this run's batch completed.
 
     Returns:
-        Per table: its Asset's URI, the partitions the batch completed, the watermark
-        and the rows it landed after completion.
+        Per table: its Asset's URI, the partitions completed since the last announced
+        batch, the watermark and the rows the batch landed after completion.
     """
     tables = (planned or {}).get("tables", {})
 
     def one(cfg: PipelineConfig) -> dict[str, Any]:
-        return _complete_one(cfg, tables[cfg.name]["batch"] if cfg.name in tables else batch)
+        mine = tables[cfg.name]["batch"] if cfg.name in tables else batch
+        # An Asset never announced: every partition complete so far is news.
+        since = None if announced is None else announced.get(cfg.asset_uri, 0)
+        return _complete_one(cfg, mine, since)
 
     return _each_table(pipeline, conf_dir, one)
 
 
-def _complete_one(cfg: PipelineConfig, batch: int | None) -> dict[str, Any]:
+def announced_batches(events: Iterable[Any], dag_id: str) -> dict[str, int]:
+    """The last batch each Asset's events from this DAG announced, by Asset URI.
+
+    Airflow keeps every event it emitted, so what was announced is read from there: a
+    run whose `complete` task never ran (its quality gate failed, its worker died)
+    leaves partitions that the next run announces, and none is announced twice.
+
+    Args:
+        events: Asset events (Airflow's `inlet_events` of the task's Asset or alias).
+        dag_id: This DAG's id; another DAG's events on the Asset are not this one's.
+    """
+    last: dict[str, int] = {}
+    for event in events:
+        batch = (event.extra or {}).get("batch")
+        if event.source_dag_id != dag_id or not isinstance(batch, int):
+            continue
+        last[event.asset.uri] = max(batch, last.get(event.asset.uri, 0))
+    return last
+
+
+def _complete_one(cfg: PipelineConfig, batch: int | None, since: int | None) -> dict[str, Any]:
     from strata.completeness import late_warnings
     from strata.ledger import ledger_state
     from strata.register import publish_completeness
 
     body: dict[str, Any] = {"pipeline": cfg.name, "asset": cfg.asset_uri, "batch": batch}
-    # A batch the run did not commit completes nothing (yet).
-    if batch is None or ledger_state(cfg).last_batch < batch:
+    # A batch the run did not commit completes nothing (yet); a run that planned none
+    # still announces what earlier runs completed and did not announce.
+    if (batch is None and since is None) or (
+        batch is not None and ledger_state(cfg).last_batch < batch
+    ):
         return {**body, "completed": []}
-    found, problems = publish_completeness(cfg, batch)
+    found, problems = publish_completeness(cfg, batch, since)
+    if found is not None:
+        body["batch"] = found.batch
     for line in problems + ([] if found is None else late_warnings(found)):
         print(f"warning: {redact(line)}", flush=True)  # noqa: T201 - the task log
     if found is None:

@@ -500,7 +500,9 @@ def render_registration(report: RegistrationReport) -> str:
     return f"metastore database {report.database}: " + "; ".join(parts)
 
 
-def publish_completeness(cfg: PipelineConfig, batch: int) -> tuple[Completeness | None, list[str]]:
+def publish_completeness(
+    cfg: PipelineConfig, batch: int | None, since: int | None = None
+) -> tuple[Completeness | None, list[str]]:
     """After a batch and its quality gate: mark complete partitions, say what changed.
 
     Writes the `_SUCCESS` markers (with `completeness.marker`), and registers again when
@@ -509,7 +511,9 @@ def publish_completeness(cfg: PipelineConfig, batch: int) -> tuple[Completeness 
 
     Args:
         cfg: The pipeline.
-        batch: The batch just committed (and checked).
+        batch: The batch just committed (and checked); None for the newest ingest batch.
+        since: The last batch whose completed partitions were announced (see
+            `strata.completeness.completeness`).
 
     Returns:
         The completeness (None if it could not be worked out) and the warnings to show.
@@ -517,9 +521,9 @@ def publish_completeness(cfg: PipelineConfig, batch: int) -> tuple[Completeness 
     if not cfg.completeness.enabled:
         return None, []
     try:
-        found = completeness(cfg, batch, totals=False)
+        found = completeness(cfg, batch, totals=False, since=since)
         write_markers(cfg, found)
-        if cfg.metastore.uri and any(batch in s.held_by for s in found.partitions):
+        if cfg.metastore.uri and any(found.batch in s.held_by for s in found.partitions):
             register_tables(cfg)
     except Exception as exc:  # noqa: BLE001 - the batch stands; the next run marks again
         return None, [f"partition completeness not published: {exc}"]

@@ -157,6 +157,42 @@ def test_the_ingest_dag_emits_an_asset_event_only_when_an_hour_completes(
     assert any(f"landed {late} rows in 1 partitions already complete" in w for w in warnings)
 
 
+def test_an_hour_a_failed_run_completed_is_announced_by_the_next_run(
+    make_pipeline, broker, spark, airflow_db, monkeypatch
+):
+    p = make_pipeline(partitions=2, overrides={"completeness": {"lateness": "30m"}})
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    path = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    body = yaml.safe_load(path.read_text())
+    dag = load_dags(p.conf_dir).dags[f"strata_ingest_{p.name}"]
+    produce_clicks(broker, p.topic, 2, 60, hours=1)
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+
+    # Batch 2 completes 10:00-11:00, but its quality gate fails (every user_id is out of
+    # range): the run stops before `complete`, and nothing is announced.
+    path.write_text(
+        yaml.safe_dump({**body, "quality": {"gate": "fail", "ranges": {"user_id": {"max": 0}}}})
+    )
+    produce_clicks(broker, p.topic, 2, 20, hours=1, start_ms=START_MS + 2 * HOUR_MS)
+    run = dag.test()
+    assert str(run.state) == "failed" and states(run)["quality_gate"] == "failed", states(run)
+    assert events(dag) == []
+
+    # The next run announces the hour, though its own batch completed nothing new (12:00
+    # is held by batch 2's failed gate).
+    path.write_text(yaml.safe_dump(body))
+    produce_clicks(broker, p.topic, 2, 20, hours=1, start_ms=START_MS + 3 * HOUR_MS)
+    run = dag.test()
+    assert str(run.state) == "success", states(run)
+    assert [(uri, extra["batch"], extra["completed"]) for uri, extra in events(dag)] == [
+        (f"strata://{p.name}/{p.name}", 3, [HOUR])
+    ]
+    # Announced once: a run with nothing new announces nothing again.
+    run = dag.test()
+    assert states(run)["complete"] == "skipped" and len(events(dag)) == 1
+
+
 def test_a_pipeline_routed_to_tables_announces_each_table_on_its_own(
     make_pipeline, broker, spark, airflow_db, monkeypatch
 ):
