@@ -388,9 +388,11 @@ def _ledger(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 def _register(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from dataclasses import asdict
 
+    from strata.quality.table import register_written
     from strata.register import register_tables, render_registration
 
     report = register_tables(cfg)
+    register_written(cfg, report)
     return render_registration(report), asdict(report)
 
 

@@ -400,7 +400,7 @@ def completeness(
     Returns:
         The completeness.
     """
-    from strata.quality import ResultStore
+    from strata.quality.store import ResultStore
 
     rows = read_ledger(cfg) if ledger is None else ledger
     marks = watermarks(rows)

@@ -223,6 +223,28 @@ def parquet_table(
     return _external_table(database, name, storage, partition_by, pipeline, {})
 
 
+def ensure_definition(client: MetastoreClient, wanted: Table) -> tuple[str, Table | None]:
+    """Create a table in the metastore, or correct its definition if it differs.
+
+    Args:
+        client: An open metastore client.
+        wanted: The table's definition.
+
+    Returns:
+        What was done (`created`, `updated` or `unchanged`), and the definition the
+        metastore held before (None if it held none).
+    """
+    current = client.get_table(wanted.dbName, wanted.tableName)
+    if current is None:
+        client.create_table(wanted)
+        return "created", None
+    if _same(current, wanted):
+        return "unchanged", current
+    wanted.createTime = current.createTime
+    client.alter_table(wanted)
+    return "updated", current
+
+
 def _same(current: Table, wanted: Table) -> bool:
     params = current.parameters or {}
     provider = (wanted.parameters or {}).get("spark.sql.sources.provider")
@@ -432,17 +454,10 @@ def register_tables(cfg: PipelineConfig) -> RegistrationReport:
                 wanted = delta_table(ms.database, name, location, cfg.name)
             if which == "table" and found is not None:
                 wanted.parameters.update(_table_marks(cfg, found))
-            current = client.get_table(ms.database, name)
-            if current is None:
-                client.create_table(wanted)
-                report.created.append(name)
-            elif _same(current, wanted):
-                report.unchanged.append(name)
+            done, current = ensure_definition(client, wanted)
+            getattr(report, done).append(name)
+            if done == "unchanged" and current is not None:
                 _update_marks(client, current, wanted)
-            else:
-                wanted.createTime = current.createTime
-                client.alter_table(wanted)
-                report.updated.append(name)
             if which == "table" and cfg.table_format == "parquet":
                 _reconcile_partitions(client, cfg, wanted, report, found)
     return report

@@ -1028,7 +1028,11 @@ def register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
 
     try:
         # The columns of a table that follows its registry are those it evolved to.
-        outcome.registered = render_registration(register_tables(table_schema(cfg)))
+        from strata.quality.table import register_written
+
+        report = register_tables(table_schema(cfg))
+        register_written(cfg, report)
+        outcome.registered = render_registration(report)
         if cfg.trino.url:
             from strata.sql import run_in_trino, trino_statements
 

@@ -31,11 +31,17 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
 from strata.config import PipelineConfig
-from strata.delta import BATCH_KEY, ensure_table
+from strata.delta import BATCH_KEY, ensure_table, open_table
 from strata.errors import MetastoreError
 from strata.metastore import MetastoreClient
 from strata.quality.checks import QUALITY_SCHEMA, QualityResult, quality_rows
-from strata.register import _same, delta_table, location_uri, parquet_table
+from strata.register import (
+    RegistrationReport,
+    delta_table,
+    ensure_definition,
+    location_uri,
+    parquet_table,
+)
 from strata.storage import filesystem
 from strata.write import write_file
 
@@ -51,6 +57,23 @@ _ATTEMPTS = 3
 def quality_table_location(cfg: PipelineConfig) -> str:
     """Where the pipeline's quality table lives: `checks` under its quality location."""
     return f"{cfg.location('quality')}/checks"
+
+
+def register_written(cfg: PipelineConfig, report: RegistrationReport) -> None:
+    """Register the quality table along with the pipeline's own, once a check wrote it.
+
+    So `strata register` (and the registration after each run) repairs it too, where
+    someone dropped or changed it.
+
+    Args:
+        cfg: The pipeline configuration; `metastore.uri` must be set.
+        report: The registration's report, which gets the table's name.
+
+    Raises:
+        MetastoreError: If the metastore cannot be reached or refuses a change.
+    """
+    if open_table(quality_table_location(cfg), cfg.storage_options) is not None:
+        getattr(report, register_quality_table(cfg)).append(f"{cfg.name}{QUALITY_SUFFIX}")
 
 
 def _file_prefix(batch: int) -> str:
@@ -140,15 +163,7 @@ def register_quality_table(cfg: PipelineConfig) -> str:
         client.ensure_database(
             ms.database, location_uri(cfg.warehouse), "Tables landed from Kafka by Strata"
         )
-        current = client.get_table(ms.database, name)
-        if current is None:
-            client.create_table(wanted)
-            return "created"
-        if _same(current, wanted):
-            return "unchanged"
-        wanted.createTime = current.createTime
-        client.alter_table(wanted)
-        return "updated"
+        return ensure_definition(client, wanted)[0]
 
 
 def publish_result(cfg: PipelineConfig, result: QualityResult) -> bool:

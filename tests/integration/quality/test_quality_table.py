@@ -9,7 +9,7 @@ from pyhive import hive
 from strata.local.events import HOUR_MS
 from strata.metastore import MetastoreClient
 from strata.quality import run_quality
-from strata.quality.table import quality_table_location, register_quality_table
+from strata.quality.table import quality_table_location, register_quality_table, replace_batch
 from strata.register import location_uri
 from strata.run import run_batch
 from tests.conftest import produce_clicks
@@ -88,3 +88,30 @@ def test_a_delta_pipelines_quality_table_is_registered_as_delta(make_pipeline, m
     assert found is not None
     assert found.parameters["spark.sql.sources.provider"] == "delta"
     assert found.sd.location == location_uri(quality_table_location(cfg))
+
+
+def test_strata_register_repairs_the_quality_table_in_the_metastore(make_pipeline, metastore):
+    from strata.cli import main
+    from tests.unit.quality.test_table import result
+
+    p = make_pipeline(partitions=1, overrides={"metastore": {"uri": metastore.uri}})
+    cfg = p.cfg()
+    name = f"{p.name}_quality"
+    register = ["register", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)]
+    # Before any check there is no quality table to register.
+    assert main(register) == 0
+    with MetastoreClient(metastore.uri, 30) as client:
+        assert client.get_table("strata", name) is None
+    replace_batch(cfg, result(1, "2025-11-22T11:00:00+00:00"))
+    assert main(register) == 0
+    # Someone points it elsewhere: registering again sets it right.
+    with MetastoreClient(metastore.uri, 30) as client:
+        drifted = client.get_table("strata", name)
+        assert drifted.sd.location == location_uri(quality_table_location(cfg))
+        drifted.sd.location = location_uri(str(p.conf_dir))
+        client.alter_table(drifted)
+    assert main(register) == 0
+    with MetastoreClient(metastore.uri, 30) as client:
+        assert client.get_table("strata", name).sd.location == location_uri(
+            quality_table_location(cfg)
+        )
