@@ -78,6 +78,20 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
         "When the pipeline's last run succeeded (a run with nothing new included), Unix time.",
         ("pipeline",),
     ),
+    "strata_completeness_watermark_timestamp_seconds": (
+        "The completeness watermark, Unix time: every Kafka partition holding it back has "
+        "read events at least this new.",
+        ("pipeline",),
+    ),
+    "strata_complete_before_timestamp_seconds": (
+        "An event-time partition ending by then (the watermark less completeness.lateness) "
+        "is complete, unless a failed quality gate holds it; Unix time.",
+        ("pipeline",),
+    ),
+    "strata_run_late_after_completion_rows": (
+        "Rows the run landed in event-time partitions already complete before it.",
+        ("pipeline",),
+    ),
     "strata_quality_batch": (
         "The batch whose quality result strata_quality_checks_failed counts.",
         ("pipeline",),
@@ -121,6 +135,13 @@ def _view_metrics(gauges: _Gauges, view: dict[str, Any]) -> None:
             if p.get(key) is not None:
                 gauges.set(name, p[key], **where)
     gauges.set("strata_lag_growth_runs", view.get("lag_growth_runs", 0), pipeline=pipeline)
+    mark = view.get("watermark")
+    if mark is not None:
+        for key, name in (
+            ("at", "strata_completeness_watermark_timestamp_seconds"),
+            ("complete_before", "strata_complete_before_timestamp_seconds"),
+        ):
+            gauges.set(name, datetime.fromisoformat(mark[key]).timestamp(), pipeline=pipeline)
 
 
 def status_metrics(statuses: Iterable[dict[str, Any]]) -> bytes:
@@ -184,6 +205,8 @@ def run_metrics(
         gauges.set("strata_run_bytes", r.bytes if r else 0, **where)
     for table, files in sorted(outcome.files.items()):
         gauges.set("strata_run_files", files, pipeline=pipeline, table=table)
+    late = sum(outcome.late_after_completion.values())
+    gauges.set("strata_run_late_after_completion_rows", late, pipeline=pipeline)
     gauges.set("strata_run_duration_seconds", outcome.seconds, pipeline=pipeline)
     busy = outcome.read_seconds or outcome.seconds
     total = sum(r.bytes for r in outcome.ranges)
@@ -268,8 +291,9 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome) -> None:
     from strata.status import pipeline_view
 
     view: dict[str, Any] | None = None
+    exported = cfg.metrics.textfile_dir is not None or cfg.metrics.pushgateway is not None
     try:
-        view = pipeline_view(cfg)
+        view = pipeline_view(cfg, watermark=exported)
     except Exception as exc:  # noqa: BLE001 - what is watched must not fail a committed batch
         outcome.warnings.append(f"lag and time to retention after the run unknown: {exc}")
     if view is not None:
@@ -278,7 +302,7 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome) -> None:
             outcome.warnings.append(
                 f"lag and time to retention after the run unknown: {view['broker_error']}"
             )
-    if cfg.metrics.textfile_dir is None and cfg.metrics.pushgateway is None:
+    if not exported:
         return
     quality: dict[str, Any] | None = None
     try:

@@ -59,6 +59,7 @@ def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
             }
             for r in outcome.ranges
         ],
+        "late_after_completion": outcome.late_after_completion,
         "warnings": outcome.warnings,
         # Old clients make brokers down-convert every fetch; say which one read the data.
         "kafka_client": client_version(),

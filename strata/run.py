@@ -118,6 +118,8 @@ class RunOutcome:
         register_error: Why registering failed; the batch stands, the run exits non-zero.
         stages: The driver's wall and CPU seconds per stage.
         task_stages: The tasks' wall and CPU seconds per stage, summed over tasks.
+        late_after_completion: Rows the batch landed per event-time partition that was
+            already complete before it (see `strata.completeness`).
     """
 
     pipeline: str
@@ -135,6 +137,7 @@ class RunOutcome:
     register_error: str | None = None
     stages: Stages = field(default_factory=Stages)
     task_stages: Stages = field(default_factory=Stages)
+    late_after_completion: dict[str, int] = field(default_factory=dict)
 
 
 def run_batch(
@@ -1054,6 +1057,7 @@ def _late_after_completion(cfg: PipelineConfig, outcome: RunOutcome) -> None:
 
     try:
         found = completeness(cfg, outcome.batch, totals=False, quality=False)
+        outcome.late_after_completion = found.late
         outcome.warnings.extend(late_warnings(found))
     except Exception as exc:  # noqa: BLE001 - the batch stands; this is a report
         outcome.warnings.append(f"rows late after completion not counted: {exc}")

@@ -10,13 +10,14 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.config import PipelineConfig
-from strata.durations import human_duration
+from strata.durations import human_duration, parse_duration_ms
 from strata.errors import KafkaUnavailable, PlanError
 from strata.kafka import oldest_unread_ms, partition_states, retention_limits
 from strata.ledger import LedgerState, ledger_state, read_ledger
@@ -67,6 +68,7 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
         for r in (edits.to_pylist() if rows.num_rows else [])
     ]
     out["unfinished"] = _unfinished(cfg, state.last_batch + 1)
+    out["watermark"] = completeness_watermark(cfg, rows)
     out["tables"] = table_health(cfg)
     small = sum(t["small_files"] for name, t in out["tables"].items() if name != "ledger")
     if small >= 100:
@@ -77,19 +79,51 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
     return out
 
 
-def pipeline_view(cfg: PipelineConfig) -> dict[str, Any]:
+def pipeline_view(cfg: PipelineConfig, watermark: bool = False) -> dict[str, Any]:
     """What a run leaves to watch: `pipeline_status` without the history and the tables.
 
     Args:
         cfg: The pipeline configuration.
+        watermark: Also work out the completeness watermark (for the metrics; it
+            costs a pass over every ingest row of the ledger).
 
     Returns:
         The status's `pipeline`, `last_batch`, `last_committed_at`, `partitions`,
         `total_lag`, `lag_growth_runs`, `warnings` (retention and growing lag) and
-        `broker_error`.
+        `broker_error`; with `watermark`, `watermark` too.
     """
     rows = read_ledger(cfg)
-    return _view(cfg, rows, ledger_state(cfg, rows), listed=False)
+    out = _view(cfg, rows, ledger_state(cfg, rows), listed=False)
+    if watermark:
+        out["watermark"] = completeness_watermark(cfg, rows)
+    return out
+
+
+def completeness_watermark(cfg: PipelineConfig, rows: pa.Table) -> dict[str, Any] | None:
+    """The completeness watermark after the newest ingest batch, and what holds it back.
+
+    Args:
+        cfg: The pipeline configuration.
+        rows: The ledger.
+
+    Returns:
+        `at` (ISO-8601), `holding` (`topic:partition`) and `complete_before` (a
+        partition ending by then is complete, unless a failed quality gate holds it);
+        None when completeness is off or no event time was read yet.
+    """
+    if not cfg.completeness.enabled:
+        return None
+    from strata.completeness import watermarks
+
+    marks = watermarks(rows)
+    if not marks or marks[-1].at is None:
+        return None
+    lateness = timedelta(milliseconds=parse_duration_ms(cfg.completeness.lateness))
+    return {
+        "at": marks[-1].at.isoformat(),
+        "holding": marks[-1].holding,
+        "complete_before": (marks[-1].at - lateness).isoformat(),
+    }
 
 
 def _view(cfg: PipelineConfig, rows: pa.Table, state: LedgerState, listed: bool) -> dict[str, Any]:
@@ -415,6 +449,12 @@ def render_status(status: dict[str, Any]) -> str:
         )
     if status["total_lag"] is not None:
         lines.append(f"total lag: {status['total_lag']:,} messages")
+    mark = status.get("watermark")
+    if mark is not None:
+        lines.append(
+            f"complete before {mark['complete_before']} (watermark {mark['at']}, held back by "
+            f"{mark['holding'] or 'no partition'}); `strata completeness` lists the partitions"
+        )
     for lost in status.get("losses", []):
         lines.append(
             f"LOSS: batch {lost['batch']}: offsets [{lost['start_offset']}, {lost['end_offset']}) "

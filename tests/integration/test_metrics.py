@@ -19,6 +19,7 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata.completeness import watermarks
 from strata.ledger import read_ledger
 from strata.local.events import HOUR_MS
 from strata.orchestrate import ingest_task
@@ -125,6 +126,18 @@ def test_a_run_writes_its_batch_as_metrics_and_status_prints_them(capped, broker
     retention = [w for w in summary["warnings"] if "unread messages are deleted by retention" in w]
     assert len(retention) == 2 and only(found, "strata_warnings") == len(summary["warnings"])
     assert "strata_quality_checks_failed" not in found  # the quality task has not run yet
+    # Both partitions were capped, so both hold the completeness watermark back: it is
+    # the older of their newest event times; a partition is complete an hour after.
+    mark = watermarks(read_ledger(p.cfg()))[-1]
+    assert mark.at is not None and mark.holding is not None
+    newest = [r["max_event_time"].timestamp() for r in ledger.values()]
+    assert only(found, "strata_completeness_watermark_timestamp_seconds") == pytest.approx(
+        min(newest)
+    )
+    assert only(found, "strata_complete_before_timestamp_seconds") == pytest.approx(
+        min(newest) - 3600
+    )
+    assert only(found, "strata_run_late_after_completion_rows") == 0
 
     status = p.cli("status", "--prometheus")
     assert status.returncode == 0, status.stderr
@@ -134,6 +147,11 @@ def test_a_run_writes_its_batch_as_metrics_and_status_prints_them(capped, broker
         q: per[q] - CAP for q in (0, 1)
     }
     assert set(by_partition(now, "strata_time_to_retention_seconds", p.name, p.topic)) == {0, 1}
+    assert only(now, "strata_completeness_watermark_timestamp_seconds") == pytest.approx(
+        min(newest)
+    )
+    text = p.cli("status")
+    assert f"held back by {mark.holding}" in text.stdout, text.stdout
     assert only(now, "strata_last_commit_timestamp_seconds") == pytest.approx(
         max(r["committed_at"] for r in ledger.values()).timestamp(), abs=1
     )

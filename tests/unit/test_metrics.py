@@ -60,11 +60,27 @@ def test_a_run_is_gauges_per_partition_with_zeros_where_it_read_nothing():
         seconds=4.0,
         read_seconds=2.0,
         warnings=["one"],
+        late_after_completion={"dt=2026-01-31/hr=09": 3, "dt=2026-01-31/hr=08": 2},
     )
+    view = {
+        **_status("clicks", 40, None),
+        "watermark": {
+            "at": "2026-01-31T11:00:00+00:00",
+            "holding": "clicks:0",
+            "complete_before": "2026-01-31T10:00:00+00:00",
+        },
+    }
     quality = {"batch": 7, "checks": [{"success": True}, {"success": False}, {"success": False}]}
-    found = _families(generate_latest(run_metrics(outcome, None, quality, 1_700_000_000)).decode())
+    found = _families(generate_latest(run_metrics(outcome, view, quality, 1_700_000_000)).decode())
 
     assert set(found) <= set(METRICS)
+    assert found["strata_run_late_after_completion_rows"] == [({"pipeline": "clicks"}, 5)]
+    assert found["strata_completeness_watermark_timestamp_seconds"] == [
+        ({"pipeline": "clicks"}, 1_769_857_200)
+    ]
+    assert found["strata_complete_before_timestamp_seconds"] == [
+        ({"pipeline": "clicks"}, 1_769_853_600)
+    ]
     part = {"pipeline": "clicks", "topic": "clicks"}
     assert found["strata_run_messages"] == [
         ({**part, "partition": "0"}, 100),
