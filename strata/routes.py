@@ -74,7 +74,17 @@ def require_one_table(cfg: PipelineConfig, command: str) -> None:
 
 # Commands that, given a pipeline routing its topics to tables, run on each table.
 EVERY_TABLE = frozenset(
-    {"run", "status", "register", "publish", "sql", "compact", "checkpoint", "vacuum"}
+    {
+        "run",
+        "status",
+        "completeness",
+        "register",
+        "publish",
+        "sql",
+        "compact",
+        "checkpoint",
+        "vacuum",
+    }
 )
 
 

@@ -216,6 +216,14 @@ def test_a_pipeline_routed_to_tables_announces_each_table_on_its_own(
     assert [(uri, extra["completed"]) for uri, extra in events(dag)] == [
         (f"strata://{p.name}/{web}", [HOUR])
     ]
+    # The view goes over every table, as `strata status` does.
+    shown = p.cli("completeness", "--json")
+    assert shown.returncode == 0, shown.stderr
+    tables = json.loads(shown.stdout.splitlines()[-1])["tables"]
+    assert {
+        name: [s["partition"] for s in body["partitions"] if s["complete"]]
+        for name, body in tables.items()
+    } == {web: [HOUR], p.cfg().table_for(topics[1]): []}
 
 
 def test_the_marker_is_written_on_s3(make_pipeline, broker, spark, s3_endpoint, tmp_path):
