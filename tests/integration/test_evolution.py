@@ -60,7 +60,9 @@ def test_an_added_optional_field_lands_and_old_rows_read_it_as_null(make_pipelin
     second = produce_clicks(broker, p.topic, 2, 300, seed=11)
     outcome = run_batch(p.cfg(), session=lambda _: spark)
     assert outcome.status == "committed"
-    assert outcome.warnings == [
+    # The second batch's events are of the same hours as the first's, which the first
+    # completed: that is warned of too, and not this test's concern.
+    assert [w for w in outcome.warnings if "already complete" not in w] == [
         "the schema gained `country`: the data table has the new column(s) from this batch "
         "on; earlier rows read them as null"
     ]
