@@ -107,7 +107,12 @@ def watermarks(ledger: pa.Table) -> list[Watermark]:
             key = f"{topic}:{partition}"
             if messages > 0:
                 last_read[key] = batch
-                drained[key] = high is not None and end >= high
+            # A range that read nothing but reached the end (its last offsets were
+            # transaction markers or compacted away) drains the partition all the same.
+            if high is not None and end >= high:
+                drained[key] = True
+            elif messages > 0:
+                drained[key] = False
             if newest_here is not None and (key not in newest or newest_here > newest[key]):
                 newest[key] = newest_here
             at += 1

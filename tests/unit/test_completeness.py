@@ -172,3 +172,19 @@ def test_markers_go_to_complete_partitions_only_and_leave_when_a_gate_holds_one(
 
     assert write_markers(cfg, found(held={parts[0]: [2]})) == ([], [parts[0]])
     assert not (table / parts[0] / MARKER).exists()
+
+
+def test_a_range_of_markers_only_that_reaches_the_end_drains_its_partition():
+    # Partition 0 stopped one offset short of the end; the next range held only a
+    # transaction marker (no message) and reached the end: the partition is idle, and
+    # partition 1 alone moves the watermark on.
+    rows = [
+        row(1, 0, 0.5, end=1000, high=1001),
+        row(1, 1, 0.5),
+        row(2, 0, None, end=1001, high=1001, messages=0),
+        row(2, 1, 2.5, end=200, high=200),
+        row(3, 1, 4.5, end=300, high=300),
+    ]
+    marks = watermarks(ledger(*rows))
+    assert [m.holding for m in marks] == ["t:0", "t:1", "t:1"]
+    assert [m.at for m in marks] == [T0 + 0.5 * HOUR, T0 + 2.5 * HOUR, T0 + 4.5 * HOUR]
