@@ -205,6 +205,40 @@ def _valid_zone(value: str) -> str:
 Zone = Annotated[str, AfterValidator(_valid_zone)]
 
 
+def service_url(value: str, service: str, credentials: str, example: str, path: bool = True) -> str:
+    """An http(s) URL of a service the configuration names, checked when it loads.
+
+    The value is never quoted back: a URL can carry a secret in many places (a user
+    and password, a bare token before `@`, a query string), and the error goes to the
+    terminal and into Airflow's import errors.
+
+    Args:
+        value: The URL.
+        service: The service, as the error names it.
+        credentials: The keys where credentials go instead.
+        example: URLs the error suggests.
+        path: Whether a path may follow the port.
+
+    Returns:
+        The URL without a trailing slash.
+
+    Raises:
+        ValueError: If it holds credentials, or is not `http(s)://host[:port]`.
+    """
+    if re.match(r"^https?://[^\s/]*@", value):
+        raise ValueError(
+            f"the {service} url holds credentials (before '@'); put them in {credentials} "
+            "instead, so that they are never printed"
+        )
+    tail = r"(/[^\s?#@]*)?$" if path else r"/?$"
+    if not re.match(r"^https?://[A-Za-z0-9.-]+(:\d+)?" + tail, value):
+        raise ValueError(
+            f"the {service} url is not http(s)://host[:port]{'[/path]' if path else ''} "
+            f"(with no query string); write {example}"
+        )
+    return value.rstrip("/")
+
+
 class _Strict(BaseModel):
     # pydantic's error text quotes the offending input (`input_value=...`), which may be
     # a secret, or a mapping holding some: errors name the key and the rule, never the value.
@@ -477,16 +511,13 @@ class TrinoConfig(_Strict):
     def _url(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if re.match(r"^https?://[^\s/@]*@", value):
-            raise ValueError(
-                f"{redact(value)!r} holds credentials; put them in trino.user and "
-                "trino.password (or trino.access_token) instead, so that they are never printed"
-            )
-        if not re.match(r"^https?://[A-Za-z0-9.-]+(:\d+)?/?$", value):
-            raise ValueError(
-                f"{value!r} is not a Trino url; write http://host:8080 or https://host:8443"
-            )
-        return value.rstrip("/")
+        return service_url(
+            value,
+            "Trino",
+            "trino.user and trino.password (or trino.access_token)",
+            "http://host:8080 or https://host:8443",
+            path=False,
+        )
 
     @field_validator("ca_file")
     @classmethod
@@ -562,17 +593,12 @@ class SchemaRegistryConfig(_Strict):
     def _url(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if re.match(r"^https?://[^\s/@]*@", value):
-            raise ValueError(
-                f"{redact(value)!r} holds credentials; put them in schema_registry.username "
-                "and schema_registry.password instead, so that they are never printed"
-            )
-        if not re.match(r"^https?://[A-Za-z0-9.-]+(:\d+)?(/[^\s?#]*)?$", value):
-            raise ValueError(
-                f"{value!r} is not a Schema Registry url; write http://host:8081 or "
-                "https://host:8081"
-            )
-        return value.rstrip("/")
+        return service_url(
+            value,
+            "Schema Registry",
+            "schema_registry.username and schema_registry.password",
+            "http://host:8081 or https://host:8081",
+        )
 
     @field_validator("ca_file")
     @classmethod
@@ -772,14 +798,9 @@ class MetricsConfig(_Strict):
     def _url(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if re.match(r"^https?://[^\s/@]*@", value):
-            raise ValueError(
-                f"{redact(value)!r} holds credentials; put them in metrics.username and "
-                "metrics.password instead, so that they are never printed"
-            )
-        if not re.match(r"^https?://[A-Za-z0-9.-]+(:\d+)?(/[^\s?#]*)?$", value):
-            raise ValueError(f"{value!r} is not a Pushgateway url; write http://host:9091")
-        return value.rstrip("/")
+        return service_url(
+            value, "Pushgateway", "metrics.username and metrics.password", "http://host:9091"
+        )
 
     @field_validator("job")
     @classmethod

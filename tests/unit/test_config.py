@@ -248,6 +248,12 @@ def test_table_placeholders_need_routing_and_templates_need_valid_names(tmp_path
     ("section", "fix"),
     [
         ({"trino": {"url": "https://etl:hunter22@trino:8443"}}, "trino.password"),
+        ({"trino": {"url": "https://hunter22@trino:8443"}}, "trino.password"),
+        ({"trino": {"url": "https://trino:8443/?password=hunter22"}}, "https://host:8443"),
+        (
+            {"schema_registry": {"url": "http://reg:8081/x?token=hunter22"}},
+            "http://host:8081",
+        ),
         ({"trino": {"url": "http://trino:8080", "password": "hunter22"}}, "https"),
         (
             {"trino": {"url": "https://trino:8443", "password": "a1b2c3", "access_token": "x"}},

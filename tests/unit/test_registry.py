@@ -264,7 +264,7 @@ def test_a_schema_registry_makes_schema_id_optional_and_bad_settings_fail_at_loa
         "url": ({"url": "registry:8081"}, "`schema_registry.url`: .*write http://host:8081"),
         "userinfo": (
             {"url": "https://u:hunter22@registry:8081"},
-            "`schema_registry.url`: .*https://u:\\*\\*\\*@registry:8081.* holds credentials",
+            "`schema_registry.url`: .*url holds credentials",
         ),
         "half auth": ({"url": "http://r:1", "username": "u"}, "username is set without"),
         "ca over http": ({"url": "http://r:1", "ca_file": __file__}, "https url only"),
