@@ -72,7 +72,19 @@ def register_written(cfg: PipelineConfig, report: RegistrationReport) -> None:
     Raises:
         MetastoreError: If the metastore cannot be reached or refuses a change.
     """
-    if open_table(quality_table_location(cfg), cfg.storage_options) is not None:
+    try:
+        written = open_table(quality_table_location(cfg), cfg.storage_options) is not None
+    except (DeltaError, OSError) as exc:
+        # The pipeline's own tables are registered; this one waits for the next time.
+        logger.warning(
+            "pipeline %s: the quality table at %s could not be read (%s); it is registered "
+            "the next time",
+            cfg.name,
+            quality_table_location(cfg),
+            exc,
+        )
+        return
+    if written:
         getattr(report, register_quality_table(cfg)).append(f"{cfg.name}{QUALITY_SUFFIX}")
 
 

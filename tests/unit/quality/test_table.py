@@ -124,3 +124,18 @@ def test_a_table_that_cannot_be_written_or_registered_is_a_warning_naming_the_ba
     [warning] = [r for r in caplog.records if r.name.startswith("strata")]
     assert "the quality table holds batch 4, but registering it failed" in warning.getMessage()
     assert DeltaTable(quality_table_location(cfg)).to_pyarrow_table().num_rows == 2 + 4
+
+
+def test_a_quality_table_that_cannot_be_read_does_not_fail_registration(tmp_path, caplog):
+    from strata.quality.table import register_written
+    from strata.register import RegistrationReport
+
+    cfg = config(tmp_path)
+    log = tmp_path / "clicks_quality" / "checks" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / "00000000000000000000.json").write_text("{not json")
+    report = RegistrationReport("strata")
+    with caplog.at_level(logging.WARNING, logger="strata"):
+        register_written(cfg, report)
+    assert report.created == report.updated == report.unchanged == []
+    assert "quality table" in caplog.text and "could not be read" in caplog.text
