@@ -405,15 +405,13 @@ def completeness(
     Returns:
         The completeness.
     """
-    from strata.quality.store import ResultStore
-
     rows = read_ledger(cfg) if ledger is None else ledger
     marks = watermarks(rows)
     ingested = {m.batch for m in marks}
     if batch is None and marks:
         batch = marks[-1].batch
     files = _table_files(cfg)
-    held = ResultStore.of(cfg).incomplete() if quality else {}
+    held = _held(cfg, rows, files) if quality else {}
     states = partition_states(
         sorted({f.partition for f in files}),
         marks,
@@ -446,6 +444,36 @@ def completeness(
     if now is not None:
         found.late = late_rows(cfg, files, since_batch, ingested, only=batch)
     return found
+
+
+def _held(cfg: PipelineConfig, rows: pa.Table, files: list[_File]) -> dict[str, list[int]]:
+    """Partitions the quality gate holds, with the batches holding them.
+
+    Those a failed check marked incomplete (under `quality.gate: fail`, when it was
+    checked); and while the gate is `fail`, those a batch not checked yet wrote rows
+    to: its check may still fail, so until it has run no partition it touched is said
+    to be complete.
+    """
+    from strata.quality.checks import READ_KINDS
+    from strata.quality.store import ResultStore
+
+    store = ResultStore.of(cfg)
+    held = store.incomplete()
+    if cfg.quality.gate != "fail":
+        return held
+    wrote = rows.filter(
+        pc.and_(pc.is_in(rows.column("kind"), pa.array(READ_KINDS)), pc.greater(rows["rows"], 0))
+    )
+    unchecked = sorted(set(wrote.column("batch").to_pylist()) - store.checked())
+    for f in files:
+        # A compacted file (no bounds) holds rows of settled partitions' old batches.
+        if not unchecked or f.low is None or f.high is None:
+            continue
+        first = bisect.bisect_left(unchecked, f.low)
+        if first < len(unchecked) and unchecked[first] <= f.high:
+            batches = held.setdefault(f.partition, [])
+            batches.extend(b for b in unchecked[first:] if b <= f.high and b not in batches)
+    return held
 
 
 def late_warnings(found: Completeness) -> list[str]:

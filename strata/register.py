@@ -435,7 +435,7 @@ def register_tables(cfg: PipelineConfig) -> RegistrationReport:
     found = None
     if cfg.completeness.enabled:
         try:
-            found = completeness(cfg)
+            found = completeness(cfg, totals=False)
         except Exception as exc:  # noqa: BLE001 - completeness never stops registration
             report.completeness_error = f"completeness unknown: {exc}"
     with MetastoreClient(ms.uri, ms.timeout_s) as client:
@@ -538,7 +538,10 @@ def publish_completeness(
     try:
         found = completeness(cfg, batch, totals=False, since=since)
         write_markers(cfg, found)
-        if cfg.metastore.uri and any(found.batch in s.held_by for s in found.partitions):
+        # Registration ran before the gate, which held the batch's partitions (under
+        # `fail`) until it passed, or marks them now: the metastore is set right at once.
+        held = any(found.batch in s.held_by for s in found.partitions)
+        if cfg.metastore.uri and (held or found.completed):
             register_tables(cfg)
     except Exception as exc:  # noqa: BLE001 - the batch stands; the next run marks again
         return None, [f"partition completeness not published: {exc}"]

@@ -75,6 +75,17 @@ class ResultStore:
                 out.append(_result(data))
         return out
 
+    def checked(self) -> set[int]:
+        """The batches that have a result, from the names alone (nothing is read)."""
+        directory = f"{self.root}/results"
+        if self.fs.get_file_info(directory).type == pafs.FileType.NotFound:
+            return set()
+        return {
+            int(info.base_name[6:16])
+            for info in self.fs.get_file_info(pafs.FileSelector(directory))
+            if _RESULT_NAME.match(info.base_name)
+        }
+
     def incomplete(self) -> dict[str, list[int]]:
         """Event-time partitions marked incomplete by any batch, with those batches."""
         return incomplete_marks(self.recent(10**9))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -111,6 +113,36 @@ def test_an_hour_is_complete_only_after_the_lateness_and_late_rows_are_counted(
     )
     assert f"{HOUR}  complete since batch 2" in shown.stdout
     assert spark.read.parquet(str(table)).count() == landed + late_rows
+
+
+def test_under_a_failing_gate_an_hour_is_complete_only_once_its_batch_is_checked(
+    make_pipeline, broker, spark, metastore
+):
+    from strata.quality import run_quality
+
+    p = make_pipeline(
+        partitions=2,
+        overrides={
+            "table_format": "parquet",
+            "metastore": {"uri": metastore.uri},
+            "quality": {"gate": "fail"},
+        },
+    )
+    # Three hours of events in one batch, recent enough for the checks: it writes the
+    # first hour and completes it.
+    start = (int(time.time() * 1000) // HOUR_MS - 4) * HOUR_MS
+    first = datetime.fromtimestamp(start / 1000, UTC).strftime("dt=%Y-%m-%d/hr=%H")
+    produce_clicks(broker, p.topic, 2, 90, hours=3, start_ms=start)
+    run_batch(p.cfg(), session=lambda _: spark)
+    # Registered before the batch's quality check ran: the check may still fail.
+    state = {s.partition: s for s in completeness(p.cfg()).partitions}[first]
+    assert not state.complete and state.held_by == [1] and state.completed_batch == 1
+    assert "strata.complete" not in partition_parameters(metastore, p)[first]
+    # Checked and passed: the gate lets go, and the metastore says so at once.
+    assert run_quality(p.cfg(), 1).success
+    found, problems = publish_completeness(p.cfg(), 1)
+    assert problems == [] and found is not None and first in found.completed
+    assert partition_parameters(metastore, p)[first]["strata.complete"] == "true"
 
 
 def test_the_ingest_dag_emits_an_asset_event_only_when_an_hour_completes(
