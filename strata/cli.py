@@ -331,7 +331,8 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
 
         result = run_quality(cfg, outcome.batch)
     # After the commit and the quality suite, whose result the metrics count.
-    after_run(cfg, outcome)
+    gate_failed = result is not None and not result.success and cfg.quality.gate == "fail"
+    after_run(cfg, outcome, gate_failed)
     text, body = render_summary(outcome), summary_dict(outcome)
     if result is not None:
         from strata.quality import render_quality
@@ -342,7 +343,7 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
             "failed": [f"{c.name} {c.column or ''}".strip() for c in result.failed],
             "docs": result.docs,
         }
-        if not result.success and cfg.quality.gate == "fail":
+        if gate_failed:
             body["gate_error"] = (
                 f"batch {outcome.batch} is committed but failed its quality checks (gate: fail)"
             )

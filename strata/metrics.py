@@ -92,6 +92,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Rows the run landed in event-time partitions already complete before it.",
         ("pipeline",),
     ),
+    "strata_run_failed": (
+        "1 when the run committed its batch but then failed (registering the tables, or its "
+        "quality gate), so it exits non-zero; 0 when it succeeded.",
+        ("pipeline",),
+    ),
     "strata_quality_batch": (
         "The batch whose quality result strata_quality_checks_failed counts.",
         ("pipeline",),
@@ -166,8 +171,9 @@ def run_metrics(
     view: dict[str, Any] | None,
     quality: dict[str, Any] | None,
     finished_s: float,
+    run_failed: bool = False,
 ) -> CollectorRegistry:
-    """The registry of a run that succeeded.
+    """The registry of a run that committed (or had nothing to commit).
 
     Args:
         outcome: What the run did (an idle run's figures are zeros).
@@ -175,6 +181,8 @@ def run_metrics(
             is fresher than the run's own, which stands in where it has none.
         quality: The latest quality result (`ResultStore.load`), if any.
         finished_s: When the run ended, in Unix time.
+        run_failed: The run failed after its commit (registration, the quality gate): it is
+            no success, so `strata_last_success_timestamp_seconds` is left out.
 
     Returns:
         A registry of its own, to write or push.
@@ -217,7 +225,9 @@ def run_metrics(
         gauges.set("strata_quality_batch", quality["batch"], pipeline=pipeline)
         gauges.set("strata_quality_checks_failed", failed, pipeline=pipeline)
     gauges.set("strata_warnings", len(outcome.warnings), pipeline=pipeline)
-    gauges.set("strata_last_success_timestamp_seconds", finished_s, pipeline=pipeline)
+    gauges.set("strata_run_failed", int(run_failed), pipeline=pipeline)
+    if not run_failed:
+        gauges.set("strata_last_success_timestamp_seconds", finished_s, pipeline=pipeline)
     return gauges.registry
 
 
@@ -275,7 +285,7 @@ def export(cfg: PipelineConfig, registry: CollectorRegistry) -> list[str]:
     return [redact(w) for w in warnings]
 
 
-def after_run(cfg: PipelineConfig, outcome: RunOutcome) -> None:
+def after_run(cfg: PipelineConfig, outcome: RunOutcome, gate_failed: bool = False) -> None:
     """Once a run succeeded: its warnings of retention and growing lag, and its metrics.
 
     The retention and lag-growth warnings `strata status` gives are added to the
@@ -286,6 +296,7 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome) -> None:
     Args:
         cfg: The pipeline configuration.
         outcome: The run's outcome; warnings are added to it. Nothing here raises.
+        gate_failed: The batch failed its quality checks under `quality.gate: fail`.
     """
     from strata.quality import ResultStore
     from strata.status import pipeline_view
@@ -314,7 +325,8 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome) -> None:
     except Exception as exc:  # noqa: BLE001 - read only, for one figure
         outcome.warnings.append(f"quality result not read for the metrics: {exc}")
     try:
-        registry = run_metrics(outcome, view, quality, time.time())
+        failed = gate_failed or outcome.register_error is not None
+        registry = run_metrics(outcome, view, quality, time.time(), failed)
     except Exception as exc:  # noqa: BLE001 - the batch stands whatever the metrics do
         outcome.warnings.append(f"metrics not made: {type(exc).__name__}: {exc}")
         return

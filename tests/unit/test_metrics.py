@@ -75,6 +75,12 @@ def test_a_run_is_gauges_per_partition_with_zeros_where_it_read_nothing():
 
     assert set(found) <= set(METRICS)
     assert found["strata_run_late_after_completion_rows"] == [({"pipeline": "clicks"}, 5)]
+    assert found["strata_run_failed"] == [({"pipeline": "clicks"}, 0)]
+    # A run that failed after its commit is no success.
+    failed = generate_latest(run_metrics(outcome, view, quality, 1_700_000_000, run_failed=True))
+    after_failure = _families(failed.decode())
+    assert after_failure["strata_run_failed"] == [({"pipeline": "clicks"}, 1)]
+    assert "strata_last_success_timestamp_seconds" not in after_failure
     assert found["strata_completeness_watermark_timestamp_seconds"] == [
         ({"pipeline": "clicks"}, 1_769_857_200)
     ]
