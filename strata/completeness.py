@@ -368,8 +368,32 @@ class Completeness:
         """The instant before which every partition's span is complete (held ones aside)."""
         if self.watermark is None:
             return None
-        moment = datetime.fromisoformat(self.watermark) - _lateness(cfg)
-        return _iso(moment)
+        return _iso(datetime.fromisoformat(self.watermark) - _lateness(cfg))
+
+
+def watermark_now(cfg: PipelineConfig, ledger: pa.Table) -> dict[str, str | None] | None:
+    """The watermark after the newest ingest batch, for `strata status` and the metrics.
+
+    Args:
+        cfg: The pipeline configuration.
+        ledger: The ledger rows.
+
+    Returns:
+        `at`, `holding` (the Kafka partition holding it back) and `complete_before` (a
+        partition ending by then is complete, unless the quality gate holds it); None
+        when completeness is off or no event time was read yet.
+    """
+    if not cfg.completeness.enabled:
+        return None
+    marks = watermarks(ledger)
+    if not marks or marks[-1].at is None:
+        return None
+    at = marks[-1].at
+    return {
+        "at": _iso(at),
+        "holding": marks[-1].holding,
+        "complete_before": _iso(at - _lateness(cfg)),
+    }
 
 
 def _lateness(cfg: PipelineConfig) -> timedelta:

@@ -298,7 +298,6 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome, gate_failed: bool = Fals
         outcome: The run's outcome; warnings are added to it. Nothing here raises.
         gate_failed: The batch failed its quality checks under `quality.gate: fail`.
     """
-    from strata.quality import ResultStore
     from strata.status import pipeline_view
 
     view: dict[str, Any] | None = None
@@ -315,6 +314,8 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome, gate_failed: bool = Fals
             )
     if not exported:
         return
+    from strata.quality.store import ResultStore
+
     quality: dict[str, Any] | None = None
     try:
         store = ResultStore.of(cfg)

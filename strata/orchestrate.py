@@ -105,9 +105,13 @@ def _register_one(cfg: PipelineConfig, ddl: bool = False) -> dict[str, Any]:
     if conn_id:
         from strata.sql import ddl_statements, run_through_connection, trino_statements
 
+        # A Delta table's metastore entry is all a Trino on the same metastore needs;
+        # `register_table`, which Trino refuses unless its catalog allows it, only
+        # where the pipeline says Trino's Delta catalog uses another metastore.
+        whole = ddl and (cfg.table_format == "parquet" or cfg.trino.register_delta_tables)
         statements = (
             ddl_statements(cfg, cfg.trino.delta_catalog, cfg.trino.hive_catalog)
-            if ddl
+            if whole
             else trino_statements(cfg)
         )
         body["trino"] = {"conn_id": conn_id, "ran": run_through_connection(conn_id, statements)}

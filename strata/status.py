@@ -10,14 +10,14 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from strata.completeness import watermark_now
 from strata.config import PipelineConfig
-from strata.durations import human_duration, parse_duration_ms
+from strata.durations import human_duration
 from strata.errors import KafkaUnavailable, PlanError
 from strata.kafka import oldest_unread_ms, partition_states, retention_limits
 from strata.ledger import LedgerState, ledger_state, read_ledger
@@ -68,7 +68,7 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
         for r in (edits.to_pylist() if rows.num_rows else [])
     ]
     out["unfinished"] = _unfinished(cfg, state.last_batch + 1)
-    out["watermark"] = completeness_watermark(cfg, rows)
+    out["watermark"] = watermark_now(cfg, rows)
     out["tables"] = table_health(cfg)
     small = sum(t["small_files"] for name, t in out["tables"].items() if name != "ledger")
     if small >= 100:
@@ -95,35 +95,8 @@ def pipeline_view(cfg: PipelineConfig, watermark: bool = False) -> dict[str, Any
     rows = read_ledger(cfg)
     out = _view(cfg, rows, ledger_state(cfg, rows), listed=False)
     if watermark:
-        out["watermark"] = completeness_watermark(cfg, rows)
+        out["watermark"] = watermark_now(cfg, rows)
     return out
-
-
-def completeness_watermark(cfg: PipelineConfig, rows: pa.Table) -> dict[str, Any] | None:
-    """The completeness watermark after the newest ingest batch, and what holds it back.
-
-    Args:
-        cfg: The pipeline configuration.
-        rows: The ledger.
-
-    Returns:
-        `at` (ISO-8601), `holding` (`topic:partition`) and `complete_before` (a
-        partition ending by then is complete, unless a failed quality gate holds it);
-        None when completeness is off or no event time was read yet.
-    """
-    if not cfg.completeness.enabled:
-        return None
-    from strata.completeness import watermarks
-
-    marks = watermarks(rows)
-    if not marks or marks[-1].at is None:
-        return None
-    lateness = timedelta(milliseconds=parse_duration_ms(cfg.completeness.lateness))
-    return {
-        "at": marks[-1].at.isoformat(),
-        "holding": marks[-1].holding,
-        "complete_before": (marks[-1].at - lateness).isoformat(),
-    }
 
 
 def _view(cfg: PipelineConfig, rows: pa.Table, state: LedgerState, listed: bool) -> dict[str, Any]:
@@ -158,7 +131,9 @@ def _view(cfg: PipelineConfig, rows: pa.Table, state: LedgerState, listed: bool)
             }
             if s.high > position:
                 unread[(s.topic, s.partition)] = max(position, s.low)
-        _retention(cfg, unread, lag, out["warnings"], _observed(rows))
+        # Sizes and rates matter only where something is unread; a caught-up pipeline
+        # skips the pass over every ingest row.
+        _retention(cfg, unread, lag, out["warnings"], _observed(rows) if unread else {})
         if listed:
             out["warnings"] += [
                 f"topic `{topic}` matched topics_pattern and has committed offsets, but the "
@@ -190,6 +165,10 @@ def _view(cfg: PipelineConfig, rows: pa.Table, state: LedgerState, listed: bool)
     return out
 
 
+LAG_HISTORY = 64
+"""Ingest batches `ingest_lags` looks back over: a growing lag's streak counts up to one less."""
+
+
 def ingest_lags(rows: pa.Table) -> list[int | None]:
     """The messages each ingest batch left behind its planned high watermarks, oldest first.
 
@@ -197,8 +176,8 @@ def ingest_lags(rows: pa.Table) -> list[int | None]:
         rows: The ledger.
 
     Returns:
-        One figure per ingest batch (`strata.quality.checks.lag_after`), None where
-        its watermarks were not recorded.
+        One figure per ingest batch of the newest `LAG_HISTORY`
+        (`strata.quality.checks.lag_after`), None where its watermarks were not recorded.
     """
     from strata.quality.checks import lag_after
 
@@ -207,6 +186,12 @@ def ingest_lags(rows: pa.Table) -> list[int | None]:
     ingested = rows.filter(pc.equal(rows.column("kind"), "ingest")).select(
         ["batch", "high_watermark", "end_offset"]
     )
+    # The newest batches are enough for any streak worth a warning; a ledger of years
+    # is not turned into Python rows on every run.
+    batches = pc.unique(ingested.column("batch")).sort()
+    if len(batches) > LAG_HISTORY:
+        newest = batches[-LAG_HISTORY].as_py()
+        ingested = ingested.filter(pc.greater_equal(ingested.column("batch"), newest))
     by_batch: dict[int, list[dict[str, Any]]] = {}
     for r in ingested.to_pylist():
         by_batch.setdefault(r["batch"], []).append(r)

@@ -48,7 +48,13 @@ def test_the_maintenance_dag_runs_the_ddl_through_the_airflow_trino_connection(
     make_pipeline, broker, spark, airflow_db, monkeypatch, tmp_path, capfd, caplog
 ):
     password = "conn-pw-Vb81"
-    p = make_pipeline(partitions=1, overrides={"airflow": {"trino_conn_id": "strata_trino"}})
+    p = make_pipeline(
+        partitions=1,
+        overrides={
+            "airflow": {"trino_conn_id": "strata_trino"},
+            "trino": {"register_delta_tables": True},
+        },
+    )
     per = produce_clicks(broker, p.topic, 1, 200)
     run_batch(p.cfg(), session=lambda _: spark)
     cert, key = self_signed_certificate(tmp_path)

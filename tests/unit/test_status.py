@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from strata.status import ingest_lags, lag_growth, size_time_left
+from strata.status import LAG_HISTORY, ingest_lags, lag_growth, size_time_left
 
 
 def test_size_based_retention_is_estimated_from_message_size_and_produce_rate():
@@ -51,3 +51,18 @@ def test_each_ingest_batch_left_its_rows_high_watermarks_less_their_ends():
     # Batch 2 is a backfill: it leaves no lag. Batch 3's unknown watermark counts as
     # none; batch 4 knows none.
     assert ingest_lags(rows) == [20, 100, None]
+
+
+def test_only_the_newest_ingest_batches_are_read_for_the_lag_trend():
+    batches = list(range(1, 201))
+    rows = pa.table(
+        {
+            "batch": batches,
+            "kind": ["ingest"] * len(batches),
+            "high_watermark": [1000 + b for b in batches],
+            "end_offset": [1000] * len(batches),
+        }
+    )
+    lags = ingest_lags(rows)
+    assert lags == list(range(201 - LAG_HISTORY, 201))
+    assert lag_growth(lags) == LAG_HISTORY - 1
