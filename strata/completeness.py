@@ -315,10 +315,10 @@ def late_rows(
         after = since.get(f.partition)
         if after is None or (f.high is not None and f.high <= after):
             continue
+        # A batch's rows are in files named by it: a file without bounds (a compaction's,
+        # of rows of settled, older batches) is not read for one batch's count.
         if only is not None and (
-            only <= after
-            or (f.low is not None and only < f.low)
-            or (f.high is not None and only > f.high)
+            only <= after or f.low is None or f.high is None or not f.low <= only <= f.high
         ):
             continue
         by_partition[f.partition].append(f"{root}/{f.path}")
