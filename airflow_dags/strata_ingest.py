@@ -37,6 +37,7 @@ from strata.config import (
     load_pipeline,
     parse_duration_ms,
 )
+from strata.errors import ConfigError
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF_DIR = os.environ.get("STRATA_CONF_DIR") or str(PROJECT / "conf")
@@ -176,6 +177,15 @@ def pipelines_here(dag_file: Path, conf_dir: str) -> list[str]:
     return [name for name in list_pipelines(conf_dir) if name not in apart]
 
 
-for _name in pipelines_here(Path(__file__), CONF_DIR):
-    _dag = ingest_dag(load_pipeline(_name, CONF_DIR))
+_HERE = pipelines_here(Path(__file__), CONF_DIR)
+for _name in _HERE:
+    try:
+        _cfg = load_pipeline(_name, CONF_DIR)
+    except ConfigError:
+        if len(_HERE) == 1:
+            raise  # a pipeline's own file: its import error names the pipeline's file
+        # The shared file leaves a malformed pipeline out, so the others still load;
+        # `strata_config_errors.py` fails to import naming its file and key.
+        continue
+    _dag = ingest_dag(_cfg)
     globals()[_dag.dag_id] = _dag

@@ -120,10 +120,29 @@ def test_a_malformed_pipeline_file_fails_only_its_own_dag_file(tmp_path, monkeyp
         "strata_maintenance",
         "strata_replay",
     ]
-    assert list(bag.import_errors) == [str(folder / "strata_ingest_bad.py")]
-    error = bag.import_errors[str(folder / "strata_ingest_bad.py")]
-    assert f"{conf / 'pipelines' / 'bad.yaml'}: key `limts`" in error
-    assert "remove it or check its spelling" in error
+    assert sorted(bag.import_errors) == [
+        str(folder / "strata_config_errors.py"),
+        str(folder / "strata_ingest_bad.py"),
+    ]
+    for error in bag.import_errors.values():
+        assert f"{conf / 'pipelines' / 'bad.yaml'}: key `limts`" in error
+        assert "remove it or check its spelling" in error
+
+
+def test_with_no_file_per_pipeline_a_malformed_one_is_left_out_and_named(tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    conf, folder = a_deployment_with_a_malformed_pipeline(tmp_path)
+    for own in ("strata_ingest_good.py", "strata_ingest_bad.py"):
+        (folder / own).unlink()
+    monkeypatch.setenv("STRATA_CONF_DIR", str(conf))
+    bag = DagBag(dag_folder=str(folder))
+    # The shared ingest file still loads the good pipeline's DAG ...
+    assert "strata_ingest_good" in bag.dag_ids and "strata_ingest_bad" not in bag.dag_ids
+    # ... and the one import error, of the configuration check, names the bad file.
+    assert list(bag.import_errors) == [str(folder / "strata_config_errors.py")]
+    error = bag.import_errors[str(folder / "strata_config_errors.py")]
+    assert "pipeline bad: " in error and f"{conf / 'pipelines' / 'bad.yaml'}: key `limts`" in error
 
 
 def test_with_a_trino_connection_registration_calls_trino_through_it(tmp_path, monkeypatch):
