@@ -177,12 +177,12 @@ def pipelines_here(dag_file: Path, conf_dir: str) -> list[str]:
     return [name for name in list_pipelines(conf_dir) if name not in apart]
 
 
-_HERE = pipelines_here(Path(__file__), CONF_DIR)
-for _name in _HERE:
+_OWN = Path(__file__).stem.startswith("strata_ingest_")
+for _name in pipelines_here(Path(__file__), CONF_DIR):
     try:
         _cfg = load_pipeline(_name, CONF_DIR)
     except ConfigError:
-        if len(_HERE) == 1:
+        if _OWN:
             raise  # a pipeline's own file: its import error names the pipeline's file
         # The shared file leaves a malformed pipeline out, so the others still load;
         # `strata_config_errors.py` fails to import naming its file and key.

@@ -239,6 +239,34 @@ def service_url(value: str, service: str, credentials: str, example: str, path: 
     return value.rstrip("/")
 
 
+def _basic_auth(section: str, username: str | None, password: str | None) -> None:
+    """Basic auth takes a user and a password, or neither.
+
+    Raises:
+        ValueError: Naming the key that is set and the one missing.
+    """
+    if (username is None) != (password is None):
+        given, missing = ("username", "password") if password is None else ("password", "username")
+        raise ValueError(
+            f"{section}.{given} is set without {section}.{missing}; basic auth needs both "
+            "(or remove both)"
+        )
+
+
+def _pem_file(value: str | None, whose: str) -> str | None:
+    """A `ca_file` setting: the PEM file of a service's certificate authority, if set.
+
+    Raises:
+        ValueError: If it names no file.
+    """
+    if value is not None and not Path(value).is_file():
+        raise ValueError(
+            f"{value!r} is not a file; point ca_file at the PEM file of {whose} certificate "
+            "authority, or remove it"
+        )
+    return value
+
+
 class _Strict(BaseModel):
     # pydantic's error text quotes the offending input (`input_value=...`), which may be
     # a secret, or a mapping holding some: errors name the key and the rule, never the value.
@@ -522,12 +550,7 @@ class TrinoConfig(_Strict):
     @field_validator("ca_file")
     @classmethod
     def _ca_file(cls, value: str | None) -> str | None:
-        if value is not None and not Path(value).is_file():
-            raise ValueError(
-                f"{value!r} is not a file; point ca_file at the PEM file of the Trino "
-                "coordinator's certificate authority, or remove it"
-            )
-        return value
+        return _pem_file(value, "the Trino coordinator's")
 
     @field_validator("hive_catalog", "delta_catalog")
     @classmethod
@@ -603,23 +626,11 @@ class SchemaRegistryConfig(_Strict):
     @field_validator("ca_file")
     @classmethod
     def _ca_file(cls, value: str | None) -> str | None:
-        if value is not None and not Path(value).is_file():
-            raise ValueError(
-                f"{value!r} is not a file; point ca_file at the PEM file of the registry's "
-                "certificate authority, or remove it"
-            )
-        return value
+        return _pem_file(value, "the registry's")
 
     @model_validator(mode="after")
     def _credentials(self) -> SchemaRegistryConfig:
-        if (self.username is None) != (self.password is None):
-            given, missing = (
-                ("username", "password") if self.password is None else ("password", "username")
-            )
-            raise ValueError(
-                f"schema_registry.{given} is set without schema_registry.{missing}; "
-                "basic auth needs both (or remove both)"
-            )
+        _basic_auth("schema_registry", self.username, self.password)
         if self.url is None and (self.username is not None or self.ca_file is not None):
             raise ValueError(
                 "schema_registry has credentials or ca_file but no url; add "
@@ -811,14 +822,7 @@ class MetricsConfig(_Strict):
 
     @model_validator(mode="after")
     def _credentials(self) -> MetricsConfig:
-        if (self.username is None) != (self.password is None):
-            given, missing = (
-                ("username", "password") if self.password is None else ("password", "username")
-            )
-            raise ValueError(
-                f"metrics.{given} is set without metrics.{missing}; basic auth needs both "
-                "(or remove both)"
-            )
+        _basic_auth("metrics", self.username, self.password)
         if self.username is not None and self.pushgateway is None:
             raise ValueError(
                 "metrics has credentials but no pushgateway; add metrics.pushgateway or remove them"
