@@ -80,12 +80,34 @@ class LedgerState:
     committed: dict[tuple[str, int], int]
 
 
-def read_ledger(cfg: PipelineConfig) -> pa.Table:
-    """Every ledger row of the pipeline (empty if nothing was committed yet)."""
+RUN_COLUMNS = [
+    "batch",
+    "kind",
+    "topic",
+    "partition",
+    "end_offset",
+    "messages",
+    "bytes",
+    "max_event_time",
+    "high_watermark",
+    "committed_at",
+]
+"""The ledger's columns a run reads once: where reading goes on (`ledger_state`), and
+what an idle run's summary and metrics show (lag trend, time to retention, watermark)."""
+
+
+def read_ledger(cfg: PipelineConfig, columns: list[str] | None = None) -> pa.Table:
+    """Every ledger row of the pipeline (empty if nothing was committed yet).
+
+    Args:
+        cfg: The pipeline configuration.
+        columns: The columns to read; all of them if None.
+    """
     table = open_table(cfg.location("ledger"), cfg.storage_options)
     if table is None:
-        return LEDGER_SCHEMA.empty_table()
-    return _rows(cfg, table)
+        empty = LEDGER_SCHEMA.empty_table()
+        return empty if columns is None else empty.select(columns)
+    return _rows(cfg, table, columns)
 
 
 def _rows(

@@ -303,7 +303,7 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome, gate_failed: bool = Fals
     view: dict[str, Any] | None = None
     exported = cfg.metrics.textfile_dir is not None or cfg.metrics.pushgateway is not None
     try:
-        view = pipeline_view(cfg, watermark=exported)
+        view = pipeline_view(cfg, watermark=exported, seen=outcome.seen)
     except Exception as exc:  # noqa: BLE001 - what is watched must not fail a committed batch
         outcome.warnings.append(f"lag and time to retention after the run unknown: {exc}")
     if view is not None:

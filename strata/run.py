@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake.transaction import RemoveAction
 
@@ -47,6 +48,7 @@ from strata.evolve import evolved, table_schema
 from strata.faults import crash_point
 from strata.kafka import partition_states, pipeline_topics, publish_offsets, topic_ids
 from strata.ledger import (
+    RUN_COLUMNS,
     LedgerState,
     commit_ledger,
     committed_columns,
@@ -98,6 +100,21 @@ if TYPE_CHECKING:
 FENCE_KEY = "strata.fence"
 
 
+@dataclass(frozen=True)
+class Seen:
+    """What an idle run read, for its summary's view: nothing was committed since.
+
+    Attributes:
+        rows: The ledger's `RUN_COLUMNS`.
+        state: Where reading goes on.
+        states: The partitions' watermarks on the brokers.
+    """
+
+    rows: pa.Table
+    state: LedgerState
+    states: list[PartitionState]
+
+
 @dataclass
 class RunOutcome:
     """What a run did, for the summary.
@@ -120,6 +137,8 @@ class RunOutcome:
         task_stages: The tasks' wall and CPU seconds per stage, summed over tasks.
         late_after_completion: Rows the batch landed per event-time partition that was
             already complete before it (see `strata.completeness`).
+        seen: What an idle run read of the ledger and the brokers, which its summary's
+            view takes instead of asking again.
     """
 
     pipeline: str
@@ -138,6 +157,7 @@ class RunOutcome:
     stages: Stages = field(default_factory=Stages)
     task_stages: Stages = field(default_factory=Stages)
     late_after_completion: dict[str, int] = field(default_factory=dict)
+    seen: Seen | None = field(default=None, repr=False, compare=False)
 
 
 def run_batch(
@@ -176,7 +196,10 @@ def run_batch(
     remember_table(cfg)
     with run_lock(cfg) as lock:
         with planning.timed("plan"):
-            state = ledger_state(cfg)
+            # One read of the ledger serves the plan and, for an idle run, what its
+            # summary shows (`strata.metrics.after_run`).
+            rows = read_ledger(cfg, RUN_COLUMNS)
+            state = ledger_state(cfg, rows)
             plan, resumed, states = _load_or_plan(cfg, state, max_offsets, accept_loss)
         if plan is not None:
             # A plan reads with the schema it was saved with; one saved without (a
@@ -188,6 +211,7 @@ def run_batch(
             )
         if plan is None:
             outcome = RunOutcome(cfg.name, "idle", lag=_lag(states, state.committed))
+            outcome.seen = Seen(rows, state, states)
             # Catch the consumer group up with the ledger, in case a run died before.
             ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
             _publish_offsets(cfg, ranges, outcome)

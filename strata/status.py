@@ -10,7 +10,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -20,9 +20,12 @@ from strata.config import PipelineConfig
 from strata.durations import human_duration
 from strata.errors import KafkaUnavailable, PlanError
 from strata.kafka import oldest_unread_ms, partition_states, retention_limits
-from strata.ledger import LedgerState, ledger_state, read_ledger
+from strata.ledger import RUN_COLUMNS, LedgerState, ledger_state, read_ledger
 from strata.maintain import table_health
-from strata.plan import PlanStore, vanished_topics
+from strata.plan import PartitionState, PlanStore, vanished_topics
+
+if TYPE_CHECKING:
+    from strata.run import Seen
 
 
 def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
@@ -79,27 +82,41 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
     return out
 
 
-def pipeline_view(cfg: PipelineConfig, watermark: bool = False) -> dict[str, Any]:
+def pipeline_view(
+    cfg: PipelineConfig, watermark: bool = False, seen: Seen | None = None
+) -> dict[str, Any]:
     """What a run leaves to watch: `pipeline_status` without the history and the tables.
 
     Args:
         cfg: The pipeline configuration.
         watermark: Also work out the completeness watermark (for the metrics; it
             costs a pass over every ingest row of the ledger).
+        seen: What an idle run just read of the ledger and the brokers, taken instead
+            of reading them again.
 
     Returns:
         The status's `pipeline`, `last_batch`, `last_committed_at`, `partitions`,
         `total_lag`, `lag_growth_runs`, `warnings` (retention and growing lag) and
         `broker_error`; with `watermark`, `watermark` too.
     """
-    rows = read_ledger(cfg)
-    out = _view(cfg, rows, ledger_state(cfg, rows), listed=False)
+    if seen is not None:
+        rows = seen.rows
+        out = _view(cfg, rows, seen.state, listed=False, states=seen.states)
+    else:
+        rows = read_ledger(cfg, RUN_COLUMNS)
+        out = _view(cfg, rows, ledger_state(cfg, rows), listed=False)
     if watermark:
         out["watermark"] = watermark_now(cfg, rows)
     return out
 
 
-def _view(cfg: PipelineConfig, rows: pa.Table, state: LedgerState, listed: bool) -> dict[str, Any]:
+def _view(
+    cfg: PipelineConfig,
+    rows: pa.Table,
+    state: LedgerState,
+    listed: bool,
+    states: list[PartitionState] | None = None,
+) -> dict[str, Any]:
     """Per partition the committed offset, lag and time to retention; warnings of both.
 
     Args:
@@ -108,6 +125,7 @@ def _view(cfg: PipelineConfig, rows: pa.Table, state: LedgerState, listed: bool)
         state: What it says is committed.
         listed: Also warn of topics a pattern no longer matches (a run warns of them
             itself).
+        states: The partitions' watermarks, if just read; else the brokers are asked.
     """
     committed_at = rows.column("committed_at") if rows.num_rows else None
     last = pc.max(committed_at).as_py() if committed_at is not None else None
@@ -120,7 +138,8 @@ def _view(cfg: PipelineConfig, rows: pa.Table, state: LedgerState, listed: bool)
     lag: dict[tuple[str, int], dict[str, Any]] = {}
     try:
         unread: dict[tuple[str, int], int] = {}
-        states = partition_states(cfg, state.committed)
+        if states is None:
+            states = partition_states(cfg, state.committed)
         for s in states:
             committed = state.committed.get((s.topic, s.partition))
             position = committed if committed is not None else s.low
