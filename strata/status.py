@@ -20,7 +20,7 @@ from strata.config import PipelineConfig
 from strata.durations import human_duration
 from strata.errors import KafkaUnavailable, PlanError
 from strata.kafka import oldest_unread_ms, partition_states, retention_limits
-from strata.ledger import RUN_COLUMNS, LedgerState, ledger_state, read_ledger
+from strata.ledger import RUN_COLUMNS, LedgerState, lag_after, ledger_state, read_ledger
 from strata.maintain import table_health
 from strata.plan import PartitionState, PlanStore, vanished_topics
 
@@ -196,10 +196,8 @@ def ingest_lags(rows: pa.Table) -> list[int | None]:
 
     Returns:
         One figure per ingest batch of the newest `LAG_HISTORY`
-        (`strata.quality.checks.lag_after`), None where its watermarks were not recorded.
+        (`strata.ledger.lag_after`), None where its watermarks were not recorded.
     """
-    from strata.quality.checks import lag_after
-
     if rows.num_rows == 0:
         return []
     ingested = rows.filter(pc.equal(rows.column("kind"), "ingest")).select(

@@ -21,7 +21,6 @@ from strata.quality.checks import (
     Check,
     QualityResult,
     incomplete_marks,
-    lag_after,
     reconcile_checks,
     render_quality,
 )
@@ -34,7 +33,6 @@ __all__ = [
     "QualityResult",
     "ResultStore",
     "incomplete_marks",
-    "lag_after",
     "reconcile_checks",
     "render_quality",
     "run_quality",

@@ -257,21 +257,6 @@ def reconcile_checks(
     return checks
 
 
-def lag_after(rows: list[dict[str, Any]]) -> int | None:
-    """Messages left behind the planned high watermarks by a batch's ingest rows.
-
-    Args:
-        rows: Ledger rows, each with `high_watermark` (None when unknown) and `end_offset`.
-
-    Returns:
-        The sum over rows whose watermark is known, or None if none is.
-    """
-    known = [r for r in rows if r["high_watermark"] is not None]
-    if not known:
-        return None
-    return sum(max(int(r["high_watermark"]) - int(r["end_offset"]), 0) for r in known)
-
-
 def incomplete_marks(results: list[dict[str, Any]]) -> dict[str, list[int]]:
     """Event-time partitions the given results marked incomplete, with their batches."""
     marks: dict[str, list[int]] = {}

@@ -18,7 +18,8 @@ from collections import Counter
 from typing import Any
 from urllib.parse import quote
 
-from strata.quality.checks import LATENESS_LABELS, incomplete_marks, lag_after, recent_batches
+from strata.ledger import lag_after
+from strata.quality.checks import LATENESS_LABELS, incomplete_marks, recent_batches
 
 WIDTH, HEIGHT, PAD = 640, 180, 34
 

@@ -25,12 +25,11 @@ from strata import tables
 from strata.config import PipelineConfig, TableName
 from strata.delta import open_table, range_filter
 from strata.errors import QualityError
-from strata.ledger import read_ledger
+from strata.ledger import lag_after, read_ledger
 from strata.plan import OffsetRange, PlanStore
 from strata.quality.checks import (
     COORDINATES,
     QualityResult,
-    lag_after,
     lateness_counts,
     partition_counts,
     reason_counts,

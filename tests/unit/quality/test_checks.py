@@ -8,14 +8,13 @@ import pyarrow as pa
 import pytest
 
 from strata.decode import decode_chunk
-from strata.ledger import LEDGER_SCHEMA
+from strata.ledger import LEDGER_SCHEMA, lag_after
 from strata.quality.checks import (
     LATENESS_BUCKETS,
     LATENESS_LABELS,
     Check,
     QualityResult,
     incomplete_marks,
-    lag_after,
     lateness_bucket,
     lateness_counts,
     partition_counts,
