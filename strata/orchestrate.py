@@ -138,6 +138,14 @@ def register_task(pipeline: str, conf_dir: str, ddl: bool = False) -> dict[str, 
     return _each_table(pipeline, conf_dir, lambda cfg: _register_one(cfg, ddl))
 
 
+def _planned_batch(
+    planned: dict[str, Any] | None, cfg: PipelineConfig, batch: int | None
+) -> int | None:
+    """The batch this DAG run planned for `cfg`: its table's, for a routed pipeline."""
+    tables = (planned or {}).get("tables", {})
+    return tables[cfg.name]["batch"] if cfg.name in tables else batch
+
+
 def quality_gate_task(
     pipeline: str, conf_dir: str, batch: int | None, planned: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -154,10 +162,9 @@ def quality_gate_task(
         QualityGateFailed: Under `quality.gate: fail`, when a check failed. The batch
             stays committed either way: quality never loses data.
     """
-    tables = (planned or {}).get("tables", {})
 
     def one(cfg: PipelineConfig) -> dict[str, Any]:
-        return _quality_one(cfg, tables[cfg.name]["batch"] if cfg.name in tables else batch)
+        return _quality_one(cfg, _planned_batch(planned, cfg, batch))
 
     return _each_table(pipeline, conf_dir, one)
 
@@ -209,10 +216,9 @@ def complete_task(
         Per table: its Asset's URI, the partitions completed since the last announced
         batch, the watermark and the rows the batch landed after completion.
     """
-    tables = (planned or {}).get("tables", {})
 
     def one(cfg: PipelineConfig) -> dict[str, Any]:
-        mine = tables[cfg.name]["batch"] if cfg.name in tables else batch
+        mine = _planned_batch(planned, cfg, batch)
         # An Asset never announced: every partition complete so far is news.
         since = None if announced is None else announced.get(cfg.asset_uri, 0)
         return _complete_one(cfg, mine, since)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -366,13 +366,9 @@ def _mark_partitions(
 
     Other parameters (the metastore's own, an operator's) are kept as they are.
     """
-    for at in range(0, len(names), batch):
-        parts = client.partitions_by_names(table.dbName, table.tableName, names[at : at + batch])
+    for parts in _registered(client, table, names, batch):
         changed = []
-        for part in parts:
-            partition = partition_path(
-                [c.name for c in table.partitionKeys], [str(v) for v in part.values]
-            )
+        for partition, part in parts:
             params = dict(part.parameters or {})
             want = wanted.get(partition, {})
             if {k: params[k] for k in PARTITION_KEYS if k in params} == want:
@@ -382,6 +378,16 @@ def _mark_partitions(
             (report.partitions_completed if want else report.partitions_reopened).append(partition)
         if changed:
             client.alter_partitions(table.dbName, table.tableName, changed)
+
+
+def _registered(
+    client: MetastoreClient, table: Table, names: list[str], batch: int
+) -> Iterator[list[tuple[str, Partition]]]:
+    """The registered partitions of `names`, `batch` per metastore call, each with its path."""
+    keys = [c.name for c in table.partitionKeys]
+    for at in range(0, len(names), batch):
+        parts = client.partitions_by_names(table.dbName, table.tableName, names[at : at + batch])
+        yield [(partition_path(keys, [str(v) for v in p.values]), p) for p in parts]
 
 
 def _move_partitions(
@@ -398,13 +404,9 @@ def _move_partitions(
     the metastore; one killed in between, or a location changed by hand, is put right
     here.
     """
-    for at in range(0, len(names), batch):
-        parts = client.partitions_by_names(table.dbName, table.tableName, names[at : at + batch])
+    for parts in _registered(client, table, names, batch):
         moved = []
-        for part in parts:
-            partition = partition_path(
-                [c.name for c in table.partitionKeys], [str(v) for v in part.values]
-            )
+        for partition, part in parts:
             if part.sd.location != location(partition):
                 part.sd.location = location(partition)
                 moved.append(part)
