@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from strata.config import list_pipelines, load_pipeline
+from strata.config import load_pipelines
 from strata.errors import ConfigError
 
 CONF_DIR = os.environ.get("STRATA_CONF_DIR") or str(Path(__file__).resolve().parents[1] / "conf")
@@ -21,13 +21,11 @@ CONF_DIR = os.environ.get("STRATA_CONF_DIR") or str(Path(__file__).resolve().par
 
 def malformed(conf_dir: str) -> list[str]:
     """Each pipeline of `conf_dir` whose configuration does not load, with why."""
-    problems = []
-    for name in list_pipelines(conf_dir):
-        try:
-            load_pipeline(name, conf_dir)
-        except ConfigError as exc:
-            problems.append(f"pipeline {name}: {exc}")
-    return problems
+    return [
+        f"pipeline {name}: {loaded}"
+        for name, loaded in load_pipelines(conf_dir).items()
+        if isinstance(loaded, ConfigError)
+    ]
 
 
 _PROBLEMS = malformed(CONF_DIR)

@@ -32,12 +32,12 @@ from airflow.sdk import DAG, Asset, AssetAlias, Metadata, task
 
 from strata.config import (
     PipelineConfig,
-    is_secret_key,
     list_pipelines,
-    load_pipeline,
+    load_pipelines,
     parse_duration_ms,
 )
 from strata.errors import ConfigError
+from strata.redaction import is_secret_key
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF_DIR = os.environ.get("STRATA_CONF_DIR") or str(PROJECT / "conf")
@@ -178,12 +178,11 @@ def pipelines_here(dag_file: Path, conf_dir: str) -> list[str]:
 
 
 _OWN = Path(__file__).stem.startswith("strata_ingest_")
-for _name in pipelines_here(Path(__file__), CONF_DIR):
-    try:
-        _cfg = load_pipeline(_name, CONF_DIR)
-    except ConfigError:
+# Each pipeline file is read once, and each pipeline's tables checked against the others'.
+for _name, _cfg in load_pipelines(CONF_DIR, pipelines_here(Path(__file__), CONF_DIR)).items():
+    if isinstance(_cfg, ConfigError):
         if _OWN:
-            raise  # a pipeline's own file: its import error names the pipeline's file
+            raise _cfg  # a pipeline's own file: its import error names the pipeline's file
         # The shared file leaves a malformed pipeline out, so the others still load;
         # `strata_config_errors.py` fails to import naming its file and key.
         continue

@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING
 from strata.config import PipelineConfig
 from strata.errors import BackfillError, KafkaUnavailable
 from strata.kafka import partition_states, topic_ids
-from strata.ledger import LedgerState, committed_topic_ids, ledger_state, read_ledger
+from strata.ledger import (
+    LedgerState,
+    batch_log_ids,
+    committed_log_ids,
+    ledger_state,
+    read_ledger,
+)
 from strata.lock import run_lock
 from strata.plan import BatchPlan, OffsetRange, PlanStore, decode_fingerprint, split_ranges
 from strata.run import (
@@ -255,12 +261,11 @@ def _source(
     kafka_says = ""
     try:
         current = topic_ids(cfg)
-        recorded = committed_topic_ids(cfg)
-        was = recorded[1].get(target.topic) if recorded else None
+        was = _read_from(cfg, target)
         now = current.get(target.topic)
-        if was is not None and now != was:
+        if was and was != {now}:
             kafka_says = (
-                f"`{target.topic}` was created again since (id {was}, now {now})"
+                f"`{target.topic}` was created again since (id {', '.join(sorted(was))}, now {now})"
                 if now is not None
                 else f"the id of `{target.topic}` could not be read to check it is the same log"
             )
@@ -279,6 +284,38 @@ def _source(
         f"{target.describe()} are held by neither Kafka ({kafka_says}) nor the raw copy "
         "(no committed ingest covers them); nothing was done"
     )
+
+
+def _read_from(cfg: PipelineConfig, target: OffsetRange) -> set[str]:
+    """The ids of the logs a committed range's offsets were read from, where recorded.
+
+    Each ingest batch records which log each partition was read on (`LogIds`); the
+    newest record would name the log reading goes on in now, which a seek may have
+    moved onto a re-created topic since the range was read.
+    """
+    rows = read_ledger(cfg, ["batch", "kind", "topic", "partition", "start_offset", "end_offset"])
+    batches = sorted(
+        {
+            r["batch"]
+            for r in rows.to_pylist()
+            if r["kind"] == "ingest"
+            and (r["topic"], r["partition"]) == (target.topic, target.partition)
+            and r["start_offset"] < target.end
+            and r["end_offset"] > target.start
+        }
+    )
+    found = set()
+    for recorded in batch_log_ids(cfg, batches).values():
+        uid = recorded.of(target.topic, target.partition)
+        if uid is not None:
+            found.add(uid)
+    if not found:
+        # No ingest read the range, or it was read before ids were recorded: the log
+        # reading goes on in now is all the ledger can say.
+        newest = committed_log_ids(cfg)
+        uid = None if newest is None else newest.of(target.topic, target.partition)
+        found = set() if uid is None else {uid}
+    return found
 
 
 def _one_log(cfg: PipelineConfig, target: OffsetRange) -> None:

@@ -13,9 +13,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from strata.config import PipelineConfig, load_pipeline, redact, redact_json
+from strata.config import PipelineConfig, load_pipeline
 from strata.errors import StrataError, root_cause
 from strata.log import configure as configure_logging
+from strata.redaction import redact, redact_json
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -474,13 +475,18 @@ def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 def _prometheus(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """`status --prometheus`: one exposition, of the pipeline or of all its tables."""
     from strata.metrics import status_metrics
-    from strata.routes import route_tables
+    from strata.routes import table_configs
     from strata.status import pipeline_status
 
     if not cfg.routed:
         status = pipeline_status(cfg, args.history)
         return status_metrics([status]).decode().rstrip("\n"), status
-    tables = {name: pipeline_status(cfg.route(name), args.history) for name in route_tables(cfg)}
+    # A table that cannot run (a clash) has no figures of its own to show.
+    tables = {
+        name: pipeline_status(table, args.history)
+        for name, table in table_configs(cfg)
+        if not isinstance(table, Exception)
+    }
     text = status_metrics(tables.values()).decode().rstrip("\n")
     return text, {"pipeline": cfg.name, "tables": tables}
 

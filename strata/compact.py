@@ -20,14 +20,19 @@ Who may run beside it:
 
 A compaction killed at any step leaves the table as it was, or with some partitions
 done: files it wrote but did not commit are never read, vacuum removes them, and the
-next compaction picks the partitions left.
+next compaction picks the partitions left. One paused past its lease (on an object
+store) and woken after another maintenance run took over acts on nothing: its Delta
+commits carry its fencing token, which a later vacuum's fence outranks (see
+`strata.delta`), and its plain Parquet marker is refused once vacuum has voided the
+new directory (see `strata.locations`).
 
 A plain Parquet data table has no log: a partition's directory is the partition. Its
 merged files, and copies of the files the merge leaves, go into a new directory of the
-partition's, and one marker moves the partition there (see `strata.locations`); the
-metastore's partition location follows at once. The move happens under the run lock,
-after copying the files a run added since the merge began, so late rows are never left
-behind; the old files stay for queries that listed them until vacuum's grace period.
+partition's, and one marker, created only if absent, moves the partition there (see
+`strata.locations`); the metastore's partition location follows at once. The move
+happens under the run lock, after copying the files a run added since the merge began,
+so late rows are never left behind; the old files stay for queries that listed them
+until vacuum's grace period.
 Such tables need a metastore: an engine that finds partitions by directory name would
 not see the move. Unpartitioned plain Parquet tables (raw copy, quarantine, ledger) are
 left alone: their location is the table's own, which other catalogs may hold.
@@ -36,7 +41,6 @@ left alone: their location is the table's own, which other catalogs may hold.
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -53,11 +57,20 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
 from strata.config import Location, PipelineConfig
-from strata.delta import committed_batch, open_table
+from strata.delta import committed_batch, maintenance_transactions, open_table
 from strata.durations import parse_duration_ms
-from strata.errors import MaintenanceError, MetastoreError
+from strata.errors import LeaseLost, MaintenanceError, MetastoreError
 from strata.faults import crash_point
-from strata.locations import TableFile, current_files, generation_dir, mark, new_stamp
+from strata.locations import (
+    TableFile,
+    announce_moves,
+    current_files,
+    generation_dir,
+    mark,
+    new_stamp,
+    withdraw_moves,
+)
+from strata.log import get_logger
 from strata.partitions import partition_span
 from strata.schema import table_layout
 from strata.storage import filesystem
@@ -74,7 +87,7 @@ if TYPE_CHECKING:
 
     from strata.lock import RunLock
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 COMPACTION_KEY = "strata.compaction"
 # Every table Strata owns, in the order they are maintained.
@@ -608,8 +621,16 @@ def _move_partitions(cfg: PipelineConfig, picked: list[_Picked], lock: RunLock) 
                 _carry(fs, root, f["path"], p.directory)
                 carried[p.name].add(f["path"])
     outcome: dict[str, str] = {}
+    location = cfg.location("table")
     with lock_when_free(cfg, "run", _RUN_LOCK_WAIT_S) as run:
         both = BothLocks(lock, run)
+        # Before any check that a marker follows: a run that takes the run lock over
+        # from this one (paused past its lease) voids the moves not made yet.
+        stamps = {p.stamp for p in picked}
+        announced = [
+            announce_moves(location, cfg.storage_options, stamp, [p.name for p in picked])
+            for stamp in sorted(stamps)
+        ]
         last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
         now: dict[str, set[str]] = {}
         for listed in current_files(fs, root):
@@ -624,9 +645,22 @@ def _move_partitions(cfg: PipelineConfig, picked: list[_Picked], lock: RunLock) 
                     _carry(fs, root, path, p.directory)
             # A compaction that lost its lease must not move anything: vacuum may run.
             both.check()
-            mark(fs, root, p.name, p.stamp)
+            crash_point("after_compact_check")
+            # The check above can be stale by the time the marker lands (a pause right
+            # here): the marker is created only if vacuum has not voided the directory.
+            if not mark(location, cfg.storage_options, p.name, p.stamp):
+                raise LeaseLost(
+                    f"pipeline {cfg.name}: this compaction lost its lease before it moved "
+                    f"{p.name}: a vacuum or a run that took over voided its new directory "
+                    f"{p.directory}, so the partition stays where it was. Partitions it "
+                    "moved before stay moved (the next run, or `strata register --pipeline "
+                    f"{cfg.name}`, points the metastore at them); the next compaction picks "
+                    "the others."
+                )
             outcome[p.name] = "compacted"
             crash_point("after_compact_move")
+        for uri in announced:
+            withdraw_moves(uri, cfg.storage_options)
         if any(o == "compacted" for o in outcome.values()):
             try:
                 register_tables(cfg)
@@ -653,10 +687,18 @@ def _commit_partition(
 ) -> str:
     """Swap a partition's merged files for the new ones in one transaction.
 
+    Where the maintenance lock has a fencing token (a lease), the commit carries it: a
+    vacuum that took the lease over fenced the table with a higher one, and then this
+    commit fails, whether or not the fence is in the snapshot it is built on.
+
     Returns:
         `compacted`, or why not: a file to be removed is no longer in the table (only a
         run that broke the maintenance lock's rule could cause that; the partition is
         left as it is, its new files to vacuum).
+
+    Raises:
+        LeaseLost: If this compaction lost its lease, or a later maintenance run fenced
+            the table.
     """
     uri = cfg.location(picked.table)
     info = {f["path"]: f for f in picked.files}
@@ -678,6 +720,8 @@ def _commit_partition(
         actions += [AddAction(f.path, f.size, f.partition_values, now, False, f.stats) for f in new]
         # A compaction that lost its lease must not commit: vacuum may run by now.
         lock.check()
+        fence = maintenance_transactions(table, cfg.name, lock.token)
+        crash_point("after_compact_check")
         summary = {
             "partition": picked.name,
             "removed": len(old),
@@ -690,11 +734,13 @@ def _commit_partition(
                 schema=table.schema(),
                 partition_by=list(table.metadata().partition_columns) or None,
                 commit_properties=CommitProperties(
-                    custom_metadata={COMPACTION_KEY: json.dumps(summary)}
+                    custom_metadata={COMPACTION_KEY: json.dumps(summary)},
+                    app_transactions=fence,
                 ),
             )
         except CommitFailedError as exc:
-            # A schema change landed after this snapshot: try again on the new one.
+            # A schema change, or a vacuum's fence, landed after this snapshot: look
+            # again on the new one, where a fence shows as a token above this run's.
             logger.info("%s: compaction commit retried (%s), attempt %s", uri, exc, attempt + 1)
             continue
         return "compacted"

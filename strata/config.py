@@ -10,22 +10,20 @@ Two environment variables override the config, so the same files run locally and
 production: `STRATA_KAFKA_BOOTSTRAP` (the broker list) and `STRATA_WAREHOUSE` (the
 warehouse root that relative table locations hang from).
 
-Secrets are never printed. The resolved configuration is pickled to every Spark task
-and shows up in logs, tracebacks and error messages, so one rule decides what is a
-credential (`is_secret_key`: a key naming a password, secret, token, key or
-credential, at any depth; and the password of any `scheme://user:password@` URL),
-and everything that shows configuration values goes through it: the models' reprs,
-`ConfigError` texts, the command line's output (`redact`).
+Secrets are never printed: the models' reprs and `ConfigError` texts go through the
+one rule of `strata.redaction`, and every secret a loaded file holds is remembered
+there, so that `redact` removes it from any text.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -42,8 +40,8 @@ from pydantic import (
 
 from strata.durations import parse_duration_ms
 from strata.errors import ConfigError
-
-_Json = TypeVar("_Json")
+from strata.namespace import NAME_SUFFIXES, ROLES, Namespace, OwnedTable, owned_tables
+from strata.redaction import masked, redact, remember_secrets
 
 TableName = Literal["table", "raw", "quarantine"]
 """The tables a batch writes: the data, the raw copy of every message, the quarantine."""
@@ -58,128 +56,6 @@ ENV_METASTORE = "STRATA_METASTORE_URI"
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-# Words of a key (split at `.`, `_`, `-` and case changes, lower-cased) that make its
-# value a credential: sasl.password, ssl.key.password, ssl.keystore.password,
-# sasl.oauthbearer.client.secret, AWS_SECRET_ACCESS_KEY, AWS_ACCESS_KEY_ID,
-# AWS_SESSION_TOKEN, spark.hadoop.fs.s3a.secret.key, GOOGLE_APPLICATION_CREDENTIALS,
-# sasl.jaas.config. Whole words, so `keystrokes` or `ssl.keystore.type` are not.
-_SECRET_WORDS = frozenset(
-    {"password", "passwd", "secret", "token", "key", "credential", "credentials", "jaas"}
-)
-# Keys that name no secret word but carry one inside.
-_SECRET_KEYS = frozenset({"sasl.oauthbearer.config"})
-# A last word that says the value describes a credential rather than holds it.
-_NOT_A_VALUE = frozenset({"type", "location", "provider", "class", "mechanism"})
-_KEY_WORDS = re.compile(r"[._\-\s]+|(?<=[a-z0-9])(?=[A-Z])")
-# Sections whose keys are data (column names), not settings.
-_DATA_SECTIONS = frozenset({"quality"})
-REDACTED = "***"
-# The password of a URL (thrift://user:password@host), whatever key holds the URL.
-_URL_PASSWORD = re.compile(
-    r"(?P<user>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)(?P<password>[^\s/@]+)@"
-)
-# Shorter secret values are not searched for in free text: they would blank out
-# ordinary words and numbers. Reprs still hide them, by their key.
-_MIN_SCRUBBED = 6
-# Every secret value this process has loaded; `redact` removes them from any text, so
-# a client library's message that echoes one is caught at the command line too.
-_loaded_secrets: set[str] = set()
-
-
-def is_secret_key(key: object) -> bool:
-    """Whether a configuration key (at any depth) holds a credential.
-
-    Args:
-        key: A key of the configuration: a model field, a Kafka property, a storage
-            option, a Spark property.
-
-    Returns:
-        True if its value must never be shown.
-    """
-    if not isinstance(key, str):
-        return False
-    if key.lower() in _SECRET_KEYS:
-        return True
-    words = [w.lower() for w in _KEY_WORDS.split(key) if w]
-    if not words or words[-1] in _NOT_A_VALUE:
-        return False
-    return any(w in _SECRET_WORDS for w in words)
-
-
-def _secrets_in(value: Any, secret: bool = False) -> Iterator[str]:  # noqa: ANN401 - YAML
-    """The credentials inside parsed YAML or a model dump: values of secret keys, URL passwords."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key in _DATA_SECTIONS and not secret:
-                continue
-            yield from _secrets_in(item, secret or is_secret_key(key))
-    elif isinstance(value, list):
-        for item in value:
-            yield from _secrets_in(item, secret)
-    elif secret and value is not None and not isinstance(value, bool):
-        yield str(value)
-    elif isinstance(value, str):
-        yield from (m.group("password") for m in _URL_PASSWORD.finditer(value))
-
-
-def remember_secrets(data: Any) -> None:  # noqa: ANN401 - parsed YAML or a model dump
-    """Record the credentials in configuration data, so `redact` removes them from any text.
-
-    Args:
-        data: Parsed (and environment-expanded) YAML, or a model dump.
-    """
-    _loaded_secrets.update(s for s in _secrets_in(data) if len(s) >= _MIN_SCRUBBED)
-
-
-def redact(text: str) -> str:
-    """Text with every credential replaced by `***`, ready to print or log.
-
-    Removes the password of any `scheme://user:password@` URL, and every secret value
-    of a configuration this process loaded (see `is_secret_key`), wherever it appears:
-    in a message of ours or of a client library.
-
-    Args:
-        text: Any text bound for a terminal, a log, an exception or a JSON summary.
-
-    Returns:
-        The text without credentials.
-    """
-    text = _URL_PASSWORD.sub(rf"\g<user>{REDACTED}@", text)
-    # Longest first, so a secret that contains another is removed whole.
-    for secret in sorted(_loaded_secrets, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
-
-
-def redact_json(value: _Json) -> _Json:
-    """A JSON-ready body with `redact` applied to every string in it.
-
-    For what leaves the process as data (`--json` output, an Airflow task's XCom);
-    before serialising, since JSON escapes a secret's quotes or backslashes and the
-    escaped form would no longer match.
-    """
-    if isinstance(value, str):
-        return cast("_Json", redact(value))
-    if isinstance(value, dict):
-        return cast("_Json", {k: redact_json(v) for k, v in value.items()})
-    if isinstance(value, list | tuple):
-        return cast("_Json", [redact_json(v) for v in value])
-    return value
-
-
-def _masked(key: object, value: Any) -> Any:  # noqa: ANN401 - any field's value
-    """A field's value as reprs show it: credentials replaced by `***`, nested maps too."""
-    if value is None:
-        return None
-    if is_secret_key(key):
-        return REDACTED
-    if isinstance(value, dict):
-        return {k: _masked(k, v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_masked(key, v) for v in value]
-    if isinstance(value, str):
-        return redact(value)
-    return value
 
 
 def _valid_duration(value: str) -> str:
@@ -253,6 +129,45 @@ def _basic_auth(section: str, username: str | None, password: str | None) -> Non
         )
 
 
+def _loopback(url: str) -> bool:
+    """Whether a URL's host is this machine (127.0.0.0/8, ::1, `localhost`)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _credentials_over_http(
+    section: str, key: str, url: str | None, signed: bool, allow_loopback: bool
+) -> None:
+    """Credentials cross the network only encrypted: over https, or to this machine if allowed.
+
+    Raises:
+        ValueError: Naming the keys and both ways out.
+    """
+    if not signed or url is None or not url.startswith("http:"):
+        return
+    if allow_loopback and _loopback(url):
+        return
+    local = (
+        f"{section}.allow_http_on_loopback applies only to a {key} on this machine "
+        "(127.0.0.1, ::1 or localhost)"
+        if allow_loopback
+        else f"for a {key} on this machine (127.0.0.1, ::1 or localhost) set "
+        f"{section}.allow_http_on_loopback: true"
+    )
+    raise ValueError(
+        f"{section}.username and {section}.password would cross the network readable over a "
+        f"plain http:// {key}; use https://, or {local}"
+    )
+
+
 def _pem_file(value: str | None, whose: str) -> str | None:
     """A `ca_file` setting: the PEM file of a service's certificate authority, if set.
 
@@ -275,7 +190,7 @@ class _Strict(BaseModel):
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         # pydantic builds repr(), str() and rich/devtools output from these pairs.
         for name, value in super().__repr_args__():
-            yield name, _masked(name, value)
+            yield name, masked(name, value)
 
 
 class KafkaConfig(_Strict):
@@ -601,6 +516,9 @@ class SchemaRegistryConfig(_Strict):
             are dropped on reading.
         subject: The subject of a topic's value schema; `{topic}` is the topic's name
             (Confluent's TopicNameStrategy).
+        allow_http_on_loopback: Allow `username` and `password` over a plain `http://`
+            url whose host is this machine (127.0.0.1, ::1, `localhost`), for a
+            registry in development. Anywhere else credentials need `https://`.
     """
 
     url: str | None = None
@@ -610,6 +528,7 @@ class SchemaRegistryConfig(_Strict):
     timeout_s: float = Field(default=10.0, gt=0)
     evolve: bool = False
     subject: str = "{topic}-value"
+    allow_http_on_loopback: bool = False
 
     @field_validator("url")
     @classmethod
@@ -631,6 +550,13 @@ class SchemaRegistryConfig(_Strict):
     @model_validator(mode="after")
     def _credentials(self) -> SchemaRegistryConfig:
         _basic_auth("schema_registry", self.username, self.password)
+        _credentials_over_http(
+            "schema_registry",
+            "url",
+            self.url,
+            self.password is not None,
+            self.allow_http_on_loopback,
+        )
         if self.url is None and (self.username is not None or self.ca_file is not None):
             raise ValueError(
                 "schema_registry has credentials or ca_file but no url; add "
@@ -700,7 +626,9 @@ class MaintenanceConfig(_Strict):
             `limits.target_file_mb`. Merged files are cut at `limits.target_file_mb`.
         min_small_files: A partition is compacted once it holds this many small files.
         vacuum_retention: How long files removed from a Delta table (by compaction, a
-            backfill, a replay) stay for readers that still use them; never under 1h.
+            backfill, a replay), and a plain Parquet partition's directory compaction
+            moved it away from, stay for readers that still use them, counted from
+            when the removal or the move became visible; never under 1h.
     """
 
     settle: Duration = "2h"
@@ -795,6 +723,9 @@ class MetricsConfig(_Strict):
         username: Basic-auth user of the Pushgateway, if it asks for one.
         password: Basic-auth password; write `${NAME}` to keep it out of the file.
         timeout_s: Bound on a push.
+        allow_http_on_loopback: Allow `username` and `password` over a plain `http://`
+            pushgateway on this machine (127.0.0.1, ::1, `localhost`). Anywhere else
+            credentials need `https://`.
     """
 
     textfile_dir: str | None = None
@@ -803,6 +734,7 @@ class MetricsConfig(_Strict):
     username: str | None = None
     password: str | None = None
     timeout_s: float = Field(default=10.0, gt=0)
+    allow_http_on_loopback: bool = False
 
     @field_validator("pushgateway")
     @classmethod
@@ -827,6 +759,13 @@ class MetricsConfig(_Strict):
             raise ValueError(
                 "metrics has credentials but no pushgateway; add metrics.pushgateway or remove them"
             )
+        _credentials_over_http(
+            "metrics",
+            "pushgateway",
+            self.pushgateway,
+            self.password is not None,
+            self.allow_http_on_loopback,
+        )
         return self
 
 
@@ -922,10 +861,11 @@ class PipelineConfig(_Strict):
     Attributes:
         name: Pipeline name (the YAML file's stem); the Delta app id and ledger key.
         topics: Kafka topics read by this pipeline; all share one schema.
-        topics_pattern: Instead of `topics`, a regular expression matched against the
-            whole name of every topic on the brokers when a batch is planned (topics
-            starting with `__`, Kafka's internal ones, never match). A topic created
-            later is read from the next run on, from `starting_offsets`.
+        topics_pattern: Instead of `topics`, a regular expression (RE2 syntax, matched
+            in linear time: no lookaround, no backreferences) matched against the whole
+            name of every topic on the brokers when a batch is planned (topics starting
+            with `__`, Kafka's internal ones, never match). A topic created later is read
+            from the next run on, from `starting_offsets`.
         routing: Send each topic to a table of its own (see `RoutingConfig`); the
             locations and `schema_file` may then hold `{table}`.
         format: `json`, `avro`, or `confluent_avro` (Avro in Confluent wire format).
@@ -978,6 +918,9 @@ class PipelineConfig(_Strict):
     _route_of: str | None = PrivateAttr(default=None)
     # False once `with_schema_text` gave it a schema other than schema_file's.
     _reads_schema_file: bool = PrivateAttr(default=True)
+    # The tables of the other pipelines of its configuration directory, as loaded with
+    # it: a table a pattern matches later must not take one of their places or names.
+    _neighbours: tuple[OwnedTable, ...] = PrivateAttr(default=())
 
     name: str
     topics: list[str] = Field(default_factory=list)
@@ -1041,13 +984,7 @@ class PipelineConfig(_Strict):
     def _pattern(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(
-                f"{value!r} is not a regular expression ({exc}); write one Python's `re` "
-                "accepts, e.g. 'clicks\\..*'"
-            ) from None
+        topic_pattern(value)
         return value
 
     @model_validator(mode="after")
@@ -1072,7 +1009,8 @@ class PipelineConfig(_Strict):
         if self.topics_pattern is None:
             listed = topic in self.topics
         else:
-            listed = not topic.startswith("__") and bool(re.fullmatch(self.topics_pattern, topic))
+            matcher = topic_pattern(self.topics_pattern)
+            listed = not topic.startswith("__") and matcher.fullmatch(topic) is not None
         return listed and (self._route_of is None or self.table_for(topic) == self.name)
 
     @property
@@ -1253,6 +1191,57 @@ class PipelineConfig(_Strict):
             )
         return self
 
+    def owned_tables(self, topics: Iterable[str] = ()) -> list[OwnedTable]:
+        """This pipeline's (or routed table's) five tables and state, placed and named.
+
+        Args:
+            topics: For a routed table, the topics routed to it (for messages).
+        """
+        uri = self.metastore.uri
+        return owned_tables(
+            self._route_of or self.name,
+            self.name if self._route_of else None,
+            {role: self.location(role) for role in ROLES},
+            None if uri is None else (uri, self.metastore.database),
+            topics,
+        )
+
+    def every_table(self) -> list[OwnedTable]:
+        """Every table this configuration names now, each routed table's too.
+
+        A routed pipeline's tables are those of its listed topics; a pattern's topics
+        are known only on the brokers, and are checked as each run lists them
+        (`strata.routes`). A listed topic's table that is not a valid pipeline is left
+        out: it fails alone, naming its own problem, when it runs.
+        """
+        if not self.routed:
+            return self.owned_tables()
+        routes: dict[str, list[str]] = {}
+        for topic in self.topics:
+            routes.setdefault(self.table_for(topic), []).append(topic)
+        out = []
+        for table, topics in sorted(routes.items()):
+            try:
+                routed = self.route(table)
+            except ConfigError:
+                continue
+            out += routed.owned_tables(topics)
+        return out
+
+    @model_validator(mode="after")
+    def _one_owner(self) -> PipelineConfig:
+        # Last: every table's place and name are settled by the checks above.
+        tables = self.every_table()
+        found = Namespace(tables).clashes(tables)
+        if found:
+            raise ValueError("\n  ".join(found))
+        return self
+
+    @property
+    def neighbours(self) -> tuple[OwnedTable, ...]:
+        """The tables of the other pipelines of the configuration directory it was loaded from."""
+        return self._neighbours
+
     @model_validator(mode="after")
     def _quality_columns(self) -> PipelineConfig:
         import json
@@ -1338,14 +1327,7 @@ class PipelineConfig(_Strict):
             "state": self.state_dir,
             "quality": self.quality.location,
         }[which]
-        default = {
-            "table": self.name,
-            "raw": f"{self.name}_raw",
-            "quarantine": f"{self.name}_quarantine",
-            "ledger": f"{self.name}_ledger",
-            "state": f"_strata/{self.name}",
-            "quality": f"{self.name}_quality",
-        }[which]
+        default = f"_strata/{self.name}" if which == "state" else self.name + NAME_SUFFIXES[which]
         return _resolve(self.warehouse, explicit or default)
 
     @property
@@ -1362,6 +1344,41 @@ class PipelineConfig(_Strict):
         if self.lock_dir:
             return Path(self.lock_dir) / f"{self.name}.lock"
         return Path(state) / "run.lock"
+
+
+@functools.lru_cache(maxsize=64)
+def topic_pattern(pattern: str) -> Any:  # noqa: ANN401 - re2 ships no type hints
+    """A `topics_pattern` compiled for matching in time linear in the topic's name.
+
+    Every topic name on the cluster is matched on every plan, and topic names are
+    chosen by whoever may create topics: Python's backtracking `re` can take minutes
+    on one name against a careless pattern (`(a+)+$`). RE2 never backtracks; it has
+    no lookaround and no backreferences, which a pattern over topic names never needs.
+
+    Args:
+        pattern: The regular expression, matched against whole topic names.
+
+    Returns:
+        The compiled pattern (`fullmatch`, `search`).
+
+    Raises:
+        ValueError: Naming the construct RE2 refused, and what to write instead.
+    """
+    import re2
+
+    options = re2.Options()
+    # RE2 would also print the refusal to stderr itself; the error below says it.
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        detail = exc.args[0] if exc.args else exc
+        why = detail.decode(errors="replace") if isinstance(detail, bytes) else str(detail)
+        raise ValueError(
+            f"{pattern!r} cannot be matched in linear time ({why}). Topics are matched with "
+            "RE2, which has no lookaround ((?=, (?!, (?<=, (?<!), no backreferences (\\1) and "
+            "no possessive or atomic groups; rewrite it without them, e.g. 'clicks\\..*'"
+        ) from None
 
 
 def starting_point(value: object) -> tuple[str, int | None]:
@@ -1533,6 +1550,10 @@ def _origin(key_path: tuple[Any, ...], layers: list[tuple[Path, dict[str, Any]]]
 def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
     """Load, merge and validate a pipeline's configuration.
 
+    The pipeline's tables are checked against those of the other pipelines of the
+    directory (`strata.namespace`): a place or metastore name two of them claim is
+    refused, naming both owners and the keys that part them.
+
     Args:
         name: Pipeline name; the file `conf_dir/pipelines/NAME.yaml` must exist.
             `NAME:TABLE` names one table of a pipeline that routes its topics to
@@ -1553,7 +1574,65 @@ def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
                 f"pipeline {parent} does not route its topics to tables (no `routing` key); "
                 f"name it as {parent}"
             )
-        return cfg.route(table)
+        routed = cfg.route(table)
+        found = Namespace(cfg.neighbours).clashes(routed.owned_tables())
+        if found:
+            raise ConfigError(f"pipeline {parent}, table {table}: " + "\n  ".join(found))
+        return routed
+    loaded = load_pipelines(conf_dir, [name])[name]
+    if isinstance(loaded, ConfigError):
+        raise loaded
+    return loaded
+
+
+def load_pipelines(
+    conf_dir: str | Path = "conf", names: list[str] | None = None
+) -> dict[str, PipelineConfig | ConfigError]:
+    """Load several pipelines of a directory, each file read once, each checked against all.
+
+    Args:
+        conf_dir: The configuration directory.
+        names: The pipelines wanted; every pipeline of the directory by default.
+
+    Returns:
+        Per pipeline wanted, its configuration, or the error that names its file, the
+        key and the fix (a clash with another pipeline's tables among them).
+    """
+    every = list_pipelines(conf_dir)
+    wanted = every if names is None else names
+    loaded: dict[str, PipelineConfig | ConfigError] = {}
+    # The others are read too, to check the wanted ones' tables against theirs; one that
+    # does not load is left out here (its own load names its problem).
+    for name in dict.fromkeys([*wanted, *every]):
+        try:
+            loaded[name] = _load_file(name, conf_dir)
+        except ConfigError as exc:
+            loaded[name] = exc
+    tables = {
+        name: cfg.every_table() for name, cfg in loaded.items() if isinstance(cfg, PipelineConfig)
+    }
+    out: dict[str, PipelineConfig | ConfigError] = {}
+    for name in wanted:
+        cfg = loaded[name]
+        if isinstance(cfg, ConfigError):
+            out[name] = cfg
+            continue
+        neighbours = tuple(t for other, ts in tables.items() if other != name for t in ts)
+        found = Namespace(neighbours).clashes(tables[name])
+        if found:
+            file = Path(conf_dir).resolve() / "pipelines" / f"{name}.yaml"
+            out[name] = ConfigError(
+                f"{file}: the tables of pipeline {name} clash with another pipeline's of "
+                f"{file.parent}:\n  " + "\n  ".join(found)
+            )
+            continue
+        cfg._neighbours = neighbours
+        out[name] = cfg
+    return out
+
+
+def _load_file(name: str, conf_dir: str | Path) -> PipelineConfig:
+    """Load, merge and validate one pipeline's files (see `load_pipeline`)."""
     conf = Path(conf_dir).resolve()
     pipeline_file = conf / "pipelines" / f"{name}.yaml"
     if not pipeline_file.is_file():
@@ -1603,7 +1682,8 @@ def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
         for err in exc.errors():
             loc = tuple(err["loc"])
             key = ".".join(str(p) for p in loc) or "(top level)"
-            origin = _origin(loc, layers)
+            # A check across keys (loc `()`) belongs to the pipeline's own file.
+            origin = _origin(loc, layers) if loc else pipeline_file
             fix = _fix_hint(err)
             # A validator's message may quote the value it refused (a URL with a password).
             lines.append(redact(f"{origin}: key `{key}`: {err['msg']}{fix}"))

@@ -7,6 +7,15 @@ log is skipped, so every re-run is safe. The check is made on the very snapshot 
 commit is built on, and delta-rs refuses a commit when a transaction of the same app
 id landed after that snapshot: of two runners committing one batch, exactly one
 commits and the other's commit is a no-op.
+
+Maintenance uses the same mechanism as a fence. Where runs hold a lease on an object
+store, a compaction's commit carries `txn(appId=<pipeline>.maintenance,
+version=<its lease's fencing token>)`, and vacuum, before it deletes files no commit
+lists, commits that app transaction alone with its own, higher token. A compaction
+paused past its lease then cannot commit files a vacuum deleted meanwhile: if the
+fence is in the snapshot it builds on, it sees a token above its own and stops; if the
+fence landed after that snapshot, delta-rs refuses the commit. Ingest commits carry
+another app id and add files only, so a fence never makes them fail.
 """
 
 from __future__ import annotations
@@ -27,11 +36,16 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, Transaction
 
+from strata.errors import LeaseLost, MaintenanceError
 from strata.plan import OffsetRange
 from strata.storage import delta_options
 from strata.write import WrittenFile, write_file
 
 BATCH_KEY = "strata.batch"
+# The commit info of a maintenance fence: the token, and what fenced.
+FENCE_INFO_KEY = "strata.maintenance_fence"
+# A fence beaten by concurrent commits (a schema change) is tried this often.
+_FENCE_TRIES = 5
 
 
 def open_table(uri: str, options: dict[str, str]) -> DeltaTable | None:
@@ -101,6 +115,87 @@ def committed_batch(uri: str, app_id: str, options: dict[str, str]) -> int | Non
     """The highest batch committed to a table by a pipeline, or None."""
     table = open_table(uri, options)
     return None if table is None else table.transaction_version(app_id)
+
+
+def maintenance_app_id(pipeline: str) -> str:
+    """The app id of a pipeline's maintenance commits; a pipeline name never holds a dot."""
+    return f"{pipeline}.maintenance"
+
+
+def maintenance_transactions(
+    table: DeltaTable, pipeline: str, token: int | None
+) -> list[Transaction]:
+    """The app transaction a maintenance commit built on this snapshot must carry.
+
+    Args:
+        table: The table, at the snapshot the commit is built on.
+        pipeline: The pipeline name.
+        token: The maintenance lock's fencing token; None for a lock nobody can take
+            over (an flock), whose commits need no fence.
+
+    Returns:
+        `txn(<pipeline>.maintenance, token)`, or nothing without a token.
+
+    Raises:
+        LeaseLost: If the snapshot already holds a higher token: a later maintenance run
+            fenced the table, so this one lost its lease.
+    """
+    if token is None:
+        return []
+    app_id = maintenance_app_id(pipeline)
+    stands = table.transaction_version(app_id)
+    if stands is not None and stands > token:
+        raise LeaseLost(
+            f"pipeline {pipeline}: this maintenance run lost its lease: a later one (fencing "
+            f"token {stands}, this run's is {token}) fenced {table.table_uri}. Nothing more "
+            "was committed by it; what it left is picked up by the next compaction, and its "
+            "files are deleted by vacuum. Run the command again."
+        )
+    return [Transaction(app_id, token)]
+
+
+def fence_maintenance(table: DeltaTable, pipeline: str, token: int, what: str) -> None:
+    """Commit a maintenance run's token to a table with no files: a fence.
+
+    From then on, a commit carrying a lower token fails (see the module docstring), so
+    files a paused compaction wrote can be deleted: it will never commit them.
+
+    Args:
+        table: The table.
+        pipeline: The pipeline name.
+        token: The maintenance lease's fencing token.
+        what: What fences (`vacuum`), recorded in the commit info.
+
+    Raises:
+        LeaseLost: If the table holds a higher token: a later maintenance run fenced it.
+        MaintenanceError: If concurrent commits beat the fence on every try.
+    """
+    for attempt in range(_FENCE_TRIES):
+        transactions = maintenance_transactions(table, pipeline, token)
+        if table.transaction_version(maintenance_app_id(pipeline)) == token:
+            return  # an attempt whose reply was lost landed after all
+        try:
+            table.create_write_transaction(
+                [],
+                mode="append",
+                schema=table.schema(),
+                partition_by=list(table.metadata().partition_columns) or None,
+                commit_properties=CommitProperties(
+                    custom_metadata={FENCE_INFO_KEY: json.dumps({"token": token, "by": what})},
+                    app_transactions=transactions,
+                ),
+            )
+        except CommitFailedError:
+            # A schema change, or a compaction that lost its lease committing, landed
+            # after this snapshot: look again on the new one.
+            if attempt + 1 < _FENCE_TRIES:
+                table.update_incremental()
+            continue
+        return
+    raise MaintenanceError(
+        f"{table.table_uri}: the {what} fence was beaten by concurrent commits "
+        f"{_FENCE_TRIES} times; nothing was deleted from this table. Run it again."
+    )
 
 
 def commit_files(

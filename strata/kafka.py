@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from strata.config import PipelineConfig
 from strata.errors import KafkaUnavailable
-from strata.log import RateLimit
+from strata.log import RateLimit, get_logger
 from strata.plan import OffsetRange, PartitionState
 
 # librdkafka prefixes a line with the thread it came from, and ends a failed
@@ -78,7 +78,7 @@ class ClientLog:
         return failure[1]
 
 
-CLIENT_LOG = ClientLog(logging.getLogger("strata.kafka.client"))
+CLIENT_LOG = ClientLog(get_logger("strata.kafka.client"))
 """The log of every Kafka client this process makes (one rate limit for them all)."""
 
 

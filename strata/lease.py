@@ -24,6 +24,11 @@ seconds: when it was written plus `lock_lease`), and whether it is a release.
   before that thread runs, and the clock tells it to stop.
 - **Release.** On exit the holder creates a release epoch, so the next run need not
   wait for the expiry. If that fails, the next run waits until the lease expires.
+- **Fencing token.** `Lease.token` is the epoch at which the holder acquired the lease.
+  Renewals leave it as it is, and every later holder acquires at a higher epoch (the
+  newest epoch is never deleted, and a claim that filled a hole is refused), so a
+  store that records the token of each act can refuse the acts of a holder that was
+  taken over, however long it was paused (see `strata.lock`).
 
 **Clock skew.** Expiries are compared across hosts on their wall clocks, so the
 lease tolerates hosts' clocks disagreeing by up to a quarter of `lock_lease` (30 s
@@ -46,7 +51,6 @@ done. A holder whose renewals fail keeps retrying, and its `check()` raises
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import socket
@@ -60,11 +64,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from strata.errors import LeaseLost, LeaseUnavailable, LockBusy
+from strata.log import get_logger
 from strata.storage import delete_object, list_names, put_if_absent, read_object
 
 __all__ = ["Epoch", "Lease", "LeaseLost", "LeaseUnavailable", "LockBusy", "hold_lease"]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 _EPOCH_NAME = re.compile(r"^epoch-(\d{12})\.json$")
 # Renewals per lease; the holder also gives up this share of the lease early, which is
@@ -251,11 +256,18 @@ class Lease:
         self._since = ""
         self._guard = threading.Lock()
         self._epoch = 0
+        self._token: int | None = None
         self._renewed = 0.0
         self._lost = False
         self._lost_to: Epoch | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token: the epoch this run acquired the lease at; None before that."""
+        with self._guard:
+            return self._token
 
     @property
     def lost_to(self) -> Epoch | None:
@@ -278,6 +290,8 @@ class Lease:
                 if newest is not None and not self._free(newest):
                     raise self._busy(newest)
                 if self._claim(1 if newest is None else newest.number + 1, release=False):
+                    with self._guard:
+                        self._token = self._epoch
                     break
                 # Lost the race: look again, and find the winner holding it.
             else:
@@ -301,13 +315,17 @@ class Lease:
         """
         with self._guard:
             lost, lost_to, renewed = self._lost, self._lost_to, self._renewed
+        if self._what == "run":
+            taken = "the holder finishes the batch"
+            unsure = "the holder, or the next run, finishes the batch"
+        else:
+            taken = unsure = f"the next {self._what} run does what this one left"
         if lost:
             holder = lost_to.holder() if lost_to is not None else "another run"
             raise LeaseLost(
                 f"pipeline {self._pipeline}: this run lost its lease to {holder}; it was "
                 f"paused or cut off from the store longer than lock_lease "
-                f"({self._lease_s:g} s). Nothing more was committed by it; the holder "
-                "finishes the batch."
+                f"({self._lease_s:g} s). Nothing more was committed by it; {taken}."
             )
         quiet = _elapsed_clock() - renewed
         if quiet > self._trust_s:
@@ -316,8 +334,7 @@ class Lease:
                 f"for {quiet:.0f} s, and trusts it for {self._trust_s:g} s of lock_lease "
                 f"({self._lease_s:g} s, less a quarter for clock skew); it was paused or cut "
                 f"off from the store, and another run may hold it now (see {self.location}). "
-                "Nothing more was committed by it; the holder, or the next run, finishes the "
-                "batch."
+                f"Nothing more was committed by it; {unsure}."
             )
 
     def release(self) -> None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,14 +28,16 @@ from deltalake import DeltaTable
 
 from strata.config import PipelineConfig
 from strata.delta import BATCH_KEY, commit_files, ensure_table, newest_commit, open_table
+from strata.namespace import NAME_SUFFIXES
 from strata.storage import filesystem
 from strata.write import write_file
 
 # Commit metadata of the ledger: the data table's columns as each batch wrote them,
 # and the broker's id of each topic, so a topic re-created under the same name is
-# told apart from the one the committed offsets belong to.
+# told apart from the one the committed offsets belong to (see `LogIds`).
 COLUMNS_KEY = "strata.columns"
 TOPIC_IDS_KEY = "strata.topic_ids"
+PARTITION_IDS_KEY = "strata.partition_topic_ids"
 # The Avro schema a batch was read with, when its table follows its registry subject.
 READER_SCHEMA_KEY = "strata.reader_schema"
 # The kinds of row that say where reading goes on, in batch order.
@@ -78,6 +81,79 @@ class LedgerState:
 
     last_batch: int
     committed: dict[tuple[str, int], int]
+
+
+@dataclass(frozen=True)
+class LogIds:
+    """Which log each partition's committed offsets belong to: the brokers' topic id.
+
+    A topic deleted and created again under the same name gets a new id, and its
+    offsets are other messages. Each ledger commit that records ids holds the whole
+    map, so the newest one is the truth: a topic's id, and where a partition's
+    offsets belong to another log than its topic's recorded one (a partition sought
+    alone onto a re-created topic), that partition's own.
+
+    An operation records only facts about what it touched: an ingest vouches for
+    the whole topics it checked, a seek for the partitions it moved; every other
+    topic and partition keeps what the ledger recorded before.
+
+    Attributes:
+        batch: The batch whose commit recorded this map (0 when none did).
+        topics: `{topic: id}`.
+        partitions: `{topic: {partition: id}}`, only where it differs from `topics`.
+    """
+
+    batch: int = 0
+    topics: dict[str, str] = field(default_factory=dict)
+    partitions: dict[str, dict[int, str]] = field(default_factory=dict)
+
+    def of(self, topic: str, partition: int) -> str | None:
+        """The id of the log where reading goes on in a partition, or None if unknown."""
+        return self.partitions.get(topic, {}).get(partition, self.topics.get(topic))
+
+    def vouched(self, topics: dict[str, str], partitions: dict[tuple[str, int], str]) -> LogIds:
+        """This map, with what an operation checked or moved recorded over it.
+
+        Args:
+            topics: Whole topics the operation checked, every committed partition of
+                each found on the log of this id (an ingest).
+            partitions: Partitions the operation moved onto the log of this id (a seek).
+
+        Returns:
+            The new map (its `batch` is left to the commit that records it).
+        """
+        merged_topics = {**self.topics, **topics}
+        merged: dict[str, dict[int, str]] = {
+            t: dict(parts) for t, parts in self.partitions.items() if t not in topics
+        }
+        for (topic, partition), uid in partitions.items():
+            merged.setdefault(topic, {})[partition] = uid
+        # A partition whose log is its topic's needs no entry of its own.
+        kept = {
+            t: {p: uid for p, uid in parts.items() if uid != merged_topics.get(t)}
+            for t, parts in merged.items()
+        }
+        return LogIds(self.batch, merged_topics, {t: ps for t, ps in kept.items() if ps})
+
+    def metadata(self) -> dict[str, object]:
+        """The commit metadata that records this map."""
+        meta: dict[str, object] = {TOPIC_IDS_KEY: self.topics}
+        if self.partitions:
+            meta[PARTITION_IDS_KEY] = {
+                t: {str(p): uid for p, uid in sorted(parts.items())}
+                for t, parts in sorted(self.partitions.items())
+            }
+        return meta
+
+    @classmethod
+    def from_commit(cls, commit: dict[str, Any]) -> LogIds:
+        """The map a ledger commit recorded (its info holds `TOPIC_IDS_KEY`)."""
+        partitions = json.loads(commit.get(PARTITION_IDS_KEY, "{}"))
+        return cls(
+            int(commit.get(BATCH_KEY, 0)),
+            dict(json.loads(commit[TOPIC_IDS_KEY])),
+            {t: {int(p): str(uid) for p, uid in parts.items()} for t, parts in partitions.items()},
+        )
 
 
 RUN_COLUMNS = [
@@ -226,6 +302,7 @@ def commit_ledger(
     columns: list[list[str]] | None = None,
     topic_ids: dict[str, str] | None = None,
     reader_schema: dict[str, Any] | None = None,
+    partition_ids: dict[tuple[str, int], str] | None = None,
 ) -> bool:
     """Append a batch's rows to the ledger in one transaction, unless already there.
 
@@ -241,15 +318,20 @@ def commit_ledger(
         rows: Ledger rows without `pipeline`, `batch` and `committed_at`.
         columns: The data table's column signature the batch was written with; the
             next plan checks the schema against it.
-        topic_ids: The broker's id of each topic, where it has one.
+        topic_ids: The brokers' id of each whole topic the batch checked (an ingest):
+            every committed partition of it was found on that log.
         reader_schema: The Avro schema the batch was read with, when the table follows
             its Schema Registry subject; the next plan starts from it.
+        partition_ids: The brokers' topic id of each partition the batch moved onto a
+            log (a seek). Ids of topics and partitions the batch did not touch stay
+            as the ledger recorded them (`LogIds.vouched`).
 
     Returns:
         True if this call committed the batch, False if the ledger already held it.
     """
     uri = cfg.location("ledger")
-    table = ensure_table(uri, LEDGER_SCHEMA, [], cfg.storage_options, f"{cfg.name}_ledger")
+    name = cfg.name + NAME_SUFFIXES["ledger"]
+    table = ensure_table(uri, LEDGER_SCHEMA, [], cfg.storage_options, name)
     if (table.transaction_version(cfg.name) or 0) >= batch:
         return False
     now = datetime.now(UTC)
@@ -257,8 +339,9 @@ def commit_ledger(
         {"pipeline": cfg.name, "batch": batch, "committed_at": now, "note": None, **r} for r in rows
     ]
     meta: dict[str, object] = {} if columns is None else {COLUMNS_KEY: columns}
-    if topic_ids:
-        meta[TOPIC_IDS_KEY] = topic_ids
+    if topic_ids or partition_ids:
+        recorded = committed_log_ids(cfg) or LogIds()
+        meta.update(recorded.vouched(topic_ids or {}, partition_ids or {}).metadata())
     if reader_schema is not None:
         meta[READER_SCHEMA_KEY] = reader_schema
     if not full:
@@ -304,13 +387,33 @@ def committed_columns(cfg: PipelineConfig) -> tuple[int, list[list[str]]] | None
     return _newest_recorded(cfg, COLUMNS_KEY)
 
 
-def committed_topic_ids(cfg: PipelineConfig) -> tuple[int, dict[str, str]] | None:
-    """The topics' ids as of the newest batch that recorded them, with its number.
+def committed_log_ids(cfg: PipelineConfig) -> LogIds | None:
+    """Which log each partition's committed offsets belong to, as the newest record says.
 
     Returns:
-        (batch, {topic: id}), or None before any batch recorded them.
+        The map recorded by the newest batch that recorded one, or None before any did.
     """
-    return _newest_recorded(cfg, TOPIC_IDS_KEY)
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    if table is None:
+        return None
+    commit = newest_commit(table, lambda c: TOPIC_IDS_KEY in c)
+    return None if commit is None else LogIds.from_commit(commit)
+
+
+def batch_log_ids(cfg: PipelineConfig, batches: Collection[int]) -> dict[int, LogIds]:
+    """The maps of log ids as the given batches recorded them (those that recorded one).
+
+    The ledger's history is read once, whatever the number of batches asked about.
+    """
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    wanted = set(batches)
+    if table is None or not wanted:
+        return {}
+    return {
+        int(commit[BATCH_KEY]): LogIds.from_commit(commit)
+        for commit in table.history()
+        if commit.get(BATCH_KEY) in wanted and TOPIC_IDS_KEY in commit
+    }
 
 
 def committed_reader_schema(cfg: PipelineConfig) -> tuple[int, dict[str, Any]] | None:

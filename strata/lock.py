@@ -18,13 +18,18 @@ it, and a local file guards nothing: a run holds a lease kept in the store itsel
 (`strata.lease`), renewed while it runs and taken over once its holder is gone. A run
 that lost its lease finds out from `RunLock.check()`, which callers run before each
 commit.
+
+A check before an act leaves a gap: a holder paused right after its check acts when
+it wakes, whoever holds the lease by then. Where that would destroy data, the act
+itself is made conditional on `RunLock.token`, a fencing token every later holder
+exceeds (compaction's commits and vacuum's fences, `strata.delta`); an flock cannot be
+taken from a paused holder, so it has none.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
 import socket
 import time
@@ -37,12 +42,17 @@ from typing import Protocol
 from strata.config import PipelineConfig
 from strata.durations import parse_duration_ms
 from strata.errors import LockBusy
+from strata.log import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class RunLock(Protocol):
     """What a run holds while it runs."""
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token: higher for every later holder; None where none can take over."""
 
     def check(self) -> None:
         """Raise `LeaseLost` if this run no longer holds the lock; call before each commit."""
@@ -59,6 +69,11 @@ class FileLock:
         """
         self.path = path
 
+    @property
+    def token(self) -> None:
+        """None: nobody takes an flock over from a live holder, paused or not."""
+        return None
+
     def check(self) -> None:
         """Nothing to do: an flock held by a live process cannot be taken from it."""
 
@@ -74,6 +89,11 @@ class BothLocks:
             second: The other.
         """
         self.first, self.second = first, second
+
+    @property
+    def token(self) -> int | None:
+        """The first lock's: a pair fences its work by the lock it names first."""
+        return self.first.token
 
     def check(self) -> None:
         """Raise `LeaseLost` if either lock is no longer held."""

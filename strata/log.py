@@ -6,6 +6,10 @@ routes or silences them as Spark's and Airflow's users expect. The processes Str
 owns (the `strata` command, the spark-submit job, the Python workers of Spark tasks)
 call `configure`, which writes `strata: message` lines to stderr, today's human
 output, at the level `STRATA_LOG_LEVEL` names (INFO by default).
+
+Every module takes its logger from `get_logger`, never from `logging.getLogger`: the
+logger then redacts each record (`strata.redaction.RedactingFilter`) before any
+handler, Strata's or its host's, formats it, so no secret reaches a log.
 """
 
 from __future__ import annotations
@@ -17,9 +21,29 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 
+from strata.redaction import RedactingFilter
+
 LEVEL_ENV = "STRATA_LOG_LEVEL"
 
-_ROOT = logging.getLogger("strata")
+_REDACT = RedactingFilter()
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The logger of a Strata module, redacting every record it makes.
+
+    Args:
+        name: The module's `__name__` (under `strata`).
+
+    Returns:
+        The logger, with the redaction filter installed once.
+    """
+    logger = logging.getLogger(name)
+    if _REDACT not in logger.filters:
+        logger.addFilter(_REDACT)
+    return logger
+
+
+_ROOT = get_logger("strata")
 
 
 def configure() -> None:

@@ -10,10 +10,14 @@
   floor), then are deleted. Files the log never listed (a killed attempt's, a runner's
   that lost its lease) are deleted only when they provably can never be committed:
   their batch's number already stands in the table (a commit refuses a batch the table
-  holds), or they are a compaction's (vacuum holds the maintenance lock, so no
-  compaction is between writing and committing). Any other file is left and counted.
+  holds), or they are a compaction's. No live compaction is between writing and
+  committing: vacuum holds the maintenance lock, and where that is a lease, it first
+  fences each Delta table with its token, so a compaction paused past its lease can no
+  longer commit (`strata.delta`). Any other file is left and counted.
   A plain Parquet partition that compaction moved keeps its old directory for the
-  same retention; a new directory no move ever named goes at once (`sweep_moved`).
+  same retention, counted from when the marker that moved it was written, and for as
+  long as the metastore still points the partition at it; a new directory no marker
+  names is voided, then deleted at once (`sweep_moved`).
 - **Health.** Per table: files, their mean size, how many are small, and the commits
   since the last checkpoint, for `strata status`.
 """
@@ -21,7 +25,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 from contextlib import nullcontext
@@ -35,24 +38,28 @@ from deltalake import DeltaTable
 
 from strata.compact import MAINTAINED, small_bytes
 from strata.config import Location, PipelineConfig
-from strata.delta import committed_batch, newest_commit, open_table
+from strata.delta import committed_batch, fence_maintenance, newest_commit, open_table
 from strata.durations import parse_duration_ms
+from strata.errors import MetastoreError
 from strata.ledger import COLUMNS_KEY, TOPIC_IDS_KEY
 from strata.locations import (
     GENERATION,
-    MARKERS,
+    TableFile,
     current_files,
+    generation_dir,
+    marker_uri,
     read_markers,
-    stamp_time,
     visible_files,
+    void,
 )
+from strata.log import get_logger
 from strata.storage import filesystem, read_bytes
 from strata.write import file_batch, is_compaction_file
 
 if TYPE_CHECKING:
     from strata.lock import RunLock
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # Delta's defaults of `delta.logRetentionDuration` and `delta.deletedFileRetentionDuration`.
 _LOG_RETENTION = timedelta(days=30)
@@ -166,6 +173,8 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
     """Delete removed files past the retention and files that can never be committed.
 
     Runs under the maintenance lock (no compaction in flight); ingest goes on beside it.
+    Where the lock is a lease, each Delta table is first fenced with its token, so that
+    a compaction that lost its lease can no longer commit the files deleted here.
 
     Args:
         cfg: The pipeline configuration.
@@ -174,6 +183,10 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
     Returns:
         Per table: removed files deleted, never-committed files deleted, and unknown
         files left.
+
+    Raises:
+        LeaseLost: If this vacuum lost its lease, or a later maintenance run fenced a
+            table first.
     """
     from strata.lock import run_lock
 
@@ -182,6 +195,10 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
     # A dry run deletes nothing: it needs no lock, and never waits on a compaction.
     with nullcontext(None) if dry_run else run_lock(cfg, "maintenance") as lock:
         for which, table in delta_tables(cfg):
+            if lock is not None and lock.token is not None:
+                # Before anything is listed: a file listed after the fence is one no
+                # compaction holding an older token can still commit.
+                fence_maintenance(table, cfg.name, lock.token, "vacuum")
             removed = table.vacuum(
                 retention_hours=hours,
                 dry_run=dry_run,
@@ -219,11 +236,16 @@ def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> 
     """Delete what compaction left in a plain Parquet data table, once it is safe.
 
     - A directory a partition was moved away from (see `strata.locations`) goes once
-      `grace` has passed since the move: a query that listed it before has finished.
-      Its older markers go with it.
+      `grace` has passed since the marker that moved it away was written (the move
+      became visible then, whenever the compaction planned it): a query that listed it
+      before has finished. Its older markers go with it.
     - A new directory no marker names is a compaction's that was stopped before the
-      move: vacuum holds the maintenance lock, so no compaction is about to make it,
-      and it goes at once.
+      move, or one paused past its lease. It is voided first, so that no marker can
+      move the partition there any more, then deleted at once; if a marker won that
+      race, the move stands and the directory is kept.
+    - With `metastore.uri` set, a directory the metastore still points a partition at
+      (a registration that failed after a move) is kept, with a warning naming the
+      way out: `strata register`, which points the partition at its directory in use.
 
     Args:
         cfg: The pipeline configuration.
@@ -231,49 +253,133 @@ def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> 
         lock: The maintenance lock; None for a dry run, which deletes nothing.
 
     Returns:
-        Files of left directories deleted, and of never-used ones.
+        Files of left directories deleted, and of never-used ones; the directories kept
+        because the metastore points at them; warnings.
     """
-    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
-    stamps = read_markers(fs, root).stamps
+    location = cfg.location("table")
+    fs, root = filesystem(location, cfg.storage_options)
+    markers = read_markers(fs, root)
     horizon = datetime.now(UTC) - grace
 
-    def moved_before_horizon(stamp: str) -> bool:
-        when = stamp_time(stamp)
+    def moved_before_horizon(partition: str, stamp: str) -> bool:
+        # A store that gives no write time never lets the grace period pass.
+        when = markers.written.get((partition, stamp))
         return when is not None and when <= horizon
 
-    left: list[str] = []
-    never_used: set[str] = set()
+    left: dict[str, list[TableFile]] = {}
+    unused: dict[str, list[TableFile]] = {}
     for f in visible_files(fs, root):
-        moves = stamps.get(f.partition, [])
+        moves = markers.stamps.get(f.partition, [])
         if f.directory == f.partition:
-            if moves and moved_before_horizon(moves[0]):
-                left.append(f.path)
+            if moves and moved_before_horizon(f.partition, moves[0]):
+                left.setdefault(f.directory, []).append(f)
             continue
-        stamp = f.directory.rsplit("/", 1)[-1][len(GENERATION) :]
+        stamp = _stamp_of(f.directory)
         if stamp not in moves:
-            never_used.add(f.directory)
-        elif stamp != moves[-1] and moved_before_horizon(moves[moves.index(stamp) + 1]):
-            left.append(f.path)
-    # A marker goes once the move after it is past the grace period: its directory goes.
-    markers = [
-        f"{MARKERS}/{part}/c{stamp}".replace("//", "/")
-        for part, moves in stamps.items()
+            unused.setdefault(f.directory, []).append(f)
+        elif stamp != moves[-1] and moved_before_horizon(
+            f.partition, moves[moves.index(stamp) + 1]
+        ):
+            left.setdefault(f.directory, []).append(f)
+    warnings: list[str] = []
+    partition_of = {d: files[0].partition for d, files in [*left.items(), *unused.items()]}
+    pointed = _pointed_at(cfg, partition_of)
+    if pointed is None:
+        # Without the metastore's word, no directory a partition left is known unread.
+        pointed = set(left)
+        if left:
+            warnings.append(
+                f"the metastore could not be read: {len(left)} directories partitions were "
+                "moved away from are kept; the next vacuum that can read it deletes them"
+            )
+    elif pointed:
+        shown = ", ".join(sorted(pointed)[:5])
+        warnings.append(
+            f"{len(pointed)} directories kept: the metastore still points partitions at "
+            f"them ({shown}); run `strata register --pipeline {cfg.name}` to point them at "
+            "their directories in use, and the next vacuum deletes them"
+        )
+    never_used: list[str] = []
+    moved_meanwhile: list[str] = []
+    for directory, files in sorted(unused.items()):
+        if directory in pointed:
+            continue
+        partition, stamp = files[0].partition, _stamp_of(directory)
+        if lock is not None and stamp not in markers.void.get(partition, set()):
+            lock.check()
+            note = f"voided by vacuum at {datetime.now(UTC).isoformat(timespec='seconds')}"
+            if not void(location, cfg.storage_options, partition, stamp, note):
+                moved_meanwhile.append(directory)
+                continue
+        never_used += [f.path for f in files]
+    if moved_meanwhile:
+        warnings.append(
+            f"{len(moved_meanwhile)} partitions were moved while vacuum ran, by a compaction "
+            f"that had lost its lease ({', '.join(moved_meanwhile[:5])}); their directories "
+            "are kept"
+        )
+    left_paths = [f.path for d, files in left.items() if d not in pointed for f in files]
+    # A marker goes once the move after it is past the grace period and its directory
+    # goes; void markers stay, for a paused compaction may wake at any time.
+    old_markers = [
+        marker_uri(root, part, stamp)
+        for part, moves in markers.stamps.items()
         for stamp, following in zip(moves, moves[1:], strict=False)
-        if moved_before_horizon(following)
+        if moved_before_horizon(part, following) and generation_dir(part, stamp) not in pointed
     ]
-    never_used_files = (
-        [f.path for f in visible_files(fs, root) if f.directory in never_used] if never_used else []
-    )
     if lock is not None:
-        for path in [*left, *never_used_files, *markers]:
+        for path in [*left_paths, *never_used]:
             # A vacuum that lost its lease must stop: a compaction may hold it now.
             lock.check()
             fs.delete_file(f"{root}/{path}")
+        for path in old_markers:
+            lock.check()
+            fs.delete_file(path)
+    for warning in warnings:
+        logger.warning("pipeline %s: vacuum: %s", cfg.name, warning)
     return {
-        "left_by_compaction": len(left),
-        "never_moved_to": len(never_used_files),
+        "left_by_compaction": len(left_paths),
+        "never_moved_to": len(never_used),
+        "kept_for_metastore": sorted(pointed),
         "grace_hours": round(grace.total_seconds() / 3600, 1),
+        "warnings": warnings,
     }
+
+
+def _stamp_of(directory: str) -> str:
+    """The stamp of a generation directory (`…/_c<stamp>`)."""
+    return directory.rsplit("/", 1)[-1][len(GENERATION) :]
+
+
+def _pointed_at(cfg: PipelineConfig, partitions: dict[str, str]) -> set[str] | None:
+    """Which of these directories (each with its partition) the metastore points at.
+
+    Returns:
+        The directories a registered partition's location names; none without
+        `metastore.uri`; None if the metastore could not be read.
+    """
+    from strata.register import registered_locations
+
+    # An unpartitioned table's location is the table's own, which compaction never moves.
+    names = sorted({part for part in partitions.values() if part})
+    if not cfg.metastore.uri or not names:
+        return set()
+    try:
+        registered = registered_locations(cfg, names)
+    except MetastoreError as exc:
+        logger.warning("pipeline %s: vacuum could not read the metastore: %s", cfg.name, exc)
+        return None
+    named = set()
+    for partition, where in registered.items():
+        path = where.rstrip("/")
+        head, _, last = path.rpartition("/")
+        # Compared by the end of the path: the metastore may spell the scheme its own
+        # way (`file:/…`, `s3a://…`).
+        if path.endswith(f"/{partition}"):
+            named.add(partition)
+        elif last.startswith(GENERATION) and head.endswith(f"/{partition}"):
+            named.add(f"{partition}/{last}")
+    return named & set(partitions)
 
 
 def never_committed(cfg: PipelineConfig, which: Location) -> tuple[list[str], list[str]]:
@@ -341,10 +447,14 @@ def render_maintenance(title: str, report: dict[str, Any]) -> str:
     if not report["tables"]:
         lines.append("  no Delta table yet")
     for which, figures in report["tables"].items():
-        shown = {k: len(v) if isinstance(v, list) else v for k, v in figures.items()}
+        shown = {
+            k: len(v) if isinstance(v, list) else v for k, v in figures.items() if k != "warnings"
+        }
         lines.append(
             f"  {which}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in shown.items())
         )
         for path in figures.get("unknown_left", [])[:10]:
             lines.append(f"    left (not provably uncommitted): {path}")
+        for warning in figures.get("warnings", []):
+            lines.append(f"    warning: {warning}")
     return "\n".join(lines)

@@ -28,7 +28,8 @@ from prometheus_client.exposition import (
     write_to_textfile,
 )
 
-from strata.config import PipelineConfig, redact
+from strata.config import PipelineConfig
+from strata.redaction import redact
 
 if TYPE_CHECKING:
     from strata.run import RunOutcome

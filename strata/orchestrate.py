@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
-from strata.config import PipelineConfig, load_pipeline, redact, redact_json
+from strata.config import PipelineConfig, load_pipeline
 from strata.errors import QualityGateFailed
 from strata.plan import OffsetRange
+from strata.redaction import redact, redact_json
 
 
 def _each_table(
@@ -31,13 +32,15 @@ def _each_table(
     cfg = load_pipeline(pipeline, conf_dir)
     if not cfg.routed:
         return step(table_schema(cfg))
-    from strata.routes import route_tables
+    from strata.routes import table_configs
 
     tables: dict[str, Any] = {}
     failures: list[tuple[str, Exception]] = []
-    for name in route_tables(cfg):
+    for name, table in table_configs(cfg):
         try:
-            tables[name] = step(table_schema(cfg.route(name)))
+            if isinstance(table, Exception):
+                raise table
+            tables[name] = step(table_schema(table))
         except Exception as exc:  # noqa: BLE001 - raised below, once every table had its turn
             failures.append((name, exc))
             tables[name] = {"status": "failed", "error": redact(str(exc))}

@@ -210,17 +210,23 @@ def plan_ranges(
                     "or point the pipeline at new tables."
                 )
             if s.committed < s.low:
-                if not accept_loss:
-                    raise PlanError(
-                        f"{where}: committed offset {s.committed} is below the log start "
-                        f"{s.low}; {s.low - s.committed} messages were deleted by retention "
-                        "before they were read. Nothing was read. Re-run with --accept-loss "
-                        "to record the loss in the ledger and go on from the log start."
-                    )
                 losses.append(OffsetRange(s.topic, s.partition, s.committed, s.low))
                 start = s.low
         end = min(s.high, start + max_offsets_per_partition)
         ranges.append(OffsetRange(s.topic, s.partition, start, end))
+    if losses and not accept_loss:
+        # Every partition is named: --accept-loss accepts the losses of the whole plan,
+        # and whoever accepts them must know what they accept.
+        names = "; ".join(
+            f"partition {x.partition} of `{x.topic}`: committed offset {x.start} is below the "
+            f"log start {x.end}; {x.count} messages were deleted by retention before they "
+            "were read"
+            for x in losses
+        )
+        raise PlanError(
+            f"{names}. Nothing was read. Re-run with --accept-loss to record the "
+            f"loss{'es' if len(losses) > 1 else ''} in the ledger and go on from the log start."
+        )
     return ranges, new, losses
 
 

@@ -17,7 +17,6 @@ so a task that fails on one message would fail that batch on every re-run.
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -31,10 +30,11 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from strata.errors import ReadError
 from strata.faults import SKIP_ENV, crash_point
+from strata.log import get_logger
 from strata.plan import OffsetRange
 from strata.schema import RAW_SCHEMA
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # Consumer settings for reading whole ranges. librdkafka's default prefetch target
 # (100k messages) starves a consumer that reads far faster than it fetches; a deeper

@@ -22,7 +22,7 @@ from strata.config import PipelineConfig, TableName
 from strata.delta import batch_metadata
 from strata.errors import LedgerEditError, PlanError
 from strata.kafka import partition_states, publish_offsets, topic_ids
-from strata.ledger import commit_ledger, committed_topic_ids, ledger_state, unread_row
+from strata.ledger import LogIds, commit_ledger, committed_log_ids, ledger_state, unread_row
 from strata.lock import run_lock
 from strata.plan import OffsetRange, PlanStore
 from strata.reconcile import RANGES_KEY, TABLES
@@ -224,14 +224,16 @@ def seek(
         ]
         if not states:
             raise LedgerEditError(f"partition {partition} of `{topic}` is not on the brokers")
-        ids = topic_ids(cfg)
-        recorded = committed_topic_ids(cfg)
-        old_id = recorded[1].get(topic) if recorded else None
-        new_log = old_id is not None and ids.get(topic) not in (None, old_id)
+        # Only the sought topic's id: the seek vouches for nothing else (`LogIds`).
+        now_id = topic_ids(cfg, [topic]).get(topic)
+        recorded = committed_log_ids(cfg) or LogIds()
         note_base = f"seek by {who}: {reason}"
         rows = []
         warnings = []
         for s in sorted(states, key=lambda s: s.partition):
+            was = recorded.of(topic, s.partition)
+            # Where the partition's committed offsets belong to a log deleted since.
+            new_log = was is not None and now_id not in (None, was)
             target = _target(to, s.low, s.high)
             where = f"partition {s.partition} of `{topic}`"
             if target > s.high or target < s.low:
@@ -271,7 +273,9 @@ def seek(
                 lock.check()
                 fence_table(cfg, name, nxt, f"seek by {who}: {reason}")
         lock.check()
-        commit_ledger(cfg, nxt, rows, None, ids)
+        # The partitions moved are now read on the topic's current log; no other.
+        moved = {(topic, int(str(r["partition"]))): now_id for r in rows} if now_id else None
+        commit_ledger(cfg, nxt, rows, partition_ids=moved)
         positions = [
             OffsetRange(topic, int(str(r["partition"])), 0, int(str(r["end_offset"]))) for r in rows
         ]

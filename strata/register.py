@@ -390,6 +390,33 @@ def _registered(
         yield [(partition_path(keys, [str(v) for v in p.values]), p) for p in parts]
 
 
+def registered_locations(cfg: PipelineConfig, partitions: list[str]) -> dict[str, str]:
+    """Where the metastore points the data table's partitions, for those it lists.
+
+    Fetched `metastore.partition_batch` names per call, as registration fetches them.
+
+    Args:
+        cfg: The pipeline configuration; `metastore.uri` must be set.
+        partitions: Partition names (`dt=…/hr=…`).
+
+    Returns:
+        Per registered partition of `partitions`, its location as the metastore holds it;
+        nothing if the table is not registered.
+
+    Raises:
+        MetastoreError: If the metastore cannot be reached or answers with an error.
+    """
+    ms = cfg.metastore
+    found: dict[str, str] = {}
+    with MetastoreClient(ms.uri or "", ms.timeout_s) as client:
+        table = client.get_table(ms.database, f"{cfg.name}{TABLE_SUFFIXES['table']}")
+        if table is None:
+            return found
+        for parts in _registered(client, table, partitions, ms.partition_batch):
+            found.update((name, part.sd.location) for name, part in parts)
+    return found
+
+
 def _move_partitions(
     client: MetastoreClient,
     table: Table,

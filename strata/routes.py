@@ -14,10 +14,23 @@ from collections.abc import Callable
 from typing import Any
 
 from strata.config import PipelineConfig
-from strata.errors import ConfigError
+from strata.errors import ConfigError, StrataError
+from strata.namespace import Namespace, OwnedTable, describe_clash
 from strata.storage import list_names, put_if_absent
 
 _TABLES = "tables"
+
+
+def _routes(cfg: PipelineConfig) -> tuple[set[str], dict[str, list[str]]]:
+    """The tables a routed pipeline has run before, and each table its topics route to now."""
+    from strata.kafka import pipeline_topics
+
+    known = set(list_names(f"{cfg.location('state')}/{_TABLES}", cfg.storage_options))
+    topics = cfg.topics if cfg.topics_pattern is None else pipeline_topics(cfg)
+    routes: dict[str, list[str]] = {}
+    for topic in topics:
+        routes.setdefault(cfg.table_for(topic), []).append(topic)
+    return known, routes
 
 
 def route_tables(cfg: PipelineConfig) -> list[str]:
@@ -32,11 +45,58 @@ def route_tables(cfg: PipelineConfig) -> list[str]:
     Raises:
         KafkaUnavailable: If a pattern's topics cannot be listed.
     """
-    from strata.kafka import pipeline_topics
+    known, routes = _routes(cfg)
+    return sorted(known | set(routes))
 
-    known = set(list_names(f"{cfg.location('state')}/{_TABLES}", cfg.storage_options))
-    topics = cfg.topics if cfg.topics_pattern is None else pipeline_topics(cfg)
-    return sorted(known | {cfg.table_for(t) for t in topics})
+
+def table_configs(cfg: PipelineConfig) -> list[tuple[str, PipelineConfig | StrataError]]:
+    """Each table of a routed pipeline, configured, or why it cannot run.
+
+    A table that would take another's place or metastore name (`strata.namespace`),
+    of this pipeline or of another of its configuration directory, cannot run: with
+    listed topics that is refused when the configuration loads, but a pattern matches
+    topics as they come. A table that has run before keeps its place against one
+    that has not (the newcomer fails, named); two newcomers, or two that both ran
+    before, both fail. The other tables run.
+
+    Args:
+        cfg: A routed pipeline (`cfg.routed`).
+
+    Returns:
+        `(table, its configuration or the error that stops it)`, sorted by table.
+
+    Raises:
+        KafkaUnavailable: If a pattern's topics cannot be listed.
+    """
+    known, routes = _routes(cfg)
+    out: dict[str, PipelineConfig | StrataError] = {}
+    owned: dict[str, list[OwnedTable]] = {}
+    for name in sorted(known | set(routes)):
+        try:
+            table = out[name] = cfg.route(name)
+        except StrataError as exc:
+            out[name] = exc
+            continue
+        owned[name] = table.owned_tables(routes.get(name, ()))
+    index = Namespace([*cfg.neighbours, *(t for ts in owned.values() for t in ts)])
+    for name, tables in owned.items():
+        problems = [
+            describe_clash(mine, other, place, by_name)
+            for mine in tables
+            for other, place, by_name in index.clashing(mine)
+            if not _owns(name, other, cfg.name, known)
+        ]
+        if problems:
+            out[name] = ConfigError(
+                f"table {name} of pipeline {cfg.name} was not run: " + "\n  ".join(problems)
+            )
+    return sorted(out.items())
+
+
+def _owns(name: str, other: OwnedTable, pipeline: str, known: set[str]) -> bool:
+    """Whether table `name` keeps its place against `other`: it ran before, `other` did not."""
+    of_this = other.pipeline == pipeline
+    return of_this and name in known and other.owner.split(":", 1)[-1] not in known
 
 
 def remember_table(cfg: PipelineConfig) -> None:
@@ -117,14 +177,16 @@ def each_table(
         return handler(table_schema(cfg))
     if command not in EVERY_TABLE:
         require_one_table(cfg, command)
-    from strata.errors import StrataError, root_cause
+    from strata.errors import root_cause
 
     texts: list[str] = []
     bodies: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
-    for name in route_tables(cfg):
+    for name, table in table_configs(cfg):
         try:
-            text, body = handler(table_schema(cfg.route(name)))
+            if isinstance(table, StrataError):
+                raise table
+            text, body = handler(table_schema(table))
         except StrataError as exc:
             text, body = f"error: {exc}", {"status": "failed", "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others

@@ -50,13 +50,15 @@ from strata.kafka import partition_states, pipeline_topics, publish_offsets, top
 from strata.ledger import (
     RUN_COLUMNS,
     LedgerState,
+    LogIds,
     commit_ledger,
     committed_columns,
-    committed_topic_ids,
+    committed_log_ids,
     ledger_state,
     read_ledger,
     unread_row,
 )
+from strata.locations import void_unfinished_moves
 from strata.lock import BothLocks, RunLock, run_lock
 from strata.plan import (
     BatchPlan,
@@ -195,6 +197,14 @@ def run_batch(
     require_one_table(cfg, "run_batch")
     remember_table(cfg)
     with run_lock(cfg) as lock:
+        if cfg.table_format == "parquet":
+            # A compaction that held the run lock before this run (and lost it, paused
+            # or killed) may have moves announced and not made: they are voided before
+            # this run writes, so a marker landing late moves no partition away from
+            # the rows this run adds to it.
+            void_unfinished_moves(
+                cfg.location("table"), cfg.storage_options, f"voided by a run of {cfg.name}"
+            )
         with planning.timed("plan"):
             # One read of the ledger serves the plan and, for an idle run, what its
             # summary shows (`strata.metrics.after_run`).
@@ -393,7 +403,12 @@ def _load_or_plan(
         return None, False, states
     # Before the plan is saved, so nothing of a re-created topic or an incompatible
     # schema is ever read; an idle run skips both.
-    plan = replace(plan, topic_ids=check_topic_ids(cfg, topics={s.topic for s in states}))
+    plan = replace(
+        plan,
+        topic_ids=check_topic_ids(
+            cfg, topics={s.topic for s in states}, committed=state.committed.keys()
+        ),
+    )
     if cfg.schema_registry.evolve:
         # The schema is settled with the plan and saved in it: a resumed batch reads
         # with it whatever the registry holds by then.
@@ -405,25 +420,31 @@ def _load_or_plan(
 
 
 def check_topic_ids(
-    cfg: PipelineConfig, planned: BatchPlan | None = None, topics: Collection[str] | None = None
+    cfg: PipelineConfig,
+    planned: BatchPlan | None = None,
+    topics: Collection[str] | None = None,
+    committed: Collection[tuple[str, int]] = (),
 ) -> dict[str, str]:
-    """Stop when a topic is not the one the committed offsets (or a plan) belong to.
+    """Stop when a partition's log is not the one its committed offsets (or a plan) belong to.
 
     A topic deleted and created again under the same name starts its offsets at 0;
     once it has grown past the committed offset, its watermarks look like progress
-    and only its id tells the new log from the old one.
+    and only its id tells the new log from the old one. The ledger records which log
+    each partition's offsets belong to (`strata.ledger.LogIds`): a topic's id, or a
+    partition's own where an operator moved it alone onto a re-created topic.
 
     Args:
         cfg: The pipeline configuration.
         planned: A saved plan, whose topics' ids are checked instead of the ledger's.
         topics: The topics read now, when the caller has listed them already; by
             default they are asked of the brokers.
+        committed: The partitions the ledger holds offsets for (for the ledger's check).
 
     Returns:
         The brokers' id of each topic (empty where they keep none).
 
     Raises:
-        PlanError: Naming the topic, both ids and the ways on.
+        PlanError: Naming each partition, both ids and the ways on.
     """
     if planned is not None:
         asked = sorted({r.topic for r in planned.ranges})
@@ -431,19 +452,27 @@ def check_topic_ids(
         asked = sorted(pipeline_topics(cfg) if topics is None else topics)
     current = topic_ids(cfg, asked)
     drop = ""
+    recorded: LogIds
     if planned is not None:
-        recorded, since = planned.topic_ids, f"batch {planned.batch} was planned"
+        # A plan is made after the ledger's check passed: its topics' ids are its own.
+        recorded, since = (
+            LogIds(planned.batch, planned.topic_ids),
+            f"batch {planned.batch} was planned",
+        )
+        parts = {(r.topic, r.partition) for r in planned.ranges}
         drop = (
             f"Drop batch {planned.batch}'s plan first (`strata plan drop --pipeline {cfg.name} "
             f"--batch {planned.batch} --reason TEXT`). "
         )
     else:
-        newest = committed_topic_ids(cfg)
+        newest = committed_log_ids(cfg)
         if newest is None:
             return current
-        recorded, since = newest[1], f"batch {newest[0]} was committed"
+        recorded, since = newest, f"batch {newest.batch} was committed"
+        parts = set(committed)
     # Only the topics asked about: a topic a pattern matched may be gone for good.
-    unknown = sorted(t for t in recorded if t in asked and t not in current)
+    known = set(recorded.topics) | set(recorded.partitions)
+    unknown = sorted(t for t in known if t in asked and t not in current)
     if unknown:
         # Fail closed: a topic once read with an id is only read again once it is known
         # to be the same topic.
@@ -452,18 +481,25 @@ def check_topic_ids(
             f"{', '.join(f'`{t}`' for t in unknown)}, recorded when {since}; nothing was "
             "read. Run again once the brokers answer"
         )
-    changed = sorted(t for t, uid in current.items() if recorded.get(t, uid) != uid)
+    changed: dict[str, list[tuple[int, str]]] = {}
+    for topic, partition in sorted(parts):
+        was = recorded.of(topic, partition)
+        if topic in current and was is not None and was != current[topic]:
+            changed.setdefault(topic, []).append((partition, was))
     if changed:
-        names = ", ".join(
-            f"`{t}` (id {recorded[t]} when {since}, {current[t]} now)" for t in changed
+        names = "; ".join(
+            f"`{t}` (id {', '.join(sorted({w for _, w in found}))} when {since}, {current[t]} "
+            f"now; partition{'s' if len(found) > 1 else ''} {', '.join(str(p) for p, _ in found)})"
+            for t, found in changed.items()
         )
         raise PlanError(
             f"topic {names} was deleted and created again under the same name: the committed "
-            "offsets belong to the old topic, and the new one's offsets are other messages. "
-            f"Nothing was read. {drop}If the new topic is the one to read, record it with "
-            f"`strata ledger seek --pipeline {cfg.name} --topic TOPIC --to earliest --reason "
-            "TEXT`; or point the pipeline at new tables. If this is the wrong cluster, fix "
-            "kafka.bootstrap_servers."
+            "offsets of those partitions belong to the old topic, and the new one's offsets "
+            f"are other messages. Nothing was read. {drop}If the new topic is the one to read, "
+            f"record it with `strata ledger seek --pipeline {cfg.name} --topic TOPIC --to "
+            "earliest --reason TEXT` (for each partition named: a seek vouches only for the "
+            "partitions it moves); or point the pipeline at new tables. If this is the wrong "
+            "cluster, fix kafka.bootstrap_servers."
         )
     return current
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from strata.errors import SchemaError
+from strata.namespace import NAME_SUFFIXES
 
 if TYPE_CHECKING:
     from strata.config import MetastoreTable, PartitioningConfig, PipelineConfig, TableName
@@ -120,10 +121,10 @@ def load_topic_schema(path: Path, text: str | None = None) -> TopicSchema:
     defaults = {}
     for f in avro.get("fields", []):
         name = f["name"]
-        if name.startswith("_") or name in _TIME_COLUMNS:
+        if is_own_column(name):
             raise SchemaError(
                 f"{path}: field {name!r} collides with Strata's own columns "
-                "(names starting with '_', 'dt', 'hr'); rename it"
+                f"({OWN_COLUMNS}); rename it"
             )
         arrow_type, nullable = _arrow_type(f["type"], path, name)
         fields.append(pa.field(name, arrow_type, nullable=True))
@@ -385,10 +386,7 @@ def data_schema(topic: TopicSchema, partitioning: PartitioningConfig) -> pa.Sche
 
 # Each table's name is the pipeline's name plus its suffix (in storage and metastore).
 TABLE_SUFFIXES: dict[MetastoreTable, str] = {
-    "table": "",
-    "raw": "_raw",
-    "quarantine": "_quarantine",
-    "ledger": "_ledger",
+    which: NAME_SUFFIXES[which] for which in ("table", "raw", "quarantine", "ledger")
 }
 
 
@@ -418,6 +416,20 @@ def partition_columns(partitioning: PartitioningConfig) -> list[str]:
 
 # The event-time partition columns, which no field of a schema may be named.
 _TIME_COLUMNS = ("dt", "hr")
+OWN_COLUMNS = "names starting with '_', 'dt', 'hr'"
+"""The names a schema's fields may not take, in words."""
+
+
+def is_own_column(name: str) -> bool:
+    """Whether a field name is one the tables keep for their own columns.
+
+    Coordinates and Strata's columns start with `_` (`_offset`, `_event_time`,
+    `_batch`); `dt` and `hr` are the event-time partitions. A field partition's column
+    (`p_<field>`) depends on the pipeline (`PartitioningConfig`).
+    """
+    return name.startswith("_") or name in _TIME_COLUMNS
+
+
 # Schema metadata: per partition column, what it means beyond its name (JSON).
 _PARTITION_NOTES = "strata.partitions"
 

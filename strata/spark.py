@@ -7,7 +7,6 @@ in the Python workers, in Arrow.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
@@ -20,9 +19,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 from strata.config import PipelineConfig
 from strata.jvm import JVM_OPTIONS, driver_options, dump_options, require_java
+from strata.log import get_logger
 from strata.task import SplitJob, SplitResult, map_split, reduce_rows, run_split
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 if TYPE_CHECKING:
     from pyspark import SparkContext

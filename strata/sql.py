@@ -12,8 +12,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from strata.config import PipelineConfig, redact
+from strata.config import PipelineConfig
 from strata.ledger import LEDGER_SCHEMA
+from strata.redaction import redact
 from strata.schema import TABLE_SUFFIXES, table_layout
 
 

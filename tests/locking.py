@@ -61,6 +61,8 @@ def runner_main() -> None:
                 reply["ok"] = True
             except LeaseLost as exc:
                 reply.update(ok=False, lost=str(exc))
+        elif command == "token":
+            reply["token"] = None if lock is None else lock.token
         elif command == "lost_to":
             winner = getattr(lock, "lost_to", None)
             reply["lost_to"] = None if winner is None else winner.pid

@@ -104,11 +104,12 @@ def _slow_click(at_ms: int) -> Message:
 
 def _show_registered(cfg: PipelineConfig) -> None:
     from strata.metastore import MetastoreClient
+    from strata.namespace import NAME_SUFFIXES
 
     assert cfg.metastore.uri is not None
     with MetastoreClient(cfg.metastore.uri, cfg.metastore.timeout_s) as client:
         print(f"metastore {cfg.metastore.uri}, database {cfg.metastore.database}:")
-        for suffix in ("", "_raw", "_quarantine", "_ledger", "_quality"):
+        for suffix in NAME_SUFFIXES.values():
             table = client.get_table(cfg.metastore.database, cfg.name + suffix)
             if table is not None:
                 provider = (table.parameters or {}).get("spark.sql.sources.provider", "hive")

@@ -3,11 +3,18 @@
 No Confluent Schema Registry can be installed here, so this small server speaks its
 protocol over HTTP on a loopback port, keeping schemas in memory: registering a
 schema under a subject (the same schema again keeps its id), looking one up, fetching
-a schema by id (with its `schemaType` when it is not Avro), a subject's versions, and
-the list of subjects. Errors are sent as the registry sends them, a JSON body with
-`error_code` and `message` and the matching HTTP status (40403 schema not found with
-404, 40401 subject not found, 42201 invalid schema with 422, 401 without the right
-credentials). With a user and password it asks for HTTP basic auth on every request.
+a schema by id (with its `schemaType` when it is not Avro), a subject's versions, one
+version of a subject, and the list of subjects. Errors are sent as the registry sends
+them, a JSON body with `error_code` and `message` and the matching HTTP status (40403
+schema not found with 404, 40401 subject not found, 40402 version not found, 42201
+invalid schema and 42202 invalid version with 422, 401 without the right credentials).
+With a user and password it asks for HTTP basic auth on every request.
+
+A schema may carry `references` (name, subject, version), sent back wherever the
+schema is. Confluent's registry refuses a reference it cannot resolve; these are kept
+unchecked, so tests can make what a registry can still serve (a reference a lagging
+follower does not know yet, or to a subject deleted since) and what it never should
+(a cycle). A schema with references is not parsed on registration.
 
 Producers in the tests use confluent-kafka's `AvroSerializer` against it, and Strata's
 decoder its `SchemaRegistryClient`, so the real client code runs on both ends.
@@ -199,8 +206,15 @@ class _Handler(BaseHTTPRequestHandler):
                     ids = self._versions(subject)
                     if version in ("latest", "-1"):
                         n = len(ids)
+                    elif version.isdigit() and 0 < int(version) < 2**31:
+                        n = int(version)
                     else:
-                        n = int(version) if version.isdigit() else 0
+                        raise _HTTPError(
+                            422,
+                            42202,
+                            f"The specified version '{version}' is not a valid version id. "
+                            'Allowed values are between [1, 2^31-1] and the string "latest"',
+                        )
                     if not 0 < n <= len(ids):
                         raise _HTTPError(404, 40402, f"Version {version} not found.")
                     schema = store.schemas[ids[n - 1] - 1]

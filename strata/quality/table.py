@@ -20,7 +20,6 @@ is a warning, never a lost batch or a lost result.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 
@@ -33,7 +32,9 @@ from deltalake.transaction import AddAction, RemoveAction
 from strata.config import PipelineConfig
 from strata.delta import BATCH_KEY, ensure_table, open_table
 from strata.errors import MetastoreError
+from strata.log import get_logger
 from strata.metastore import MetastoreClient
+from strata.namespace import NAME_SUFFIXES
 from strata.quality.checks import QUALITY_SCHEMA, QualityResult, quality_rows
 from strata.register import (
     RegistrationReport,
@@ -45,9 +46,9 @@ from strata.register import (
 from strata.storage import filesystem
 from strata.write import write_file
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
-QUALITY_SUFFIX = "_quality"
+QUALITY_SUFFIX = NAME_SUFFIXES["quality"]
 """The quality table's name in the metastore: the pipeline's name and this."""
 
 _ATTEMPTS = 3

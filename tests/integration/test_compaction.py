@@ -12,22 +12,39 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
 from zoneinfo import ZoneInfo
 
 import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from strata.compact import compact
-from strata.locations import current_files, current_locations, visible_files
-from strata.maintain import checkpoint, never_committed, table_health, vacuum
+from strata.errors import LockBusy
+from strata.faults import FAIL_ONCE_MARKER_ENV, STOP_ENV
+from strata.locations import (
+    current_files,
+    current_locations,
+    mark,
+    marker_uri,
+    new_stamp,
+    read_markers,
+    visible_files,
+    void,
+)
+from strata.lock import run_lock
+from strata.maintain import checkpoint, never_committed, sweep_moved, table_health, vacuum
 from strata.metastore import MetastoreClient
-from strata.register import register_tables
+from strata.register import location_uri, register_tables
 from strata.run import run_batch
 from strata.status import pipeline_status, render_status
 from strata.storage import filesystem
-from tests.conftest import expected_offsets, produce_clicks
+from tests.conftest import expected_offsets, produce_clicks, s3_landed, s3_pipeline
+from tests.locking import s3_options
 
 
 def small_batches(p, broker, spark, batches: int, partitions: int = 2) -> Counter:
@@ -258,3 +275,273 @@ def test_a_partition_settles_at_the_end_of_its_hour_in_the_partition_zone(
     )
     assert {e.outcome for e in report.partitions if e.table == "table"} == {"compacted"}
     assert rows(p) == before and set(p.landed().values()) == {1}
+
+
+def metastore_rows(cfg, metastore) -> Counter:
+    """Each (partition, offset) a Hive-style reader finds through the metastore: the
+    visible files of the directory each registered partition's location names."""
+    with MetastoreClient(metastore.uri, 30) as client:
+        names = client.partition_names(cfg.metastore.database, cfg.name)
+        parts = client.partitions_by_names(cfg.metastore.database, cfg.name, names)
+    fs = pafs.LocalFileSystem()
+    counts: Counter = Counter()
+    for part in parts:
+        listed = fs.get_file_info(pafs.FileSelector(urlparse(part.sd.location).path))
+        files = [
+            f.path
+            for f in listed
+            if f.type == pafs.FileType.File and not f.base_name.startswith(("_", "."))
+        ]
+        rows = ds.dataset(files, format="parquet", filesystem=fs).to_table(
+            columns=["_partition", "_offset"]
+        )
+        counts.update(zip(rows["_partition"].to_pylist(), rows["_offset"].to_pylist(), strict=True))
+    return counts
+
+
+def paused_at_its_last_check(p, tmp_path: Path) -> subprocess.Popen[str]:
+    """`strata compact`, frozen (once) right after its last lease check before it acts."""
+    env = p.env(**{STOP_ENV: "after_compact_check", FAIL_ONCE_MARKER_ENV: str(tmp_path / "paused")})
+    return p.spawn("compact", "--older-than", "0s", env=env)
+
+
+def ended(proc: subprocess.Popen[str]) -> None:
+    """Kill a process a failed test left running (paused or not): SIGKILL ends both."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+
+def vacuum_once_free(cfg) -> dict[str, Any]:
+    """Vacuum as soon as the maintenance lease a paused run holds has expired."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return vacuum(cfg)
+        except LockBusy as exc:
+            assert "another maintenance is in flight" in str(exc)
+            assert time.monotonic() < deadline, "the paused run's lease never expired"
+            time.sleep(0.5)
+
+
+def test_a_compaction_paused_past_its_lease_commits_nothing_a_vacuum_deleted(
+    make_pipeline, broker, spark, s3_endpoint, tmp_path
+):
+    # The compaction freezes between its lease check and its Delta commit, long enough
+    # for its lease to run out; a vacuum takes the lease and deletes the compaction's
+    # files, which no commit lists. Woken, the compaction must not commit them.
+    p, options = s3_pipeline(make_pipeline, s3_endpoint, tmp_path, "fence1", lock_lease="6s")
+    expected = small_batches(p, broker, spark, 3)
+    cfg = p.cfg()
+    assert cfg.lock_path is None  # runs hold leases in the store
+
+    def table(which: str) -> DeltaTable:
+        return DeltaTable(
+            cfg.location(which), storage_options={**options, "conditional_put": "etag"}
+        )
+
+    raw_before = table("raw").to_pyarrow_table(columns=["_partition", "_offset"]).num_rows
+    proc = paused_at_its_last_check(p, tmp_path)
+    try:
+        wait_stopped(proc)
+        done = vacuum_once_free(cfg)
+        assert done["tables"]["table"]["never_committed"] > 0
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        ended(proc)
+    assert proc.returncode == 3, (out, err)
+
+    # No table names a deleted file, and every row reads as before.
+    fs, _ = filesystem(cfg.location("table"), cfg.storage_options)
+    for which in ("table", "raw", "ledger"):
+        root = filesystem(cfg.location(which), cfg.storage_options)[1]
+        paths = pa.table(table(which).get_add_actions(flatten=True)).column("path").to_pylist()
+        missing = [
+            path for path in paths if fs.get_file_info(f"{root}/{path}").type != pafs.FileType.File
+        ]
+        assert missing == [], which
+        history = table(which).history()
+        assert not [c for c in history if "strata.compaction" in c], which
+        assert any("strata.maintenance_fence" in c for c in history), which
+    assert s3_landed(p, options) == expected_offsets(expected)
+    assert table("raw").to_pyarrow_table(columns=["_offset"]).num_rows == raw_before
+    # Refused by the commit itself (the fence landed after its snapshot), then stopped.
+    assert "compaction commit retried" in err and "lost its lease" in err, err
+    # The next compaction, holding a later token, does the work.
+    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    assert report.partitions and {e.outcome for e in report.partitions} == {"compacted"}
+    assert s3_landed(p, options) == expected_offsets(expected)
+
+
+def parquet_with_leases(make_pipeline, metastore, s3_endpoint, tmp_path: Path):
+    """A plain Parquet pipeline whose runs hold leases: tables on local disk, which the
+    test metastore can hold, and the state (plans, leases) on S3, with a short lease."""
+    return make_pipeline(
+        partitions=2,
+        overrides={
+            "table_format": "parquet",
+            "metastore": {"uri": metastore.uri},
+            "state_dir": f"s3://lake/{tmp_path.name}/state",
+            "storage_options": s3_options(s3_endpoint),
+            "lock_lease": "6s",
+        },
+    )
+
+
+def test_a_parquet_compaction_paused_past_its_lease_moves_nothing_a_vacuum_deleted(
+    make_pipeline, broker, spark, metastore, s3_endpoint, tmp_path
+):
+    p = parquet_with_leases(make_pipeline, metastore, s3_endpoint, tmp_path)
+    expected = small_batches(p, broker, spark, 3)
+    cfg = p.cfg()
+    assert cfg.lock_path is None
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    through_metastore = metastore_rows(cfg, metastore)
+    assert sum(through_metastore.values()) > 0
+
+    proc = paused_at_its_last_check(p, tmp_path)
+    try:
+        wait_stopped(proc)
+        new = {f.directory for f in visible_files(fs, root) if f.directory != f.partition}
+        assert new, "the compaction wrote no new directory before its check"
+        done = vacuum_once_free(cfg)["tables"]["table"]
+        assert done["never_moved_to"] > 0
+        assert not new & {f.directory for f in visible_files(fs, root)}
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        ended(proc)
+    assert proc.returncode == 3, (out, err)
+
+    # Its late marker moved nothing: every partition is read where its rows are.
+    assert current_locations(fs, root) == {}
+    assert p.landed() == expected_offsets(expected)
+    # The next run registers again, and the metastore stays on the intact directories.
+    register_tables(cfg)
+    assert metastore_rows(cfg, metastore) == through_metastore
+    assert {d.rsplit("/", 1)[-1] for d in new} <= {
+        f"_c{s}" for stamps in read_markers(fs, root).void.values() for s in stamps
+    }
+    assert "lost its lease" in err and "voided" in err, err
+
+
+def run_once_free(cfg, spark):
+    """Run a batch as soon as the run lease a paused compaction holds has expired."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            return run_batch(cfg, session=lambda _: spark)
+        except LockBusy as exc:
+            assert "another run is in flight" in str(exc)
+            assert time.monotonic() < deadline, "the paused compaction's lease never expired"
+            time.sleep(0.5)
+
+
+def test_a_parquet_compaction_paused_past_its_lease_never_moves_away_from_a_runs_late_rows(
+    make_pipeline, broker, spark, metastore, s3_endpoint, tmp_path
+):
+    # The compaction freezes under the run lock, between its check and its marker; its
+    # leases run out and an ingest takes the run lease over, adding late rows to the
+    # partitions' directories in use. Woken, the compaction must not move them away.
+    p = parquet_with_leases(make_pipeline, metastore, s3_endpoint, tmp_path)
+    expected = small_batches(p, broker, spark, 3)
+    cfg = p.cfg()
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    proc = paused_at_its_last_check(p, tmp_path)
+    try:
+        wait_stopped(proc)
+        late = produce_clicks(broker, p.topic, 2, 60, seed=9, hours=3)
+        assert run_once_free(cfg, spark).status == "committed"
+        for part, count in late.items():
+            expected[part] += count
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        ended(proc)
+    # Every row, the run's late ones included, is where readers look for it.
+    assert p.landed() == expected_offsets(expected)
+    assert current_locations(fs, root) == {}
+    register_tables(cfg)
+    assert metastore_rows(cfg, metastore) == p.landed()
+    assert proc.returncode == 3, (out, err)
+    assert "lost its lease" in err and "voided" in err, err
+    # The next compaction moves every partition with all its rows.
+    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    assert {e.outcome for e in report.partitions} == {"compacted"}
+    assert p.landed() == expected_offsets(expected)
+    assert metastore_rows(cfg, metastore) == p.landed()
+
+
+def test_vacuum_keeps_a_directory_the_metastore_still_points_at(
+    make_pipeline, broker, spark, metastore
+):
+    p = make_pipeline(
+        partitions=2,
+        overrides={
+            "table_format": "parquet",
+            "metastore": {"uri": metastore.uri},
+            "maintenance": {"vacuum_retention": "1h"},
+        },
+    )
+    small_batches(p, broker, spark, 3)
+    cfg = p.cfg()
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    through_metastore = metastore_rows(cfg, metastore)
+    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    assert {e.outcome for e in report.partitions} == {"compacted"}
+    moved = current_locations(fs, root)
+    assert len(moved) == 3 and metastore_rows(cfg, metastore) == through_metastore
+    # A registration that failed after the move: the metastore lists the old directory.
+    stuck = sorted(moved)[0]
+    database = cfg.metastore.database
+    with MetastoreClient(metastore.uri, 30) as client:
+        [part] = client.partitions_by_names(database, cfg.name, [stuck])
+        part.sd.location = f"{location_uri(cfg.location('table'))}/{stuck}"
+        client.alter_partitions(database, cfg.name, [part])
+
+    with run_lock(cfg, "maintenance") as lock:
+        swept = sweep_moved(cfg, timedelta(0), lock)
+    assert metastore_rows(cfg, metastore) == through_metastore
+    own = {f.directory for f in visible_files(fs, root) if f.directory == f.partition}
+    assert own == {stuck}
+    assert swept["kept_for_metastore"] == [stuck]
+    assert f"strata register --pipeline {cfg.name}" in swept["warnings"][0]
+
+    # Past the grace period, counted from the marker's write time, the command says so.
+    aged = (datetime.now(UTC) - timedelta(hours=2)).timestamp()
+    os.utime(marker_uri(root, stuck, moved[stuck].rsplit("/_c", 1)[1]), (aged, aged))
+    shown = p.cli("vacuum")
+    assert shown.returncode == 0, shown.stderr
+    assert "warning:" in shown.stdout and f"strata register --pipeline {cfg.name}" in shown.stdout
+    assert metastore_rows(cfg, metastore) == through_metastore
+
+    # The way out: registration points the partition at its directory in use; the
+    # next vacuum deletes the old one.
+    assert register_tables(cfg).partitions_moved == [stuck]
+    done = p.cli("vacuum", "--json")
+    assert done.returncode == 0, done.stderr
+    assert not {f.directory for f in visible_files(fs, root) if f.directory == f.partition}
+    assert metastore_rows(cfg, metastore) == through_metastore
+
+
+def test_markers_on_s3_are_created_once_and_carry_their_write_time(s3_endpoint, tmp_path):
+    # The rules plain Parquet compaction and vacuum stand on, on a real S3 endpoint:
+    # create-if-absent decides between a marker and a void, and the listing gives the
+    # marker's write time, from which vacuum's grace period counts.
+    location, options = f"s3://lake/markers-{tmp_path.name}/table", s3_options(s3_endpoint)
+    fs, root = filesystem(location, options)
+    partition = "dt=2026-01-01/hr=01"
+    moved, voided = new_stamp(datetime.now(UTC) - timedelta(hours=3)), new_stamp()
+    before = datetime.now(UTC) - timedelta(minutes=1)
+    assert mark(location, options, partition, moved)
+    assert mark(location, options, partition, moved)  # a retried request finds its own
+    assert not void(location, options, partition, moved, "voided by a test")
+    assert void(location, options, partition, voided, "voided by a test")
+    assert not mark(location, options, partition, voided)
+    found = read_markers(fs, root)
+    assert found.stamps == {partition: [moved]} and found.void == {partition: {voided}}
+    written = found.written[(partition, moved)]
+    # The write time, not the (three hours older) stamp the compaction planned with.
+    assert written is not None and before <= written <= datetime.now(UTC) + timedelta(minutes=1)
+    assert current_locations(fs, root) == {partition: f"{partition}/_c{moved}"}

@@ -156,6 +156,7 @@ def test_a_paused_holder_loses_its_lease_and_learns_it_when_it_wakes(s3_endpoint
     body = s3_body(s3_endpoint, "3s")
     with Runner(body, tmp_path / "a.log") as a, Runner(body, tmp_path / "b.log") as b:
         assert a.ask("acquire")["won"]
+        paused_token = a.ask("token")["token"]
         a.kill(signal.SIGSTOP)
         deadline = time.monotonic() + 60
         while not (reply := b.ask("acquire"))["won"]:
@@ -165,6 +166,9 @@ def test_a_paused_holder_loses_its_lease_and_learns_it_when_it_wakes(s3_endpoint
             time.sleep(0.2)
         taken = epochs(body)[-1]
         assert taken.pid == b.pid
+        # The taker's fencing token is the epoch it took the lease at (renewals since
+        # may have gone past it), above the paused holder's.
+        assert 1 <= paused_token < b.ask("token")["token"] <= taken.number
         # Let the new holder renew a few times: it deletes the epochs behind it, so the
         # woken holder's next epochs are free names, and creating one proves nothing.
         while epochs(body)[-1].number < taken.number + 3:

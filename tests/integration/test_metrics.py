@@ -227,6 +227,7 @@ def test_each_run_pushes_its_metrics_with_basic_auth_and_never_shows_the_passwor
             "job": "ingest",
             "username": "strata",
             "password": "${STRATA_PUSH_PASSWORD}",
+            "allow_http_on_loopback": True,
             "timeout_s": 5,
         }
     )

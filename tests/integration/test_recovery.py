@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+from collections import Counter
 
 from strata.faults import CRASH_ENV
 from strata.ledger import ledger_state, read_ledger
@@ -286,3 +287,110 @@ def test_a_batch_whose_raw_copy_lost_a_file_stops_and_a_forced_drop_reads_it_aga
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 2
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)
+
+
+def two_topics(p, broker, partitions: int) -> str:
+    """A second topic in the pipeline `p`; returns its name."""
+    import yaml
+
+    other = f"{p.topic}-b"
+    broker.create_topic(other, partitions)
+    path = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    body = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**body, "topics": [p.topic, other]}))
+    return other
+
+
+def event_ids(p, topic: str) -> dict[int, str]:
+    rows = p.table_rows("table", ["_topic", "_offset", "event_id"]).to_pylist()
+    return {r["_offset"]: r["event_id"] for r in rows if r["_topic"] == topic}
+
+
+def test_a_seek_of_one_recreated_topic_never_vouches_for_another(make_pipeline, broker, spark):
+    # Two topics of a pipeline are deleted and created again; the operator seeks the
+    # first back to its start, as the stop says. The second must still be refused:
+    # read from the old committed offset, its new log's offsets 0-100 would be skipped.
+    p = make_pipeline(partitions=1)
+    other = two_topics(p, broker, 1)
+    for topic in (p.topic, other):
+        produce_clicks(broker, topic, 1, 100)
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
+    for topic in (p.topic, other):
+        recreate(broker, topic, 1)
+    new = {topic: produce_clicks(broker, topic, 1, 300, seed=5) for topic in (p.topic, other)}
+
+    stopped = p.cli("run", "--json")
+    assert stopped.returncode == 1
+    error = last_json(stopped)["error"]
+    assert f"`{p.topic}` (id " in error and f"`{other}` (id " in error, error
+    seek = p.cli("ledger", "seek", "--topic", p.topic, "--to", "earliest", "--reason", "INC-7")
+    assert seek.returncode == 0, seek.stderr
+
+    still = p.cli("run", "--json")
+    assert still.returncode == 1, still.stdout
+    error = last_json(still)["error"]
+    assert f"topic `{other}` (id " in error and "partition 0)" in error, error
+    assert f"`{p.topic}`" not in error.split("was deleted")[0], error
+    assert sorted({r["batch"] for r in read_ledger(p.cfg()).to_pylist()}) == [1, 2]
+
+    # Sought too, both new logs land whole, each offset once.
+    seek = p.cli("ledger", "seek", "--topic", other, "--to", "earliest", "--reason", "INC-7")
+    assert seek.returncode == 0, seek.stderr
+    done = p.cli("run", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = p.table_rows("table", ["_topic", "_offset", "_batch"]).to_pylist()
+    rows += p.table_rows("quarantine", ["_topic", "_offset", "_batch"]).to_pylist()
+    for topic in (p.topic, other):
+        offsets = sorted(r["_offset"] for r in rows if r["_topic"] == topic and r["_batch"] == 4)
+        assert offsets == list(range(new[topic][0])), topic
+
+
+def test_a_seek_of_one_partition_never_vouches_for_the_others(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=2)
+    produce_clicks(broker, p.topic, 2, 200)
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
+    recreate(broker, p.topic, 2)
+    new = produce_clicks(broker, p.topic, 2, 600, seed=5)
+    seek = p.cli(
+        "ledger", "seek", "--topic", p.topic, "--partition", "0", "--to", "0", "--reason", "x"
+    )
+    assert seek.returncode == 0, seek.stderr
+
+    stopped = p.cli("run", "--json")
+    assert stopped.returncode == 1, stopped.stdout
+    error = last_json(stopped)["error"]
+    assert f"topic `{p.topic}` (id " in error and "; partition 1)" in error, error
+    seek = p.cli(
+        "ledger", "seek", "--topic", p.topic, "--partition", "1", "--to", "0", "--reason", "x"
+    )
+    assert seek.returncode == 0, seek.stderr
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 4
+    rows = p.table_rows("table", ["_partition", "_offset", "_batch"]).to_pylist()
+    rows += p.table_rows("quarantine", ["_partition", "_offset", "_batch"]).to_pylist()
+    read = Counter((r["_partition"], r["_offset"]) for r in rows if r["_batch"] == 4)
+    assert read == expected_offsets(new)
+
+
+def test_a_backfill_of_a_range_read_from_an_old_log_never_reads_the_new_one(
+    make_pipeline, broker, spark
+):
+    from strata.backfill import backfill
+    from strata.plan import OffsetRange
+
+    p = make_pipeline(partitions=1)
+    produce_clicks(broker, p.topic, 1, 200)
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
+    before = event_ids(p, p.topic)
+    recreate(broker, p.topic, 1)
+    produce_clicks(broker, p.topic, 1, 300, seed=9)
+    # The new log is read from its end on: its offsets 10-20 are other messages than the
+    # old log's, which batch 1 read.
+    seek = p.cli("ledger", "seek", "--topic", p.topic, "--to", "latest", "--reason", "new log")
+    assert seek.returncode == 0, seek.stderr
+    produce_clicks(broker, p.topic, 1, 20, seed=10)
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 3
+
+    outcome = backfill(p.cfg(), OffsetRange(p.topic, 0, 10, 20), "INC-9", session=lambda _: spark)
+    assert any("read from the raw copy" in w for w in outcome.warnings), outcome.warnings
+    after = event_ids(p, p.topic)
+    assert {o: after[o] for o in range(10, 20)} == {o: before[o] for o in range(10, 20)}

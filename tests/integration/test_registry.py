@@ -8,6 +8,7 @@ writer schemas from the same registry.
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter
 
 import pytest
@@ -20,11 +21,27 @@ from strata.local.service import free_port
 from strata.report import summary_dict
 from strata.run import run_batch
 from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, START_MS, expected_offsets
-from tests.unit.test_registry import READER, V1, V2, click, client, writer_schema
+from tests.unit.test_registry import (
+    READER,
+    V1,
+    V2,
+    chain,
+    click,
+    client,
+    message,
+    referring,
+    register,
+    writer_schema,
+)
 
 
 def registry_overrides(url: str) -> dict:
-    section = {"url": url, "username": REGISTRY_USER, "password": REGISTRY_PASSWORD}
+    section = {
+        "url": url,
+        "username": REGISTRY_USER,
+        "password": REGISTRY_PASSWORD,
+        "allow_http_on_loopback": True,
+    }
     return {"format": "confluent_avro", "schema_registry": section}
 
 
@@ -178,3 +195,65 @@ def test_a_table_that_follows_its_subject_takes_on_the_optional_fields_producers
     table = p.table_rows("table")
     assert "campaign" in table.column_names and table.num_rows == 7 + 11 + 4
     assert p.landed() == expected_offsets({0: 7 + 11 + 4})
+
+
+def test_answers_about_a_schema_quarantine_its_messages_and_the_pipeline_goes_on(
+    make_pipeline, broker, schema_registry
+):
+    url = schema_registry.url
+    p = make_pipeline(partitions=2, overrides=registry_overrides(url))
+    prefix = f"x-{uuid.uuid4().hex[:8]}"
+    # A schema whose reference names a subject the registry does not know (40401), and
+    # one whose references nest 1,200 deep: the same fate every run, not an outage.
+    gone = f"{prefix}-gone"
+    dangling = register(url, f"{prefix}-a", referring("Gone"), refs=[("strata.refs.Gone", gone, 1)])
+    last, type_name = chain(url, f"{prefix}-chain", 1_200)
+    deep = register(
+        url, f"{prefix}-b", referring(type_name), refs=[(f"strata.refs.{type_name}", last, 1)]
+    )
+    ctx = SerializationContext(p.topic, MessageField.VALUE)
+    good = AvroSerializer(client(url), json.dumps(V2), conf={"auto.register.schemas": True})
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    where: dict[tuple[int, int], int | None] = {}  # (partition, offset) -> bad schema id
+    for i in range(30):
+        if i % 10 == 3:
+            value, bad = message(url, dangling), dangling
+        elif i % 10 == 7:
+            value, bad = message(url, deep), deep
+        else:
+            value, bad = good({**click(i, ts=START_MS + i * 1000), "campaign": None}, ctx), None
+        producer.produce(p.topic, value, partition=i % 2, timestamp=START_MS + i * 1000)
+        where[(i % 2, i // 2)] = bad
+    producer.flush(30)
+    seal = good({**click(99, ts=START_MS + 99_000), "campaign": None}, ctx)
+    broker.seal(p.topic, [0, 1], seal, timestamp_ms=START_MS + 99_005)
+
+    done = p.cli("run", "--json")
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "committed"
+    assert (summary["rows"], summary["quarantined"]) == (24 + 2, 6)
+    per = {0: 16, 1: 16}
+    assert p.landed() == expected_offsets(per)  # every offset exactly once
+    assert sorted(p.table_rows("table").column("event_id").to_pylist()) == sorted(
+        [f"e{i}" for i in range(30) if i % 10 not in (3, 7)] + ["e99", "e99"]
+    )
+    reasons = {
+        dangling: f"written with schema id {dangling}, which references version 1 of subject "
+        f"'{gone}'; the Schema Registry at {url} answers 40401 (subject not found)",
+        deep: f"written with schema id {deep}, whose references nest deeper than 32 levels "
+        f"(version 1 of subject '{prefix}-chain-1167' is at level 33); Strata follows at "
+        "most 32",
+    }
+    quarantined = p.table_rows("quarantine").to_pylist()
+    assert {(q["_partition"], q["_offset"]): q["reason"] for q in quarantined} == {
+        at: reasons[bad] for at, bad in where.items() if bad is not None
+    }
+    for q in quarantined:
+        assert int.from_bytes(q["_value"][1:5], "big") == where[(q["_partition"], q["_offset"])]
+
+    again = p.cli("run", "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "idle"
+    assert p.landed() == expected_offsets(per)

@@ -7,8 +7,8 @@ import re
 import shutil
 from collections import Counter
 
+import pytest
 import yaml
-from deltalake import DeltaTable
 
 from strata.cli import main
 from strata.config import load_pipeline
@@ -32,9 +32,10 @@ def _schema_for(p, table: str) -> None:
 
 
 def _rows(cfg, which: str) -> Counter[tuple[str, int, int]]:
-    t = DeltaTable(cfg.location(which)).to_pyarrow_table(
-        columns=["_topic", "_partition", "_offset"]
-    )
+    """Rows of one of a table's tables, Delta or plain Parquet, by coordinates."""
+    from strata.tables import TableRef, read
+
+    t = read(TableRef.of(cfg, which), ["_topic", "_partition", "_offset"])
     return Counter(
         zip(
             t.column("_topic").to_pylist(),
@@ -175,3 +176,64 @@ def test_the_ingest_dag_runs_every_table_and_shows_each(
         assert _landed(cfg.route(table)) == Counter(
             {(topic, 0, o): 1 for o in range(counts[topic][0])}
         )
+
+
+@pytest.mark.parametrize("table_format", ["delta", "parquet"])
+def test_routed_tables_that_would_share_a_place_are_refused_at_load(
+    make_pipeline, broker, table_format
+):
+    # Topics `X` and `X.raw` with the default template land in tables `x` and `x_raw`,
+    # and `x_raw` is where `x`'s raw copy lives: one table's commits would remove the
+    # other's files (plain Parquet) or mix the two (Delta).
+    p = make_pipeline(partitions=1, overrides={"table_format": table_format})
+    raw = f"{p.topic}.raw"
+    broker.create_topic(raw, 1)
+    for topic in (p.topic, raw):
+        produce_clicks(broker, topic, 1, 30)
+    _route(p, topics=[p.topic, raw])
+    base = re.sub(r"[^a-z0-9_]", "_", p.topic)
+    for table in (base, f"{base}_raw"):
+        _schema_for(p, table)
+
+    done = p.cli("run", "--json")
+    assert done.returncode == 2, done.stdout + done.stderr
+    error = done.stderr
+    assert f"{p.name}.yaml" in error and "routing.tables" in error, error
+    assert f"the raw copy of table `{p.name}:{base}`" in error, error
+    assert f"the data table of table `{p.name}:{base}_raw` (topic `{raw}`)" in error, error
+    assert not p.warehouse.exists() or not any(p.warehouse.iterdir())
+
+
+@pytest.mark.parametrize("table_format", ["delta", "parquet"])
+def test_a_table_a_pattern_matches_later_that_would_clash_fails_alone(
+    make_pipeline, broker, table_format
+):
+    p = make_pipeline(partitions=1, overrides={"table_format": table_format})
+    raw = f"{p.topic}.raw"
+    _route(p, pattern=rf"{re.escape(p.topic)}(\.raw)?")
+    base = re.sub(r"[^a-z0-9_]", "_", p.topic)
+    for table in (base, f"{base}_raw"):
+        _schema_for(p, table)
+    first = produce_clicks(broker, p.topic, 1, 30)
+    done = p.cli("run", "--json")
+    assert done.returncode == 0, done.stderr
+
+    # `X.raw` is created: its table would take `x`'s raw copy's place and name.
+    broker.create_topic(raw, 1)
+    produce_clicks(broker, raw, 1, 40, seed=3)
+    more = produce_clicks(broker, p.topic, 1, 20, seed=4)
+    done = p.cli("run", "--json")
+    assert done.returncode == 1, done.stdout
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    assert body["tables"][base]["status"] == "committed", body
+    failed = body["tables"][f"{base}_raw"]
+    assert failed["status"] == "failed" and "routing.tables" in failed["error"], failed
+    assert f"the raw copy of table `{p.name}:{base}`" in failed["error"], failed
+
+    cfg = load_pipeline(p.name, p.conf_dir).route(base)
+    expected = Counter({(p.topic, 0, o): 1 for o in range(first[0] + more[0])})
+    assert _landed(cfg) == expected
+    # Its raw copy holds each message of its own topic once, and nothing else.
+    assert _rows(cfg, "raw") == expected
+    tables = p.warehouse / "_strata" / p.name / "tables"
+    assert sorted(f.name for f in tables.iterdir()) == [base]

@@ -84,6 +84,25 @@ def test_a_pattern_reads_a_topic_created_between_runs_and_reports_one_deleted(
     assert any(f"`{views}`" in w and "no longer list it" in w for w in status["warnings"])
     assert run_batch(p.cfg(), session=lambda _: spark).status == "idle"
 
+    # Created again and grown past its committed offset: the batch committed while it
+    # was gone vouched only for the topics it read, so the ledger still knows the old
+    # log's id, and the new log is not read from the old offset (its first 26 skipped).
+    broker.create_topic(views, 1)
+    again = produce_clicks(broker, views, 1, 60, seed=12)
+    stopped = p.cli("run")
+    assert stopped.returncode == 1 and f"topic `{views}` (id " in stopped.stderr, stopped.stderr
+    assert (
+        p.cli("ledger", "seek", "--topic", views, "--to", "earliest", "--reason", "x").returncode
+        == 0
+    )
+    assert run_batch(p.cfg(), session=lambda _: spark).status == "committed"
+    read = sorted(
+        (r["batch"], r["kind"], r["start_offset"], r["end_offset"])
+        for r in read_ledger(p.cfg()).to_pylist()
+        if r["topic"] == views
+    )
+    assert read[-2:] == [(read[-2][0], "seek", 0, 0), (read[-2][0] + 1, "ingest", 0, again[0])]
+
 
 def test_a_topic_listed_by_name_that_vanishes_still_stops_the_plan(make_pipeline, broker, spark):
     # Only a pattern's topics may come and go: a listed topic that disappears is the

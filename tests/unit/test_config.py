@@ -262,6 +262,38 @@ def test_table_placeholders_need_routing_and_templates_need_valid_names(tmp_path
         ({"metrics": {"pushgateway": "http://u:hunter22@pgw:9091"}}, "metrics.password"),
         ({"metrics": {"pushgateway": "http://pgw:9091", "username": "u"}}, "metrics.password"),
         ({"metrics": {"username": "u", "password": "hunter22"}}, "metrics.pushgateway"),
+        (
+            {
+                "metrics": {
+                    "pushgateway": "http://pgw:9091",
+                    "username": "u",
+                    "password": "hunter22",
+                }
+            },
+            "https://",
+        ),
+        (
+            {
+                "metrics": {
+                    "pushgateway": "http://pgw:9091",
+                    "username": "u",
+                    "password": "hunter22",
+                    "allow_http_on_loopback": True,
+                }
+            },
+            "applies only to a pushgateway on this machine",
+        ),
+        (
+            {
+                "format": "confluent_avro",
+                "schema_registry": {
+                    "url": "http://registry.internal:8081",
+                    "username": "u",
+                    "password": "hunter22",
+                },
+            },
+            "schema_registry.allow_http_on_loopback",
+        ),
         ({"completeness": {"lateness": "soon"}}, "completeness.lateness"),
     ],
 )
@@ -270,3 +302,35 @@ def test_trino_metrics_and_completeness_settings_are_checked_at_load(tmp_path, s
         load_pipeline("clicks", _project(tmp_path, {**GOOD, **section}))
     assert "clicks.yaml" in str(err.value) and fix in str(err.value)
     assert "hunter22" not in str(err.value)
+
+
+def test_credentials_over_plain_http_are_allowed_only_on_loopback_when_asked(tmp_path):
+    section = {"url": "http://127.0.0.1:8081", "username": "u", "password": "hunter22"}
+    body = {**GOOD, "format": "confluent_avro"}
+    with pytest.raises(ConfigError, match="allow_http_on_loopback: true"):
+        load_pipeline("clicks", _project(tmp_path / "a", {**body, "schema_registry": section}))
+    allowed = {**section, "allow_http_on_loopback": True}
+    cfg = load_pipeline("clicks", _project(tmp_path / "b", {**body, "schema_registry": allowed}))
+    assert cfg.schema_registry.password == "hunter22"
+    pushed = {"pushgateway": "http://localhost:9091", "username": "u", "password": "hunter22"}
+    allowed_push = {**pushed, "allow_http_on_loopback": True}
+    cfg = load_pipeline("clicks", _project(tmp_path / "c", {**GOOD, "metrics": allowed_push}))
+    assert cfg.metrics.pushgateway == "http://localhost:9091"
+
+
+def test_a_topics_pattern_is_compiled_by_re2_and_a_construct_it_lacks_fails_at_load(tmp_path):
+    pattern = {"topics_pattern": "clicks\\.(?!test).*"}
+    body = {k: v for k, v in GOOD.items() if k != "topics"} | pattern
+    with pytest.raises(ConfigError) as err:
+        load_pipeline("clicks", _project(tmp_path / "a", body))
+    assert "key `topics_pattern`" in str(err.value) and "(?!" in str(err.value)
+    assert "clicks.yaml" in str(err.value) and "lookaround" in str(err.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_careless_topics_pattern_matches_every_topic_name_in_linear_time(tmp_path):
+    # Python's backtracking `re` takes 2**60 steps here, and the plan hangs for ever.
+    body = {k: v for k, v in GOOD.items() if k != "topics"} | {"topics_pattern": "(a+)+$"}
+    cfg = load_pipeline("clicks", _project(tmp_path, body))
+    assert not cfg.reads_topic("a" * 60 + "!")
+    assert cfg.reads_topic("a" * 60)

@@ -81,3 +81,29 @@ def test_a_lease_given_up_is_free_at_once_and_a_second_hold_in_one_process_is_re
     names = list_names(where, {})
     released = Epoch.from_bytes(read_object(f"{where}/{names[-1]}", {}) or b"", names[-1])
     assert released.release and released.run == second.run
+
+
+def test_the_fencing_token_is_the_epoch_taken_and_every_later_holder_takes_a_higher_one(
+    tmp_path,
+):
+    where = str(tmp_path / "lease")
+
+    def newest() -> int:
+        return int(list_names(where, {})[-1].split("-")[1].split(".")[0])
+
+    assert Lease(where, {}, "p", 600).token is None  # nothing held yet
+    with hold_lease(where, {}, "p", 0.4) as first:
+        assert first.token == newest() == 1
+        # Renewals (every 0.1 s here) create newer epochs; the token stays.
+        deadline = time.monotonic() + 30
+        while newest() < 4:
+            assert time.monotonic() < deadline, "the lease was never renewed"
+            time.sleep(0.05)
+        first.check()
+        assert first.token == 1
+    released = newest()
+    with hold_lease(where, {}, "p", 600) as second:
+        assert second.token == released + 1 > 1
+    # Given up or taken over, the next holder's token is above every earlier one's.
+    with hold_lease(where, {}, "p", 600) as third:
+        assert third.token is not None and third.token > (second.token or 0)

@@ -14,7 +14,8 @@ import pytest
 
 from strata.config import PipelineConfig
 from strata.errors import LockBusy
-from strata.lock import FileLock, run_lock
+from strata.lease import hold_lease
+from strata.lock import BothLocks, FileLock, run_lock
 from tests.locking import Runner, pipeline_body
 
 
@@ -49,6 +50,16 @@ def test_a_second_run_on_local_state_is_refused_naming_the_holder(tmp_path):
             assert isinstance(lock, FileLock) and lock.path == cfg.lock_path
             lock.check()
             assert json.loads(cfg.lock_path.read_text())["pid"] == os.getpid()
+            # Nobody takes an flock from a paused holder: there is nothing to fence.
+            assert lock.token is None
+
+
+def test_two_locks_held_as_one_are_fenced_by_the_first(tmp_path):
+    cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path / "wh")))
+    with run_lock(cfg) as run, hold_lease(str(tmp_path / "lease"), {}, cfg.name, 600) as lease:
+        assert BothLocks(lease, run).token == lease.token == 1
+        assert BothLocks(run, lease).token is None
+        BothLocks(lease, run).check()
 
 
 def test_the_kernel_frees_the_local_lock_of_a_killed_holder_at_once(tmp_path):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 import time
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -11,18 +13,35 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
-from deltalake.transaction import RemoveAction
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction, Transaction
 
 from strata.compact import pack, parse_partition, partition_end
 from strata.config import PipelineConfig, load_pipeline
-from strata.delta import commit_files, commit_removes, ensure_table
-from strata.errors import ConfigError, LockBusy, MaintenanceError
-from strata.locations import current_locations, mark, new_stamp, read_markers, visible_files
+from strata.delta import (
+    FENCE_INFO_KEY,
+    commit_files,
+    commit_removes,
+    ensure_table,
+    fence_maintenance,
+    maintenance_transactions,
+)
+from strata.errors import ConfigError, LeaseLost, LockBusy, MaintenanceError
+from strata.lease import hold_lease
+from strata.locations import (
+    current_locations,
+    mark,
+    marker_uri,
+    new_stamp,
+    read_markers,
+    visible_files,
+    void,
+)
 from strata.lock import run_lock
-from strata.maintain import never_committed, retention_hours, sweep_moved
+from strata.maintain import never_committed, retention_hours, sweep_moved, vacuum
 from strata.tables import TableRef, read
-from strata.write import PartitionedWriter, write_file, write_sized
+from strata.write import PartitionedWriter, WrittenFile, write_file, write_sized
 from tests.locking import pipeline_body
 from tests.unit.test_config import GOOD, _project
 
@@ -175,9 +194,9 @@ def test_a_plain_parquet_partition_is_read_from_its_newest_marked_directory(tmp_
     assert current_locations(fs, root) == {}
     assert rows() == [(1, 1), (1, 2), (2, 7)]
     # A marker moves one partition; the newest of several wins; an unmarked one is unused.
-    mark(fs, root, "dt=2026-01-01/hr=01", first)
+    assert mark(root, {}, "dt=2026-01-01/hr=01", first)
     assert rows() == [(1, 1), (1, 2), (1, 3), (2, 7)]
-    mark(fs, root, "dt=2026-01-01/hr=01", second)
+    assert mark(root, {}, "dt=2026-01-01/hr=01", second)
     assert current_locations(fs, root) == {"dt=2026-01-01/hr=01": f"dt=2026-01-01/hr=01/_c{second}"}
     assert rows() == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 7)]
     visible = {f.directory for f in visible_files(fs, root)}
@@ -205,6 +224,16 @@ def test_a_plain_parquet_partition_is_read_from_its_newest_marked_directory(tmp_
     assert rows() == [(1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (2, 6), (2, 7)]
 
 
+def _marked(root: str, partition: str, stamp: str, written: datetime) -> None:
+    """Move a partition to a generation as if its marker had been written at `written`."""
+    # An empty file is a marker, whatever wrote it.
+    marker = Path(marker_uri(root, partition, stamp))
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_bytes(b"")
+    when = written.timestamp()
+    os.utime(marker, (when, when))
+
+
 def test_vacuum_keeps_a_left_directory_for_the_grace_period_and_never_used_ones_go(tmp_path):
     cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), table_format="parquet"))
     fs, root = pafs.LocalFileSystem(), cfg.location("table")
@@ -212,9 +241,9 @@ def test_vacuum_keeps_a_left_directory_for_the_grace_period_and_never_used_ones_
     now = datetime.now(UTC)
     oldest, middle, newest, unused = (new_stamp(now - timedelta(hours=h)) for h in (3, 2, 0.5, 0.1))
     _parquet_file(hour / "part-b0000000001-x.parquet", [1])
-    for stamp in (oldest, middle, newest):
+    for stamp, moved in zip((oldest, middle, newest), (3, 2, 0.5), strict=True):
         _parquet_file(hour / f"_c{stamp}/part-c-{stamp}.parquet", [1])
-        mark(fs, root, "dt=2026-01-01/hr=01", stamp)
+        _marked(root, "dt=2026-01-01/hr=01", stamp, now - timedelta(hours=moved))
     _parquet_file(hour / f"_c{unused}/part-c-unused.parquet", [1])
     _parquet_file(Path(root) / "dt=2026-01-01/hr=02/part-b0000000001-y.parquet", [2])
 
@@ -235,3 +264,197 @@ def test_vacuum_keeps_a_left_directory_for_the_grace_period_and_never_used_ones_
     }
     assert read_markers(fs, root).stamps == {"dt=2026-01-01/hr=01": [middle, newest]}
     assert read(TableRef(root, "parquet"), ["_offset"]).num_rows == 2
+
+
+def test_grace_counts_from_when_the_move_became_visible_not_from_the_plan(tmp_path):
+    # A compaction planned three hours ago (a long rewrite, a wait for the run lock)
+    # and moved the partition just now: queries listed the old directory until now.
+    cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), table_format="parquet"))
+    fs, root = pafs.LocalFileSystem(), cfg.location("table")
+    partition = "dt=2026-01-01/hr=01"
+    now = datetime.now(UTC)
+    planned = new_stamp(now - timedelta(hours=3))
+    _parquet_file(Path(root, partition, "part-b0000000001-x.parquet"), [1])
+    _parquet_file(Path(root, partition, f"_c{planned}", "part-c-merged.parquet"), [1])
+    _marked(root, partition, planned, now)
+
+    with run_lock(cfg, "maintenance") as lock:
+        kept = sweep_moved(cfg, timedelta(hours=1), lock)
+    assert kept["left_by_compaction"] == 0
+    assert Path(root, partition, "part-b0000000001-x.parquet").exists()
+    # Once the marker itself is older than the grace period, the old directory goes.
+    _marked(root, partition, planned, now - timedelta(hours=2))
+    with run_lock(cfg, "maintenance") as lock:
+        swept = sweep_moved(cfg, timedelta(hours=1), lock)
+    assert swept["left_by_compaction"] == 1
+    assert {f.directory for f in visible_files(fs, root)} == {f"{partition}/_c{planned}"}
+    assert read(TableRef(root, "parquet"), ["_offset"]).num_rows == 1
+
+
+def test_a_void_generation_refuses_a_late_marker_and_a_marker_first_refuses_the_void(tmp_path):
+    cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), table_format="parquet"))
+    fs, root = pafs.LocalFileSystem(), cfg.location("table")
+    partition = "dt=2026-01-01/hr=01"
+    paused, later = new_stamp(), new_stamp(datetime.now(UTC) + timedelta(seconds=1))
+    _parquet_file(Path(root, partition, "part-b0000000001-x.parquet"), [1, 2])
+    # A compaction wrote its new directory, then was paused before its marker.
+    _parquet_file(Path(root, partition, f"_c{paused}", "part-c-merged.parquet"), [1])
+
+    def offsets() -> list[int]:
+        return sorted(read(TableRef(root, "parquet"), ["_offset"])["_offset"].to_pylist())
+
+    with run_lock(cfg, "maintenance") as lock:
+        swept = sweep_moved(cfg, timedelta(hours=1), lock)
+    assert swept["never_moved_to"] == 1
+    assert not Path(root, partition, f"_c{paused}").exists() or not any(
+        Path(root, partition, f"_c{paused}").iterdir()
+    )
+    found = read_markers(fs, root)
+    assert found.stamps == {} and found.void == {partition: {paused}}
+    # It wakes and writes its marker: refused, the partition stays where its rows are.
+    assert not mark(root, {}, partition, paused)
+    assert current_locations(fs, root) == {} and offsets() == [1, 2]
+    # Woken earlier in its work, it may write files into the void directory again:
+    # the next vacuum takes them, and the void marker stays.
+    _parquet_file(Path(root, partition, f"_c{paused}", "part-c-late.parquet"), [1])
+    with run_lock(cfg, "maintenance") as lock:
+        assert sweep_moved(cfg, timedelta(hours=1), lock)["never_moved_to"] == 1
+    assert read_markers(fs, root).void == {partition: {paused}}
+
+    # The other order: the marker lands first, and the move stands.
+    _parquet_file(Path(root, partition, f"_c{later}", "part-c-merged.parquet"), [1, 2, 3])
+    assert mark(root, {}, partition, later)
+    assert not void(root, {}, partition, later, "voided by a test")
+    assert current_locations(fs, root) == {partition: f"{partition}/_c{later}"}
+    assert offsets() == [1, 2, 3]
+    # A marker written twice (a retried request) still moves the partition.
+    assert mark(root, {}, partition, later)
+
+
+def _delta_with_a_batch(uri: str) -> tuple[pa.Schema, WrittenFile]:
+    schema = pa.schema([("_batch", pa.int64()), ("dt", pa.string())])
+    table = ensure_table(uri, schema, ["dt"], {}, "t")
+    one = write_file(
+        pafs.LocalFileSystem(),
+        uri,
+        "dt=d/part-b0000000001-t00000-a0-r1-f000.snappy.parquet",
+        pa.table({"_batch": [1]}),
+        {"dt": "d"},
+    )
+    assert commit_files(table, schema, ["dt"], [one], "p", 1, {})
+    return schema, one
+
+
+def _compaction_commit(
+    table: DeltaTable, removed: WrittenFile, added: WrittenFile, token: int
+) -> None:
+    """What a compaction commits: its merged file for the file it merged, with its token."""
+    now = int(time.time() * 1000)
+    table.create_write_transaction(
+        [
+            RemoveAction(removed.path, False, now, removed.size, {"dt": "d"}),
+            AddAction(added.path, added.size, {"dt": "d"}, now, False, added.stats),
+        ],
+        mode="append",
+        schema=table.schema(),
+        partition_by=["dt"],
+        commit_properties=CommitProperties(app_transactions=[Transaction("p.maintenance", token)]),
+    )
+
+
+def test_a_fence_refuses_an_older_tokens_commit_built_before_it_and_lets_ingest_through(
+    tmp_path,
+):
+    uri = str(tmp_path / "t")
+    schema, one = _delta_with_a_batch(uri)
+    merged = write_file(
+        pafs.LocalFileSystem(),
+        uri,
+        "dt=d/part-c20261123000000deadbeef-0000-f000.snappy.parquet",
+        pa.table({"_batch": [1]}),
+        {"dt": "d"},
+    )
+    # Snapshots read before the fence: a paused compaction's, holding token 4, and an
+    # ingest run's.
+    compaction, ingest = DeltaTable(uri), DeltaTable(uri)
+    [txn] = maintenance_transactions(compaction, "p", 4)
+    assert (txn.app_id, txn.version) == ("p.maintenance", 4)
+    fence_maintenance(DeltaTable(uri), "p", 5, "vacuum")
+    # delta-rs refuses a commit carrying an app id committed after its snapshot...
+    with pytest.raises(CommitFailedError):
+        _compaction_commit(compaction, one, merged, 4)
+    # ...and on a snapshot holding the fence, the token is seen to be outranked.
+    with pytest.raises(LeaseLost, match="token 5, this run's is 4"):
+        maintenance_transactions(DeltaTable(uri), "p", 4)
+    with pytest.raises(LeaseLost):
+        fence_maintenance(DeltaTable(uri), "p", 4, "vacuum")
+    # Another app id, only adds: the ingest run commits beside the fence.
+    two = write_file(
+        pafs.LocalFileSystem(),
+        uri,
+        "dt=d/part-b0000000002-t00000-a0-r1-f000.snappy.parquet",
+        pa.table({"_batch": [2]}),
+        {"dt": "d"},
+    )
+    assert commit_files(ingest, schema, ["dt"], [two], "p", 2, {})
+    table = DeltaTable(uri)
+    assert table.transaction_version("p") == 2 and table.transaction_version("p.maintenance") == 5
+    assert sorted(table.to_pyarrow_table()["_batch"].to_pylist()) == [1, 2]
+    # The fence is no batch: no `strata.batch`, and fencing again adds no commit.
+    fence = next(c for c in table.history() if FENCE_INFO_KEY in c)
+    assert "strata.batch" not in fence
+    version = table.version()
+    fence_maintenance(DeltaTable(uri), "p", 5, "vacuum")
+    assert DeltaTable(uri).version() == version
+    # The holder of the fence's token, or a later one, commits.
+    _compaction_commit(DeltaTable(uri), one, merged, 6)
+    assert DeltaTable(uri).to_pyarrow_table()["_batch"].to_pylist() == [1, 2]
+    assert maintenance_transactions(DeltaTable(uri), "p", None) == []
+
+
+def _leased(where: Path):
+    """`run_lock` for an object-store state location, with the lease on a local folder.
+
+    The lease is the real one (`strata.lease`); only its store differs from S3's, which
+    the integration tier uses.
+    """
+
+    @contextmanager
+    def run_lock(cfg: PipelineConfig, what: str = "run"):
+        with hold_lease(str(where / what), {}, cfg.name, 600, what) as lease:
+            yield lease
+
+    return run_lock
+
+
+def test_vacuum_fences_a_table_before_it_deletes_a_paused_compactions_files(tmp_path, monkeypatch):
+    uri = str(tmp_path / "t")
+    _, one = _delta_with_a_batch(uri)
+    cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), name="p", table=uri))
+    leased = _leased(tmp_path / "lease")
+    monkeypatch.setattr("strata.lock.run_lock", leased)
+    with leased(cfg, "maintenance") as paused_lease:
+        token = paused_lease.token
+    assert token is not None
+    # A compaction holding that token wrote its merged file and read its snapshot,
+    # then was paused past its lease.
+    merged = write_file(
+        pafs.LocalFileSystem(),
+        uri,
+        "dt=d/part-c20261123000000deadbeef-0000-f000.snappy.parquet",
+        pa.table({"_batch": [1]}),
+        {"dt": "d"},
+    )
+    snapshot = DeltaTable(uri)
+    done = vacuum(cfg)
+    assert done["tables"]["table"]["never_committed"] == 1
+    assert not Path(uri, merged.path).exists()
+    # Woken, it commits on its old snapshot: refused, so no commit names a deleted file.
+    with pytest.raises(CommitFailedError):
+        _compaction_commit(snapshot, one, merged, token)
+    table = DeltaTable(uri)
+    # The vacuum's fence: its token is the epoch after the paused holder's and its end.
+    assert table.transaction_version("p.maintenance") == token + 2
+    active = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    assert active == [one.path] and all(Path(uri, a).exists() for a in active)
+    assert table.to_pyarrow_table()["_batch"].to_pylist() == [1]

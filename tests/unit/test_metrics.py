@@ -150,6 +150,7 @@ def test_a_file_or_push_that_fails_is_a_warning_without_the_password(tmp_path, m
             "pushgateway": f"http://127.0.0.1:{port}",
             "username": "u",
             "password": "${PUSH_PASSWORD}",
+            "allow_http_on_loopback": True,
             "timeout_s": 2,
         },
     )

@@ -42,6 +42,22 @@ def test_offsets_deleted_before_read_fail_closed_with_the_count():
         plan_ranges([PartitionState("clicks", 3, 5000, 9000, 1200)], "earliest", 100)
 
 
+def test_a_loss_names_every_partition_that_lost_offsets_so_accepting_it_is_informed():
+    states = [
+        PartitionState("clicks", 1, 0, 90, 40),
+        PartitionState("clicks", 3, 5000, 9000, 1200),
+        PartitionState("views", 0, 70, 80, 10),
+    ]
+    with pytest.raises(PlanError) as err:
+        plan_ranges(states, "earliest", 100)
+    text = str(err.value)
+    assert "partition 3 of `clicks`: committed offset 1200" in text
+    assert (
+        "partition 0 of `views`: committed offset 10 is below the log start 70; 60 messages" in text
+    )
+    assert "partition 1 of `clicks`" not in text and "record the losses" in text
+
+
 def test_an_accepted_loss_goes_on_from_the_log_start_and_names_the_lost_range():
     states = [PartitionState("clicks", 3, 5000, 9000, 1200), PartitionState("clicks", 4, 0, 70, 50)]
     ranges, new, losses = plan_ranges(states, "earliest", 100, accept_loss=True)

@@ -217,7 +217,7 @@ def test_what_the_command_prints_is_redacted_even_when_a_message_quotes_a_secret
 
 
 def test_column_names_and_described_credentials_are_not_secrets(tmp_path):
-    from strata.config import is_secret_key, redact
+    from strata.redaction import is_secret_key, redact
 
     conf = tmp_path / "conf"
     (conf / "pipelines").mkdir(parents=True)
@@ -244,7 +244,7 @@ def test_column_names_and_described_credentials_are_not_secrets(tmp_path):
 
 
 def test_the_schema_registry_password_never_shows(tmp_path, canaries):
-    from strata.config import redact
+    from strata.redaction import redact
 
     registry = {
         "format": "confluent_avro",
@@ -272,3 +272,81 @@ def test_the_schema_registry_password_never_shows(tmp_path, canaries):
     done = strata("run", "--json", conf=conf)
     assert done.returncode == 2 and "schema_registry.timeout_s" in done.stderr, done.stderr
     assert_no_canary(done.stdout, done.stderr)
+
+
+def test_log_records_are_redacted_before_any_handler_of_the_host_sees_them(tmp_path, canaries):
+    import logging
+
+    from strata.log import get_logger
+
+    cfg = load_pipeline("clicks", project(tmp_path, merge(GOOD, SECRETS)))
+    password = cfg.kafka.properties["sasl.password"]
+    seen: list[logging.LogRecord] = []
+
+    class Host(logging.Handler):
+        """A handler the host process (Airflow, a notebook) puts on the `strata` logger."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    host = Host()
+    root = logging.getLogger("strata")
+    root.addHandler(host)
+    try:
+        try:
+            raise RuntimeError(f"broker refused {password}")
+        except RuntimeError:
+            get_logger("strata.kafka").warning(
+                "retrying with %s after %s", password, "a refusal", exc_info=True
+            )
+    finally:
+        root.removeHandler(host)
+    [record] = [r for r in seen if r.name == "strata.kafka"]
+    shown = logging.Formatter().format(record)
+    assert "retrying with *** after a refusal" in shown and "broker refused ***" in shown
+    assert_no_canary(shown, record.getMessage())
+
+
+def test_every_module_takes_its_logger_from_the_redacting_factory():
+    import ast
+
+    direct = []
+    for path in sorted((ROOT / "strata").rglob("*.py")):
+        if path.name == "log.py" or path.relative_to(ROOT).as_posix() == "strata/__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "getLogger"
+                and not (
+                    # Silencing a third-party library's own logger is not logging of ours.
+                    node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and not str(node.args[0].value).startswith("strata")
+                )
+            ):
+                direct.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not direct, f"use strata.log.get_logger instead of logging.getLogger: {direct}"
+
+
+def test_credentials_taken_from_the_environment_are_redacted(monkeypatch):
+    from strata.redaction import redact
+
+    # What the README recommends for S3: the keys in the environment, not in a file.
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-env-secret-9Wq")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "canary-env-token-3Ys")
+    monkeypatch.setenv("AWS_REGION", "eu-central-1")
+    text = redact("signature mismatch for canary-env-secret-9Wq (token canary-env-token-3Ys)")
+    assert text == "signature mismatch for *** (token ***)"
+    assert redact("region eu-central-1") == "region eu-central-1"
+
+
+def test_short_secrets_are_scrubbed_where_they_stand_as_values(tmp_path, monkeypatch):
+    from strata.redaction import redact
+
+    monkeypatch.setenv("SHORT_PASSWORD", "pw4")
+    body = merge(GOOD, {"kafka": {"properties": {"sasl.password": "${SHORT_PASSWORD}"}}})
+    load_pipeline("clicks", project(tmp_path, body))
+    text = redact('sasl.password=pw4; {"password": "pw4"}; password: pw4, pw4x and pw4 alone')
+    assert text == ('sasl.password=***; {"password": "***"}; password: ***, pw4x and pw4 alone')
