@@ -58,9 +58,11 @@ def _pipeline(make_pipeline, broker: LocalBroker, **limits: float):
     )
     broker.create_topic(p.topic, 2)
     total = {0: 0, 1: 0}
-    # Several rounds, so each partition holds many record batches, fetched one by one.
+    # Several rounds, so each partition holds many record batches, fetched one by one;
+    # and enough of them that a task's first read (up to half a second of fetching)
+    # never takes its whole range before the task freezes, however fast the machine.
     for round_ in range(6):
-        new = produce_clicks(broker, p.topic, 2, 200, seed=round_, start_ms=START_MS, hours=1)
+        new = produce_clicks(broker, p.topic, 2, 1000, seed=round_, start_ms=START_MS, hours=1)
         total = {q: total[q] + new[q] for q in total}
     return p, total
 
