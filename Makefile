@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml $(DEV_LOCK)
 	@touch $(STAMP)
 
 setup: $(STAMP) check-java ## Create .venv, install every pinned dependency, build the JVM class archive
-	@$(BIN)/python -m strata.jvm
+	@$(BIN)/python -m strata.spark.jvm
 
 check-java: ## Fail clearly unless Java 17 or newer is on PATH (Spark needs it)
 	@command -v java >/dev/null 2>&1 || { echo "error: java not found. Spark needs Java 17+: install openjdk-17-jre-headless (Debian/Ubuntu) or set JAVA_HOME and PATH." >&2; exit 1; }

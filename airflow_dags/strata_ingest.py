@@ -30,14 +30,10 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Asset, AssetAlias, Metadata, task
 
-from strata.config import (
-    PipelineConfig,
-    list_pipelines,
-    load_pipelines,
-    parse_duration_ms,
-)
+from strata.config import PipelineConfig, list_pipelines, load_pipelines
+from strata.config.secrets import is_secret_key
+from strata.durations import parse_duration_ms
 from strata.errors import ConfigError
-from strata.redaction import is_secret_key
 
 PROJECT = Path(__file__).resolve().parents[1]
 CONF_DIR = os.environ.get("STRATA_CONF_DIR") or str(PROJECT / "conf")

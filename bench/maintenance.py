@@ -43,7 +43,7 @@ from bench.run_bench import (
 from strata.config import load_pipeline
 from strata.local.broker import LocalBroker
 from strata.run import run_batch
-from strata.spark import build_session
+from strata.spark.session import build_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -45,7 +45,7 @@ def _kind(frames: list[str]) -> str:
 
 def _daemon(process: str) -> bool:
     # Spark's own daemon module, or the one Strata sets (`spark.python.daemon.module`).
-    return "pyspark.daemon" in process or "strata.daemon" in process
+    return "pyspark.daemon" in process or "strata.spark.daemon" in process
 
 
 def summarise(raw: str, top: int = 15) -> list[str]:

@@ -32,7 +32,7 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, TopicPartition
 
-from strata.read import READ_TUNING
+from strata.batch.read import READ_TUNING
 
 
 def _consumer(bootstrap: str, topic: str, partitions: int) -> tuple[Consumer, dict[int, int]]:

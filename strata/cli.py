@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from strata.config import PipelineConfig, load_pipeline
+from strata.config.secrets import redact, redact_json
 from strata.errors import StrataError, root_cause
 from strata.log import configure as configure_logging
-from strata.redaction import redact, redact_json
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -258,7 +258,7 @@ def _dispatch(
     cfg: PipelineConfig, args: argparse.Namespace, handler: Handler
 ) -> tuple[str, dict[str, Any]]:
     """Run a command on the pipeline, or on each of its tables if it routes to tables."""
-    from strata.routes import each_table
+    from strata.operations.routes import each_table
 
     if getattr(args, "prometheus", False):
         return _prometheus(cfg, args)
@@ -320,8 +320,8 @@ def _fail(message: str, code: int, as_json: bool) -> int:
 
 
 def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.metrics import after_run
-    from strata.report import render_summary, summary_dict
+    from strata.operations.metrics import after_run
+    from strata.operations.report import render_summary, summary_dict
     from strata.run import run_batch
 
     accepted = None if args.accept_loss is None else f"{_who()}: {args.accept_loss}"
@@ -350,7 +350,7 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
             )
     if outcome.batch is not None:
         # After the gate: a partition it holds gets no marker.
-        from strata.register import publish_completeness
+        from strata.catalog.register import publish_completeness
 
         found, problems = publish_completeness(cfg, outcome.batch)
         if found is not None and found.completed:
@@ -372,7 +372,7 @@ def _who() -> str:
 def _plan(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from dataclasses import asdict
 
-    from strata.recovery import drop_plan, render_edit
+    from strata.operations.recovery import drop_plan, render_edit
 
     edit = drop_plan(cfg, args.batch, args.reason, _who(), args.force)
     return render_edit(edit), asdict(edit)
@@ -381,7 +381,7 @@ def _plan(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str,
 def _ledger(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from dataclasses import asdict
 
-    from strata.recovery import render_edit, seek
+    from strata.operations.recovery import render_edit, seek
 
     edit = seek(cfg, args.topic, args.partition, args.to, args.reason, _who(), args.reread)
     return render_edit(edit), asdict(edit)
@@ -390,8 +390,8 @@ def _ledger(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 def _register(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from dataclasses import asdict
 
+    from strata.catalog.register import register_tables, render_registration
     from strata.quality.table import register_written
-    from strata.register import register_tables, render_registration
 
     report = register_tables(cfg)
     register_written(cfg, report)
@@ -399,9 +399,9 @@ def _register(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[
 
 
 def _backfill(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.backfill import backfill
-    from strata.plan import OffsetRange
-    from strata.report import render_summary, summary_dict
+    from strata.batch.plan import OffsetRange
+    from strata.operations.backfill import backfill
+    from strata.operations.report import render_summary, summary_dict
 
     target = OffsetRange(args.topic, args.partition, args.start, args.end)
     outcome = backfill(cfg, target, args.reason)
@@ -409,8 +409,8 @@ def _backfill(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[
 
 
 def _replay(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.backfill import replay, replay_targets
-    from strata.report import render_summary, summary_dict
+    from strata.operations.backfill import replay, replay_targets
+    from strata.operations.report import render_summary, summary_dict
 
     by_range = (args.topic, args.partition, args.start, args.end)
     targets = replay_targets(cfg, args.from_batch, args.to_batch, by_range)
@@ -431,42 +431,42 @@ def _quality(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[s
 
 
 def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.sql import pipeline_ddl
+    from strata.catalog.sql import pipeline_ddl
 
     ddl = pipeline_ddl(cfg)
     return ddl.rstrip("\n"), {"pipeline": cfg.name, "ddl": ddl}
 
 
 def _compact(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.compact import compact, render_compaction
+    from strata.maintenance.compact import compact, render_compaction
 
     report = compact(cfg, args.partition, args.older_than, args.dry_run)
     return render_compaction(report), report.as_dict()
 
 
 def _checkpoint(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.maintain import checkpoint, render_maintenance
+    from strata.maintenance.vacuum import checkpoint, render_maintenance
 
     report = checkpoint(cfg)
     return render_maintenance("checkpoint", report), report
 
 
 def _vacuum(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.maintain import render_maintenance, vacuum
+    from strata.maintenance.vacuum import render_maintenance, vacuum
 
     report = vacuum(cfg, args.dry_run)
     return render_maintenance("vacuum" + (" (dry run)" if args.dry_run else ""), report), report
 
 
 def _completeness(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.completeness import completeness, render_completeness
+    from strata.catalog.completeness import completeness, render_completeness
 
     found = completeness(cfg)
     return render_completeness(found, args.limit), found.as_dict()
 
 
 def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.status import pipeline_status, render_status
+    from strata.operations.status import pipeline_status, render_status
 
     status = pipeline_status(cfg, args.history)
     return render_status(status), status
@@ -474,9 +474,9 @@ def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 
 def _prometheus(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """`status --prometheus`: one exposition, of the pipeline or of all its tables."""
-    from strata.metrics import status_metrics
-    from strata.routes import table_configs
-    from strata.status import pipeline_status
+    from strata.operations.metrics import status_metrics
+    from strata.operations.routes import table_configs
+    from strata.operations.status import pipeline_status
 
     if not cfg.routed:
         status = pipeline_status(cfg, args.history)

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 
-from strata.redaction import RedactingFilter
+from strata.config.secrets import RedactingFilter
 
 LEVEL_ENV = "STRATA_LOG_LEVEL"
 

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
+from strata.batch.plan import OffsetRange
 from strata.config import PipelineConfig, load_pipeline
+from strata.config.secrets import redact, redact_json
 from strata.errors import QualityGateFailed
-from strata.plan import OffsetRange
-from strata.redaction import redact, redact_json
 
 
 def _each_table(
@@ -27,12 +27,12 @@ def _each_table(
     raised, so Airflow retries the step, and a retry finds the tables that went
     through idle or done.
     """
-    from strata.evolve import table_schema
+    from strata.schema.evolve import table_schema
 
     cfg = load_pipeline(pipeline, conf_dir)
     if not cfg.routed:
         return step(table_schema(cfg))
-    from strata.routes import table_configs
+    from strata.operations.routes import table_configs
 
     tables: dict[str, Any] = {}
     failures: list[tuple[str, Exception]] = []
@@ -73,8 +73,8 @@ def plan_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
 
 
 def _ingest_one(cfg: PipelineConfig) -> dict[str, Any]:
-    from strata.metrics import after_run
-    from strata.report import render_summary, summary_dict
+    from strata.operations.metrics import after_run
+    from strata.operations.report import render_summary, summary_dict
     from strata.run import run_batch
 
     outcome = run_batch(cfg, register_tables=False)
@@ -106,7 +106,7 @@ def _register_one(cfg: PipelineConfig, ddl: bool = False) -> dict[str, Any]:
     else:
         body.update(registered=None, reason="no metastore configured")
     if conn_id:
-        from strata.sql import ddl_statements, run_through_connection, trino_statements
+        from strata.catalog.sql import ddl_statements, run_through_connection, trino_statements
 
         # A Delta table's metastore entry is all a Trino on the same metastore needs;
         # `register_table`, which Trino refuses unless its catalog allows it, only
@@ -250,9 +250,9 @@ def announced_batches(events: Iterable[Any], dag_id: str) -> dict[str, int]:
 
 
 def _complete_one(cfg: PipelineConfig, batch: int | None, since: int | None) -> dict[str, Any]:
-    from strata.completeness import late_warnings
-    from strata.ledger import ledger_state
-    from strata.register import publish_completeness
+    from strata.catalog.completeness import late_warnings
+    from strata.catalog.register import publish_completeness
+    from strata.store.ledger import ledger_state
 
     body: dict[str, Any] = {"pipeline": cfg.name, "asset": cfg.asset_uri, "batch": batch}
     # A batch the run did not commit completes nothing (yet); a run that planned none
@@ -281,8 +281,8 @@ def backfill_task(
     pipeline: str, conf_dir: str, topic: str, partition: int, start: int, end: int, reason: str
 ) -> dict[str, Any]:
     """Re-ingest one committed range, replacing its rows."""
-    from strata.backfill import backfill
-    from strata.report import summary_dict
+    from strata.operations.backfill import backfill
+    from strata.operations.report import summary_dict
 
     outcome = backfill(
         load_pipeline(pipeline, conf_dir), OffsetRange(topic, partition, start, end), reason
@@ -308,8 +308,8 @@ def replay_task(
         to_batch: The last batch; None is `from_batch`.
         target: Topic, partition, first offset and first offset after, for a range.
     """
-    from strata.backfill import replay, replay_targets
-    from strata.report import summary_dict
+    from strata.operations.backfill import replay, replay_targets
+    from strata.operations.report import summary_dict
 
     cfg = load_pipeline(pipeline, conf_dir)
     outcome = replay(cfg, replay_targets(cfg, from_batch, to_batch, target), reason)
@@ -318,20 +318,20 @@ def replay_task(
 
 def compact_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Merge the small files of the pipeline's settled partitions (see `strata.compact`)."""
-    from strata.compact import compact
+    from strata.maintenance.compact import compact
 
     return _each_table(pipeline, conf_dir, lambda cfg: redact_json(compact(cfg).as_dict()))
 
 
 def checkpoint_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Checkpoint the pipeline's Delta logs and delete their expired commits."""
-    from strata.maintain import checkpoint
+    from strata.maintenance.vacuum import checkpoint
 
     return _each_table(pipeline, conf_dir, lambda cfg: redact_json(checkpoint(cfg)))
 
 
 def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Delete removed files past the retention, and files that can never be committed."""
-    from strata.maintain import vacuum
+    from strata.maintenance.vacuum import vacuum
 
     return _each_table(pipeline, conf_dir, lambda cfg: redact_json(vacuum(cfg)))

@@ -30,37 +30,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake.transaction import RemoveAction
 
-from strata.config import PipelineConfig, TableName
-from strata.decode import DecodeRules
-from strata.delta import (
-    add_missing_columns,
-    batch_metadata,
-    batch_removes,
-    commit_files,
-    commit_removes,
-    committed_batch,
-    ensure_table,
-    open_table,
-    without_ranges,
-)
-from strata.errors import KafkaUnavailable, LeaseLost, PlanError, ReconcileError, SchemaError
-from strata.evolve import evolved, table_schema
-from strata.faults import crash_point
-from strata.kafka import partition_states, pipeline_topics, publish_offsets, topic_ids
-from strata.ledger import (
-    RUN_COLUMNS,
-    LedgerState,
-    LogIds,
-    commit_ledger,
-    committed_columns,
-    committed_log_ids,
-    ledger_state,
-    read_ledger,
-    unread_row,
-)
-from strata.locations import void_unfinished_moves
-from strata.lock import BothLocks, RunLock, run_lock
-from strata.plan import (
+from strata.batch.decode import DecodeRules
+from strata.batch.kafka import partition_states, pipeline_topics, publish_offsets, topic_ids
+from strata.batch.plan import (
     BatchPlan,
     OffsetRange,
     PartitionState,
@@ -72,7 +44,7 @@ from strata.plan import (
     split_ranges,
     vanished_topics,
 )
-from strata.reconcile import (
+from strata.batch.reconcile import (
     RANGES_KEY,
     TABLES,
     batch_results,
@@ -81,19 +53,47 @@ from strata.reconcile import (
     reconcile_resumed,
     reconcile_tables,
 )
-from strata.routes import remember_table, require_one_table
-from strata.schema import (
+from strata.batch.task import RangeResult, SplitJob, SplitResult
+from strata.batch.write import WrittenFile, is_batch_file
+from strata.config import PipelineConfig, TableName
+from strata.errors import KafkaUnavailable, LeaseLost, PlanError, ReconcileError, SchemaError
+from strata.faults import crash_point
+from strata.operations.routes import remember_table, require_one_table
+from strata.schema.avro import (
     TABLE_SUFFIXES,
     column_signature,
     data_schema,
     schema_changes,
     table_layout,
 )
+from strata.schema.evolve import evolved, table_schema
 from strata.stages import Stages
-from strata.storage import filesystem
-from strata.tables import TableRef, table_refs
-from strata.task import RangeResult, SplitJob, SplitResult
-from strata.write import WrittenFile, is_batch_file
+from strata.store.delta import (
+    add_missing_columns,
+    batch_metadata,
+    batch_removes,
+    commit_files,
+    commit_removes,
+    committed_batch,
+    ensure_table,
+    open_table,
+    without_ranges,
+)
+from strata.store.files import filesystem
+from strata.store.ledger import (
+    RUN_COLUMNS,
+    LedgerState,
+    LogIds,
+    commit_ledger,
+    committed_columns,
+    committed_log_ids,
+    ledger_state,
+    read_ledger,
+    unread_row,
+)
+from strata.store.locations import void_unfinished_moves
+from strata.store.lock import BothLocks, RunLock, run_lock
+from strata.store.tables import TableRef, table_refs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -387,7 +387,7 @@ def _load_or_plan(
         batch's (or another runner's, saved first), and the partitions' watermarks
         when a new plan was made.
     """
-    from strata.spark import submitted_master
+    from strata.spark.session import submitted_master
 
     # Before anything is saved: spark-submit may name a cluster the YAML does not.
     shared = cfg.shared_storage_error(submitted_master() or cfg.spark.master)
@@ -595,7 +595,7 @@ def new_plan(
             unless the pipeline's `on_data_loss` is `accept`.
         committed: Where reading goes on per partition, from the ledger.
     """
-    from strata.spark import default_tasks
+    from strata.spark.session import default_tasks
 
     if accept_loss is None and cfg.on_data_loss == "accept":
         accept_loss = "pipeline policy on_data_loss: accept"
@@ -958,10 +958,10 @@ def run_tasks(
         for i, split in enumerate(plan.splits)
     ]
     if session is None:
-        from strata.spark import build_session
+        from strata.spark.session import build_session
 
         session = build_session
-    from strata.spark import default_tasks, execute
+    from strata.spark.session import default_tasks, execute
 
     t0 = time.monotonic()
     with outcome.stages.timed("spark_start"):
@@ -1086,8 +1086,8 @@ def register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
     """Register the tables in the metastore, after the commit; a failure loses nothing."""
     if not cfg.metastore.uri:
         return
+    from strata.catalog.register import register_tables, render_registration
     from strata.errors import MetastoreError
-    from strata.register import register_tables, render_registration
 
     try:
         # The columns of a table that follows its registry are those it evolved to.
@@ -1097,7 +1097,7 @@ def register(cfg: PipelineConfig, outcome: RunOutcome) -> None:
         register_written(cfg, report)
         outcome.registered = render_registration(report)
         if cfg.trino.url:
-            from strata.sql import run_in_trino, trino_statements
+            from strata.catalog.sql import run_in_trino, trino_statements
 
             ran = run_in_trino(cfg, trino_statements(cfg))
             outcome.registered += f"; {len(ran)} statement(s) run in Trino at {cfg.trino.url}"
@@ -1113,7 +1113,7 @@ def _late_after_completion(cfg: PipelineConfig, outcome: RunOutcome) -> None:
     """Warn of the batch's rows that landed in partitions already complete before it."""
     if not cfg.completeness.enabled:
         return
-    from strata.completeness import completeness, late_warnings
+    from strata.catalog.completeness import completeness, late_warnings
 
     try:
         found = completeness(cfg, outcome.batch, totals=False, quality=False)

@@ -26,13 +26,13 @@ import yaml
 from deltalake import DeltaTable
 
 from strata.config import ENV_BOOTSTRAP, ENV_WAREHOUSE, PipelineConfig, load_pipeline
-from strata.jvm import driver_options, require_java
 from strata.local.broker import LocalBroker
 from strata.local.events import HOUR_MS, click_events, produce
 from strata.local.service import free_port
-from strata.locations import current_files
-from strata.spark import local_session, session_defaults
-from strata.storage import filesystem
+from strata.spark.jvm import driver_options, require_java
+from strata.spark.session import local_session, session_defaults
+from strata.store.files import filesystem
+from strata.store.locations import current_files
 
 ROOT = Path(__file__).resolve().parents[1]
 START_MS = 1_763_805_600_000  # 2025-11-22T10:00:00Z

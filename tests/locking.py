@@ -20,8 +20,8 @@ from typing import Any
 
 from strata.config import PipelineConfig
 from strata.errors import LeaseLost, LockBusy
-from strata.lock import RunLock, run_lock
-from strata.storage import list_names, put_if_absent, read_object
+from strata.store.files import list_names, put_if_absent, read_object
+from strata.store.lock import RunLock, run_lock
 
 # Not tests.conftest's: the runner processes import this module and need none of that.
 ROOT = Path(__file__).resolve().parents[1]

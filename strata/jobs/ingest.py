@@ -21,11 +21,11 @@ from typing import Any
 from strata.cli import run_guarded
 from strata.config import PipelineConfig, load_pipeline
 from strata.log import configure as configure_logging
-from strata.metrics import after_run
-from strata.report import render_summary, summary_dict
-from strata.routes import each_table
+from strata.operations.metrics import after_run
+from strata.operations.report import render_summary, summary_dict
+from strata.operations.routes import each_table
 from strata.run import run_batch
-from strata.spark import build_session, submitted_master
+from strata.spark.session import build_session, submitted_master
 
 
 def main() -> int:

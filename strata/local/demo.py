@@ -32,10 +32,10 @@ def main(batches: int = 1) -> int:
     from strata.config import ENV_BOOTSTRAP, ENV_METASTORE, ENV_WAREHOUSE, load_pipeline
     from strata.local.broker import LocalBroker
     from strata.local.metastore import LocalMetastore
+    from strata.operations.report import render_summary
+    from strata.operations.status import pipeline_status, render_status
     from strata.quality import render_quality, run_quality
-    from strata.report import render_summary
     from strata.run import run_batch
-    from strata.status import pipeline_status, render_status
 
     warehouse = Path("demo-warehouse").resolve()
     shutil.rmtree(warehouse, ignore_errors=True)
@@ -103,8 +103,8 @@ def _slow_click(at_ms: int) -> Message:
 
 
 def _show_registered(cfg: PipelineConfig) -> None:
-    from strata.metastore import MetastoreClient
-    from strata.namespace import NAME_SUFFIXES
+    from strata.catalog.metastore import MetastoreClient
+    from strata.config.namespace import NAME_SUFFIXES
 
     assert cfg.metastore.uri is not None
     with MetastoreClient(cfg.metastore.uri, cfg.metastore.timeout_s) as client:

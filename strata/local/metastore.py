@@ -153,7 +153,7 @@ class LocalMetastore(LocalService):
             timeout: Seconds to wait for the port.
             detach: Keep running after this process exits (for `strata metastore up`).
         """
-        from strata.jvm import require_java
+        from strata.spark.jvm import require_java
 
         require_java()
         conf = self.directory / "conf"

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from strata.reconcile import EXPECTED, count_problems, ledger_continuity, span_problems
-from strata.write import partition_path
+from strata.batch.reconcile import EXPECTED, count_problems, ledger_continuity, span_problems
+from strata.batch.write import partition_path
 
 if TYPE_CHECKING:
     from strata.config import TableName
-    from strata.tables import Counts
+    from strata.store.tables import Counts
 
 COORDINATES = ["_topic", "_partition", "_offset"]
 """The columns that name a message: unique across the whole data table."""

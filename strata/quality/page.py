@@ -18,8 +18,8 @@ from collections import Counter
 from typing import Any
 from urllib.parse import quote
 
-from strata.ledger import lag_after
 from strata.quality.checks import LATENESS_LABELS, incomplete_marks, recent_batches
+from strata.store.ledger import lag_after
 
 WIDTH, HEIGHT, PAD = 640, 180, 34
 

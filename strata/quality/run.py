@@ -21,12 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from strata import tables
+from strata.batch.plan import OffsetRange, PlanStore
 from strata.config import PipelineConfig, TableName
-from strata.delta import open_table, range_filter
 from strata.errors import QualityError
-from strata.ledger import lag_after, read_ledger
-from strata.plan import OffsetRange, PlanStore
 from strata.quality.checks import (
     COORDINATES,
     QualityResult,
@@ -41,9 +38,12 @@ from strata.quality.page import docs_index, summary_page
 from strata.quality.store import ResultStore
 from strata.quality.suite import run_suite, suite_expectations
 from strata.quality.table import publish_result
-from strata.schema import load_topic_schema, partition_columns, table_layout
-from strata.storage import filesystem
-from strata.tables import Counts, TableRef
+from strata.schema.avro import load_topic_schema, partition_columns, table_layout
+from strata.store import tables
+from strata.store.delta import open_table, range_filter
+from strata.store.files import filesystem
+from strata.store.ledger import lag_after, read_ledger
+from strata.store.tables import Counts, TableRef
 
 _TOTALS = ("messages", "rows", "quarantined", "gaps", "bytes", "late_rows")
 """The ledger's counters summed into a result."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.fs as pafs
 
 from strata.quality.checks import QualityResult, incomplete_marks
-from strata.storage import filesystem, read_bytes, write_bytes_atomically
+from strata.store.files import filesystem, read_bytes, write_bytes_atomically
 
 if TYPE_CHECKING:
     from strata.config import PipelineConfig

@@ -29,22 +29,22 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
-from strata.config import PipelineConfig
-from strata.delta import BATCH_KEY, ensure_table, open_table
-from strata.errors import MetastoreError
-from strata.log import get_logger
-from strata.metastore import MetastoreClient
-from strata.namespace import NAME_SUFFIXES
-from strata.quality.checks import QUALITY_SCHEMA, QualityResult, quality_rows
-from strata.register import (
+from strata.batch.write import write_file
+from strata.catalog.metastore import MetastoreClient
+from strata.catalog.register import (
     RegistrationReport,
     delta_table,
     ensure_definition,
     location_uri,
     parquet_table,
 )
-from strata.storage import filesystem
-from strata.write import write_file
+from strata.config import PipelineConfig
+from strata.config.namespace import NAME_SUFFIXES
+from strata.errors import MetastoreError
+from strata.log import get_logger
+from strata.quality.checks import QUALITY_SCHEMA, QualityResult, quality_rows
+from strata.store.delta import BATCH_KEY, ensure_table, open_table
+from strata.store.files import filesystem
 
 logger = get_logger(__name__)
 

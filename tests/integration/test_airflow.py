@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from strata.faults import FAIL_ONCE_ENV, FAIL_ONCE_MARKER_ENV
-from strata.ledger import read_ledger
+from strata.store.ledger import read_ledger
 from tests.conftest import ROOT, START_MS, expected_offsets, produce_clicks
 
 DAGS = ROOT / "airflow_dags"
@@ -160,8 +160,8 @@ def test_the_maintenance_dag_compacts_checkpoints_and_vacuums_each_pipeline(
 ):
     from deltalake import DeltaTable
 
-    from strata.backfill import backfill
-    from strata.plan import OffsetRange
+    from strata.batch.plan import OffsetRange
+    from strata.operations.backfill import backfill
     from strata.run import run_batch
 
     p = make_pipeline(partitions=1)

@@ -7,12 +7,12 @@ import signal
 
 import pytest
 
-from strata.backfill import backfill
+from strata.batch.plan import OffsetRange
 from strata.errors import BackfillError
 from strata.faults import CRASH_ENV
-from strata.ledger import ledger_state, read_ledger
-from strata.plan import OffsetRange
+from strata.operations.backfill import backfill
 from strata.run import run_batch
+from strata.store.ledger import ledger_state, read_ledger
 from tests.conftest import expected_offsets, produce_clicks
 
 

@@ -22,11 +22,11 @@ import psutil
 import pytest
 from deltalake import DeltaTable
 
+from strata.batch.plan import PlanStore
 from strata.faults import FAIL_ONCE_MARKER_ENV, STOP_ENV
-from strata.ledger import read_ledger
 from strata.local.broker import LocalBroker
-from strata.plan import PlanStore
 from strata.run import run_batch
+from strata.store.ledger import read_ledger
 from tests.conftest import START_MS, expected_offsets, produce_clicks
 
 # Small fetches and a small prefetch queue: when the task freezes, most of its range

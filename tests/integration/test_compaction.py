@@ -23,10 +23,16 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
-from strata.compact import compact
+from strata.catalog.metastore import MetastoreClient
+from strata.catalog.register import location_uri, register_tables
 from strata.errors import LockBusy
 from strata.faults import FAIL_ONCE_MARKER_ENV, STOP_ENV
-from strata.locations import (
+from strata.maintenance.compact import compact
+from strata.maintenance.vacuum import checkpoint, never_committed, sweep_moved, table_health, vacuum
+from strata.operations.status import pipeline_status, render_status
+from strata.run import run_batch
+from strata.store.files import filesystem
+from strata.store.locations import (
     current_files,
     current_locations,
     mark,
@@ -36,13 +42,7 @@ from strata.locations import (
     visible_files,
     void,
 )
-from strata.lock import run_lock
-from strata.maintain import checkpoint, never_committed, sweep_moved, table_health, vacuum
-from strata.metastore import MetastoreClient
-from strata.register import location_uri, register_tables
-from strata.run import run_batch
-from strata.status import pipeline_status, render_status
-from strata.storage import filesystem
+from strata.store.lock import run_lock
 from tests.conftest import expected_offsets, produce_clicks, s3_landed, s3_pipeline
 from tests.locking import s3_options
 

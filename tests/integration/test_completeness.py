@@ -10,11 +10,11 @@ from pathlib import Path
 import yaml
 from deltalake import DeltaTable
 
-from strata.completeness import MARKER, completeness
-from strata.metastore import MetastoreClient
-from strata.register import publish_completeness
+from strata.catalog.completeness import MARKER, completeness
+from strata.catalog.metastore import MetastoreClient
+from strata.catalog.register import publish_completeness
 from strata.run import run_batch
-from strata.storage import filesystem
+from strata.store.files import filesystem
 from tests.conftest import ROOT, START_MS, produce_clicks, s3_pipeline
 from tests.integration.test_airflow import load_dags, states
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from strata.faults import CRASH_ENV, FAIL_ONCE_ENV, FAIL_ONCE_MARKER_ENV
-from strata.ledger import read_ledger
 from strata.run import run_batch
+from strata.store.ledger import read_ledger
 from tests.conftest import START_MS, expected_offsets, produce_clicks
 
 STEPS = [

@@ -8,9 +8,9 @@ from __future__ import annotations
 import base64
 import json
 
-from strata.ledger import read_ledger
+from strata.catalog.sql import ddl_statements
 from strata.run import run_batch
-from strata.sql import ddl_statements
+from strata.store.ledger import read_ledger
 from tests.conftest import expected_offsets, produce_clicks
 from tests.fake_trino import FakeTrino, self_signed_certificate
 from tests.integration.test_airflow import load_dags, states

@@ -13,10 +13,10 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from strata.batch.plan import PlanStore
 from strata.faults import CRASH_ENV
-from strata.ledger import read_ledger
-from strata.plan import PlanStore
 from strata.run import run_batch
+from strata.store.ledger import read_ledger
 from tests.conftest import expected_offsets, produce_clicks
 
 

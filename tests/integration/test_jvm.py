@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from strata.jvm import (
+from strata.spark.jvm import (
     JVM_OPTIONS,
     build_class_archive,
     class_archive,

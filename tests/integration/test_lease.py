@@ -22,9 +22,9 @@ import pytest
 
 from strata.config import PipelineConfig
 from strata.errors import LockBusy
-from strata.lease import Epoch
-from strata.lock import run_lock
-from strata.storage import list_names, read_object
+from strata.store.files import list_names, read_object
+from strata.store.lease import Epoch
+from strata.store.lock import run_lock
 from tests.locking import (
     Runner,
     check_put_if_absent,

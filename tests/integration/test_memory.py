@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import psutil
 
-from strata.plan import OffsetRange
-from strata.task import SplitJob, run_split
+from strata.batch.plan import OffsetRange
+from strata.batch.task import SplitJob, run_split
 from tests.conftest import produce_clicks
 
 

@@ -19,10 +19,10 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
 
-from strata.completeness import watermarks
-from strata.ledger import read_ledger
+from strata.catalog.completeness import watermarks
 from strata.local.events import HOUR_MS
 from strata.orchestrate import ingest_task
+from strata.store.ledger import read_ledger
 from tests.conftest import produce_clicks
 
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]

@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from fastavro import parse_schema, schemaless_writer
 
 from strata.run import run_batch
-from strata.schema import without_logical_types
+from strata.schema.avro import without_logical_types
 from tests.conftest import START_MS, expected_offsets
 
 DAY_MS = 86_400_000

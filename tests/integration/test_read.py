@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from strata.batch.plan import OffsetRange
+from strata.batch.read import GAP_RUNS_VERIFIED, RangeProgress, read_ranges
 from strata.errors import ReadError
 from strata.faults import SKIP_ENV
-from strata.plan import OffsetRange
-from strata.read import GAP_RUNS_VERIFIED, RangeProgress, read_ranges
 from tests.kafka_wire import WireRecord, produce
 
 

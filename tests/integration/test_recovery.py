@@ -6,10 +6,10 @@ import json
 import signal
 from collections import Counter
 
+from strata.batch.plan import PlanStore
 from strata.faults import CRASH_ENV
-from strata.ledger import ledger_state, read_ledger
-from strata.plan import PlanStore
 from strata.run import run_batch
+from strata.store.ledger import ledger_state, read_ledger
 from tests.conftest import expected_offsets, produce_clicks
 
 
@@ -374,8 +374,8 @@ def test_a_seek_of_one_partition_never_vouches_for_the_others(make_pipeline, bro
 def test_a_backfill_of_a_range_read_from_an_old_log_never_reads_the_new_one(
     make_pipeline, broker, spark
 ):
-    from strata.backfill import backfill
-    from strata.plan import OffsetRange
+    from strata.batch.plan import OffsetRange
+    from strata.operations.backfill import backfill
 
     p = make_pipeline(partitions=1)
     produce_clicks(broker, p.topic, 1, 200)

@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from strata.catalog.metastore import MetastoreClient
+from strata.catalog.register import location_uri
 from strata.local.service import free_port
-from strata.metastore import MetastoreClient
-from strata.register import location_uri
 from strata.run import run_batch
-from strata.schema import TABLE_SUFFIXES
+from strata.schema.avro import TABLE_SUFFIXES
 from tests.conftest import produce_clicks
 from tests.fake_trino import FakeTrino
 

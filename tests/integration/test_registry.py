@@ -18,7 +18,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from strata.errors import SchemaRegistryUnavailable, from_task_failure
 from strata.local.service import free_port
-from strata.report import summary_dict
+from strata.operations.report import summary_dict
 from strata.run import run_batch
 from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, START_MS, expected_offsets
 from tests.unit.test_registry import (
@@ -133,7 +133,7 @@ def test_a_registry_that_cannot_be_reached_fails_the_batch_and_quarantines_nothi
 def test_a_table_that_follows_its_subject_takes_on_the_optional_fields_producers_add(
     make_pipeline, broker, spark, schema_registry
 ):
-    from strata.ledger import committed_reader_schema
+    from strata.store.ledger import committed_reader_schema
 
     overrides = registry_overrides(schema_registry.url)
     overrides["schema_registry"]["evolve"] = True

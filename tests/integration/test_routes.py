@@ -12,7 +12,7 @@ import yaml
 
 from strata.cli import main
 from strata.config import load_pipeline
-from strata.ledger import read_ledger
+from strata.store.ledger import read_ledger
 from tests.conftest import ROOT, produce_clicks
 
 
@@ -33,7 +33,7 @@ def _schema_for(p, table: str) -> None:
 
 def _rows(cfg, which: str) -> Counter[tuple[str, int, int]]:
     """Rows of one of a table's tables, Delta or plain Parquet, by coordinates."""
-    from strata.tables import TableRef, read
+    from strata.store.tables import TableRef, read
 
     t = read(TableRef.of(cfg, which), ["_topic", "_partition", "_offset"])
     return Counter(

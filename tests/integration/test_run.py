@@ -18,9 +18,9 @@ from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from strata.errors import SchemaError
-from strata.ledger import read_ledger
-from strata.report import summary_dict
+from strata.operations.report import summary_dict
 from strata.run import run_batch
+from strata.store.ledger import read_ledger
 from tests.conftest import ROOT, START_MS, expected_offsets, produce_clicks
 
 
@@ -300,8 +300,14 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     # The local broker never raises a log start (no retention in memory, no
     # DeleteRecords), so the planner's decision is tested on literal watermarks in
     # test_plan; here a plan carrying an accepted loss, as that decision makes it, runs.
-    from strata.plan import BatchPlan, OffsetRange, PlanStore, decode_fingerprint, split_ranges
-    from strata.status import pipeline_status, render_status
+    from strata.batch.plan import (
+        BatchPlan,
+        OffsetRange,
+        PlanStore,
+        decode_fingerprint,
+        split_ranges,
+    )
+    from strata.operations.status import pipeline_status, render_status
 
     # The first batch records where reading starts (an empty topic, read from its end);
     # then retention deletes offsets [0, 120) before batch 2 reads them.

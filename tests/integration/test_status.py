@@ -49,7 +49,7 @@ def test_a_topic_without_retention_reports_none(make_pipeline, broker):
 
 
 def test_status_warns_when_unread_bytes_near_retention_bytes(make_pipeline, broker):
-    from strata.ledger import read_ledger
+    from strata.store.ledger import read_ledger
 
     p = make_pipeline(partitions=1, create=False)
     broker.create_topic(p.topic, 1, {"retention.bytes": "40000"})

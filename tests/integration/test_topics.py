@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from strata.errors import KafkaUnavailable
-from strata.ledger import read_ledger
+from strata.operations.status import pipeline_status
 from strata.run import run_batch
-from strata.status import pipeline_status
+from strata.store.ledger import read_ledger
 from tests.conftest import produce_clicks
 
 

@@ -14,9 +14,9 @@ from collections import Counter
 import yaml
 from deltalake import DeltaTable
 
-from strata.ledger import read_ledger
-from strata.plan import PlanStore
+from strata.batch.plan import PlanStore
 from strata.run import run_batch
+from strata.store.ledger import read_ledger
 from tests.conftest import expected_offsets, produce_clicks
 
 
@@ -129,9 +129,9 @@ def test_an_accepted_loss_on_an_emptied_partition_is_recorded_once(make_pipeline
     # unread message" is given to the planner as literal watermarks (decided in
     # test_plan); the plan it makes runs for real, and the next plan over the same
     # watermarks finds nothing to do and no second loss.
-    from strata.ledger import ledger_state
-    from strata.plan import PartitionState
+    from strata.batch.plan import PartitionState
     from strata.run import new_plan
+    from strata.store.ledger import ledger_state
 
     p = make_pipeline(partitions=1)
     per = produce_clicks(broker, p.topic, 1, 99)

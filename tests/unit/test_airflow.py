@@ -148,9 +148,9 @@ def test_with_no_file_per_pipeline_a_malformed_one_is_left_out_and_named(tmp_pat
 def test_with_a_trino_connection_registration_calls_trino_through_it(tmp_path, monkeypatch):
     import json
 
+    from strata.catalog.sql import trino_statements
     from strata.config import load_pipeline
     from strata.orchestrate import register_task
-    from strata.sql import trino_statements
     from tests.fake_trino import FakeTrino
 
     conf = tmp_path / "conf"

@@ -8,8 +8,14 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from strata.completeness import MARKER, Completeness, partition_states, watermarks, write_markers
-from strata.ledger import LEDGER_SCHEMA
+from strata.catalog.completeness import (
+    MARKER,
+    Completeness,
+    partition_states,
+    watermarks,
+    write_markers,
+)
+from strata.store.ledger import LEDGER_SCHEMA
 
 HOUR = timedelta(hours=1)
 T0 = datetime(2025, 11, 22, 10, tzinfo=UTC)

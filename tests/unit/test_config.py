@@ -119,7 +119,7 @@ def test_a_local_warehouse_with_a_cluster_master_is_refused_at_load(tmp_path, mo
 def test_the_schema_travels_with_the_configuration_to_hosts_without_the_file(tmp_path):
     import pickle
 
-    from strata.decode import DecodeRules
+    from strata.batch.decode import DecodeRules
 
     cfg = load_pipeline("clicks", _project(tmp_path, GOOD))
     shipped = pickle.dumps(cfg)

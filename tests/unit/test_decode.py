@@ -20,10 +20,15 @@ from fastavro import parse_schema, schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from strata.batch.decode import DecodeRules, decode_chunk, partition_stats
+from strata.batch.write import PartitionedWriter
 from strata.config import EventTimeConfig, PipelineConfig
-from strata.decode import DecodeRules, decode_chunk, partition_stats
-from strata.schema import QUARANTINE_SCHEMA, RAW_SCHEMA, partition_columns, without_logical_types
-from strata.write import PartitionedWriter
+from strata.schema.avro import (
+    QUARANTINE_SCHEMA,
+    RAW_SCHEMA,
+    partition_columns,
+    without_logical_types,
+)
 from tests.conftest import ROOT
 
 T0 = 1_763_805_600_000  # 2025-11-22T10:00:00Z

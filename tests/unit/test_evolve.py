@@ -12,7 +12,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from strata.config import EventTimeConfig, PipelineConfig, SchemaRegistryConfig
 from strata.errors import SchemaRegistryUnavailable
-from strata.evolve import evolved, merged_fields
+from strata.schema.evolve import evolved, merged_fields
 from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, ROOT
 from tests.registry_stub import StubRegistry
 
@@ -158,7 +158,7 @@ class _Kept(logging.Handler):
 @pytest.fixture
 def warnings():
     """The warnings `strata.evolve` logs, whatever handlers the `strata` logger has."""
-    logger, kept = logging.getLogger("strata.evolve"), _Kept()
+    logger, kept = logging.getLogger("strata.schema.evolve"), _Kept()
     logger.addHandler(kept)
     yield lambda: kept.lines
     logger.removeHandler(kept)
@@ -198,7 +198,7 @@ def test_a_malformed_newest_schema_is_warned_of_and_the_plan_goes_on(text, warne
 def test_fields_the_table_cannot_take_are_left_out_and_the_rest_is_a_schema_it_can(
     schema_registry, warnings
 ):
-    from strata.decode import DecodeRules
+    from strata.batch.decode import DecodeRules
 
     topic = f"t-{uuid.uuid4().hex[:8]}"
     local_ts = {

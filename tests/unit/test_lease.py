@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from strata.errors import LockBusy
-from strata.lease import Epoch, Lease, hold_lease
-from strata.storage import list_names, put_if_absent, read_object
+from strata.store.files import list_names, put_if_absent, read_object
+from strata.store.lease import Epoch, Lease, hold_lease
 from tests.locking import check_put_if_absent, check_racing_creates
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from strata.ledger import PARTITION_IDS_KEY, TOPIC_IDS_KEY, LogIds
+from strata.store.ledger import PARTITION_IDS_KEY, TOPIC_IDS_KEY, LogIds
 
 
 def test_a_seek_of_one_partition_vouches_for_it_alone():

@@ -14,8 +14,8 @@ import pytest
 
 from strata.config import PipelineConfig
 from strata.errors import LockBusy
-from strata.lease import hold_lease
-from strata.lock import BothLocks, FileLock, run_lock
+from strata.store.lease import hold_lease
+from strata.store.lock import BothLocks, FileLock, run_lock
 from tests.locking import Runner, pipeline_body
 
 

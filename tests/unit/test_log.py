@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from strata.kafka import ClientLog
+from strata.batch.kafka import ClientLog
 from strata.log import RateLimit
 
 

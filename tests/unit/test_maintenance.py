@@ -17,9 +17,12 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction, Transaction
 
-from strata.compact import pack, parse_partition, partition_end
+from strata.batch.write import PartitionedWriter, WrittenFile, write_file, write_sized
 from strata.config import PipelineConfig, load_pipeline
-from strata.delta import (
+from strata.errors import ConfigError, LeaseLost, LockBusy, MaintenanceError
+from strata.maintenance.compact import pack, parse_partition, partition_end
+from strata.maintenance.vacuum import never_committed, retention_hours, sweep_moved, vacuum
+from strata.store.delta import (
     FENCE_INFO_KEY,
     commit_files,
     commit_removes,
@@ -27,9 +30,8 @@ from strata.delta import (
     fence_maintenance,
     maintenance_transactions,
 )
-from strata.errors import ConfigError, LeaseLost, LockBusy, MaintenanceError
-from strata.lease import hold_lease
-from strata.locations import (
+from strata.store.lease import hold_lease
+from strata.store.locations import (
     current_locations,
     mark,
     marker_uri,
@@ -38,10 +40,8 @@ from strata.locations import (
     visible_files,
     void,
 )
-from strata.lock import run_lock
-from strata.maintain import never_committed, retention_hours, sweep_moved, vacuum
-from strata.tables import TableRef, read
-from strata.write import PartitionedWriter, WrittenFile, write_file, write_sized
+from strata.store.lock import run_lock
+from strata.store.tables import TableRef, read
 from tests.locking import pipeline_body
 from tests.unit.test_config import GOOD, _project
 
@@ -149,8 +149,8 @@ def test_the_maintenance_lock_is_apart_from_the_run_lock(tmp_path):
 
 
 def test_a_table_holding_an_unfinished_batch_keeps_its_log(tmp_path):
-    from strata.ledger import LEDGER_SCHEMA
-    from strata.maintain import checkpoint
+    from strata.maintenance.vacuum import checkpoint
+    from strata.store.ledger import LEDGER_SCHEMA
 
     cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), name="p"))
     short = {"delta.logRetentionDuration": "interval 0 seconds"}
@@ -432,7 +432,7 @@ def test_vacuum_fences_a_table_before_it_deletes_a_paused_compactions_files(tmp_
     _, one = _delta_with_a_batch(uri)
     cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), name="p", table=uri))
     leased = _leased(tmp_path / "lease")
-    monkeypatch.setattr("strata.lock.run_lock", leased)
+    monkeypatch.setattr("strata.store.lock.run_lock", leased)
     with leased(cfg, "maintenance") as paused_lease:
         token = paused_lease.token
     assert token is not None

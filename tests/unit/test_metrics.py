@@ -13,10 +13,10 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata.batch.task import RangeResult
 from strata.config import PipelineConfig, load_pipeline
-from strata.metrics import METRICS, export, run_metrics, status_metrics, textfile_path
+from strata.operations.metrics import METRICS, export, run_metrics, status_metrics, textfile_path
 from strata.run import RunOutcome
-from strata.task import RangeResult
 from tests.conftest import ROOT
 
 

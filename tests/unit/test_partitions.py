@@ -10,7 +10,8 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from strata.compact import partition_end
+from strata.batch.decode import DecodeRules, decode_chunk
+from strata.batch.plan import decode_fingerprint
 from strata.config import (
     EventTimeConfig,
     FieldPartitionConfig,
@@ -18,11 +19,10 @@ from strata.config import (
     PipelineConfig,
     load_pipeline,
 )
-from strata.decode import DecodeRules, decode_chunk
 from strata.errors import ConfigError, SchemaError
-from strata.partitions import event_partitions, field_partitions, partition_span
-from strata.plan import decode_fingerprint
-from strata.schema import column_signature, data_schema, partition_columns, schema_changes
+from strata.maintenance.compact import partition_end
+from strata.schema.avro import column_signature, data_schema, partition_columns, schema_changes
+from strata.schema.partitions import event_partitions, field_partitions, partition_span
 from tests.conftest import ROOT
 from tests.unit.test_config import GOOD, _project
 from tests.unit.test_decode import enc, raw

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from strata.batch.plan import BatchPlan, OffsetRange, PartitionState, plan_ranges, split_ranges
 from strata.errors import PlanError
-from strata.plan import BatchPlan, OffsetRange, PartitionState, plan_ranges, split_ranges
 
 
 def test_new_partitions_start_per_policy_and_are_capped():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from strata.batch.plan import BatchPlan, OffsetRange
+from strata.batch.reconcile import batch_results, reconcile_files
+from strata.batch.task import RangeResult, SplitResult
+from strata.batch.write import WrittenFile
 from strata.errors import ReconcileError
-from strata.plan import BatchPlan, OffsetRange
-from strata.reconcile import batch_results, reconcile_files
-from strata.task import RangeResult, SplitResult
-from strata.write import WrittenFile
 
 PLAN = BatchPlan(
     "clicks",
@@ -116,10 +116,10 @@ def test_decoded_rows_must_account_for_every_message_read():
 
 
 def test_a_resumed_batch_must_decide_as_the_attempt_whose_commit_stands(tmp_path):
-    from strata.delta import commit_files, ensure_table
-    from strata.reconcile import RANGES_KEY, reconcile_resumed
-    from strata.schema import RAW_SCHEMA
-    from strata.tables import TableRef
+    from strata.batch.reconcile import RANGES_KEY, reconcile_resumed
+    from strata.schema.avro import RAW_SCHEMA
+    from strata.store.delta import commit_files, ensure_table
+    from strata.store.tables import TableRef
 
     ref = TableRef(str(tmp_path / "clicks_raw"), "delta")
     plan = BatchPlan("clicks", 1, [OffsetRange("t", 0, 0, 10)], [])
@@ -141,10 +141,10 @@ def test_a_batch_is_counted_from_the_files_that_can_hold_it_alone(tmp_path, monk
     import pyarrow as pa
     import pyarrow.fs as pafs
 
-    from strata.delta import commit_files, ensure_table
-    from strata.schema import RAW_SCHEMA
-    from strata.tables import TableRef, batch_counts
-    from strata.write import PartitionedWriter
+    from strata.batch.write import PartitionedWriter
+    from strata.schema.avro import RAW_SCHEMA
+    from strata.store.delta import commit_files, ensure_table
+    from strata.store.tables import TableRef, batch_counts
 
     uri = str(tmp_path / "clicks_raw")
     table = ensure_table(uri, RAW_SCHEMA, [], {}, "clicks_raw")
@@ -176,7 +176,7 @@ def test_a_batch_is_counted_from_the_files_that_can_hold_it_alone(tmp_path, monk
     assert [len(written[1]), len(written[2])] == [2, 3]
     ref = TableRef(uri, "delta")
     # Files are read a group at a time; the groups' counts add up.
-    monkeypatch.setattr("strata.tables._FILES_AT_ONCE", 1)
+    monkeypatch.setattr("strata.store.tables._FILES_AT_ONCE", 1)
     assert batch_counts(ref, 1) == {("t", 0): 1, ("t", 1): 2}
     # Batch 1's files are gone from storage: batch 2 is still counted, from its own
     # files, which their statistics tell apart without opening the others.

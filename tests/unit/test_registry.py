@@ -18,12 +18,12 @@ from confluent_kafka.schema_registry import Schema, SchemaReference, SchemaRegis
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from strata import registry
+from strata.batch.decode import DecodeRules, decode_chunk
 from strata.config import EventTimeConfig, PipelineConfig, SchemaRegistryConfig, load_pipeline
-from strata.decode import DecodeRules, decode_chunk
 from strata.errors import ConfigError, SchemaRegistryUnavailable
 from strata.local.schema_registry import LocalSchemaRegistry
 from strata.local.service import free_port
+from strata.schema import registry
 from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, ROOT
 from tests.unit.test_config import GOOD as CONFIG
 from tests.unit.test_config import _project as config_project

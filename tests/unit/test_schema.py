@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from strata.catalog.register import hive_type
+from strata.catalog.sql import trino_type
 from strata.config import EventTimeConfig, PipelineConfig
 from strata.errors import MetastoreError, SchemaError
-from strata.register import hive_type
-from strata.schema import load_pipeline_schema, load_topic_schema, schema_changes
-from strata.sql import trino_type
+from strata.schema.avro import load_pipeline_schema, load_topic_schema, schema_changes
 
 
 def schema_file(tmp_path: Path, *fields: dict, name: str = "t.avsc") -> Path:

@@ -187,7 +187,7 @@ def test_what_the_command_prints_is_redacted_even_when_a_message_quotes_a_secret
 ):
     from strata.cli import run_guarded
     from strata.errors import KafkaUnavailable
-    from strata.report import render_summary, summary_dict
+    from strata.operations.report import render_summary, summary_dict
     from strata.run import RunOutcome
 
     trino = {"trino": {"url": "https://trino.internal:8443", "password": "${TRINO_PASSWORD}"}}
@@ -217,7 +217,7 @@ def test_what_the_command_prints_is_redacted_even_when_a_message_quotes_a_secret
 
 
 def test_column_names_and_described_credentials_are_not_secrets(tmp_path):
-    from strata.redaction import is_secret_key, redact
+    from strata.config.secrets import is_secret_key, redact
 
     conf = tmp_path / "conf"
     (conf / "pipelines").mkdir(parents=True)
@@ -244,7 +244,7 @@ def test_column_names_and_described_credentials_are_not_secrets(tmp_path):
 
 
 def test_the_schema_registry_password_never_shows(tmp_path, canaries):
-    from strata.redaction import redact
+    from strata.config.secrets import redact
 
     registry = {
         "format": "confluent_avro",
@@ -331,7 +331,7 @@ def test_every_module_takes_its_logger_from_the_redacting_factory():
 
 
 def test_credentials_taken_from_the_environment_are_redacted(monkeypatch):
-    from strata.redaction import redact
+    from strata.config.secrets import redact
 
     # What the README recommends for S3: the keys in the environment, not in a file.
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-env-secret-9Wq")
@@ -343,7 +343,7 @@ def test_credentials_taken_from_the_environment_are_redacted(monkeypatch):
 
 
 def test_short_secrets_are_scrubbed_where_they_stand_as_values(tmp_path, monkeypatch):
-    from strata.redaction import redact
+    from strata.config.secrets import redact
 
     monkeypatch.setenv("SHORT_PASSWORD", "pw4")
     body = merge(GOOD, {"kafka": {"properties": {"sasl.password": "${SHORT_PASSWORD}"}}})

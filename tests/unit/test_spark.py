@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from strata.config import load_pipeline
-from strata.spark import default_tasks, parallelism_from_conf
+from strata.spark.session import default_tasks, parallelism_from_conf
 from tests.conftest import ROOT
 
 
@@ -62,7 +62,7 @@ def test_planning_for_an_unsized_cluster_starts_no_spark(tmp_path):
     # logs as a host does (Airflow's plan task): Strata adds no handler of its own.
     probe = (
         "import logging; logging.basicConfig(); "
-        "import sys; from strata.config import load_pipeline; from strata.spark import "
+        "import sys; from strata.config import load_pipeline; from strata.spark.session import "
         "default_tasks; from pyspark import SparkContext; "
         f"n = default_tasks(load_pipeline('clicks', {str(tmp_path / 'conf')!r})); "
         "print(n, SparkContext._gateway is None)"
@@ -78,7 +78,7 @@ def test_planning_for_an_unsized_cluster_starts_no_spark(tmp_path):
 def test_workers_import_the_installed_pyspark_not_sparks_zip_of_it(tmp_path):
     import pyspark
 
-    from strata.daemon import prefer_installed_pyspark
+    from strata.spark.daemon import prefer_installed_pyspark
 
     home = Path(pyspark.__file__).parent
     site = str(home.parent)

@@ -11,8 +11,8 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
+from strata.catalog.sql import pipeline_ddl, quote_identifier, quote_literal
 from strata.config import PipelineConfig, load_pipeline
-from strata.sql import pipeline_ddl, quote_identifier, quote_literal
 from tests.conftest import ROOT
 
 SQL_FILES = sorted((ROOT / "sql").rglob("*.sql"))
@@ -108,7 +108,7 @@ def test_hostile_topic_pipeline_and_database_names_fail_at_load():
 
 
 def test_only_partition_directories_strata_writes_become_partitions(tmp_path):
-    from strata.register import storage_partitions
+    from strata.catalog.register import storage_partitions
 
     table = tmp_path / "wh" / "clicks"
     for d in [
@@ -158,8 +158,8 @@ def test_the_trino_password_goes_as_basic_auth_to_a_coordinator_checked_against_
 ):
     import base64
 
+    from strata.catalog.sql import run_in_trino
     from strata.errors import MetastoreError
-    from strata.sql import run_in_trino
     from tests.fake_trino import FakeTrino, self_signed_certificate
 
     tls = self_signed_certificate(tmp_path)
@@ -182,7 +182,7 @@ def test_the_trino_password_goes_as_basic_auth_to_a_coordinator_checked_against_
 
 
 def test_the_trino_access_token_goes_as_a_bearer_token(tmp_path):
-    from strata.sql import run_in_trino
+    from strata.catalog.sql import run_in_trino
     from tests.fake_trino import FakeTrino, self_signed_certificate
 
     tls = self_signed_certificate(tmp_path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from strata.status import LAG_HISTORY, ingest_lags, lag_growth, size_time_left
+from strata.operations.status import LAG_HISTORY, ingest_lags, lag_growth, size_time_left
 
 
 def test_size_based_retention_is_estimated_from_message_size_and_produce_rate():

@@ -13,8 +13,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from strata.batch.write import PartitionedWriter, file_name, is_batch_file, split_by, write_file
 from strata.errors import UnsafePartitionValue
-from strata.write import PartitionedWriter, file_name, is_batch_file, split_by, write_file
 
 
 def rows(n: int, start: int = 0) -> pa.Table:

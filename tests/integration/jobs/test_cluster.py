@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from strata.batch.plan import PlanStore
 from strata.faults import CRASH_ENV, FAIL_ONCE_MARKER_ENV, STOP_ENV
-from strata.ledger import read_ledger
 from strata.local.cluster import LocalSparkCluster, spark_home, submit_command, submit_env
-from strata.plan import PlanStore
+from strata.store.ledger import read_ledger
 from tests.conftest import ROOT, expected_offsets, produce_clicks, s3_landed, s3_pipeline
 
 CORES = 3  # not 2, the old fallback for any non-local master

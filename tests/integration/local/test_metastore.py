@@ -6,8 +6,8 @@ import socket
 
 import psutil
 
+from strata.catalog.metastore import MetastoreClient
 from strata.local.metastore import LOOPBACK
-from strata.metastore import MetastoreClient
 
 
 def _listening_addresses(port: int) -> set[str]:

@@ -10,16 +10,16 @@ import sqlglot
 from pyhive import hive
 from sqlglot import exp
 
-from strata.compact import compact
-from strata.ledger import read_ledger
-from strata.locations import current_files, current_locations, visible_files
-from strata.lock import run_lock
-from strata.maintain import sweep_moved, vacuum
-from strata.metastore import MetastoreClient
-from strata.register import location_uri
+from strata.batch.write import partition_path
+from strata.catalog.metastore import MetastoreClient
+from strata.catalog.register import location_uri
+from strata.maintenance.compact import compact
+from strata.maintenance.vacuum import sweep_moved, vacuum
 from strata.run import run_batch
-from strata.storage import filesystem
-from strata.write import partition_path
+from strata.store.files import filesystem
+from strata.store.ledger import read_ledger
+from strata.store.locations import current_files, current_locations, visible_files
+from strata.store.lock import run_lock
 from tests.conftest import ROOT, START_MS, produce_clicks
 
 QUERIES = ROOT / "sql" / "queries"

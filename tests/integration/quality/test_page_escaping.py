@@ -20,12 +20,12 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from strata.ledger import LEDGER_SCHEMA
 from strata.local.events import Message, click_events, produce
 from strata.quality import run_quality, write_summary_page
 from strata.quality.checks import reason_class
 from strata.run import run_batch
-from strata.schema import QUARANTINE_SCHEMA
+from strata.schema.avro import QUARANTINE_SCHEMA
+from strata.store.ledger import LEDGER_SCHEMA
 from tests.conftest import produce_clicks
 from tests.integration.quality.test_quality import CHROMIUM, chromium, recent_start
 

@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from strata.batch.reconcile import ledger_continuity
 from strata.errors import QualityError
-from strata.ledger import LEDGER_SCHEMA, read_ledger
 from strata.local.events import HOUR_MS
 from strata.quality import ResultStore, run_quality
-from strata.reconcile import ledger_continuity
 from strata.run import run_batch
+from strata.store.ledger import LEDGER_SCHEMA, read_ledger
 from tests.conftest import produce_clicks
 
 pytestmark = pytest.mark.integration

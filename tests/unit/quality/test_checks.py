@@ -7,8 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
-from strata.decode import decode_chunk
-from strata.ledger import LEDGER_SCHEMA, lag_after
+from strata.batch.decode import decode_chunk
 from strata.quality.checks import (
     LATENESS_BUCKETS,
     LATENESS_LABELS,
@@ -25,6 +24,7 @@ from strata.quality.checks import (
     render_quality,
     spread_sample,
 )
+from strata.store.ledger import LEDGER_SCHEMA, lag_after
 from tests.unit.test_decode import T0, click, enc, raw, rules
 
 COMMITTED = datetime(2025, 11, 22, 10, tzinfo=UTC)

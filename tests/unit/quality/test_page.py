@@ -13,8 +13,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from strata.ledger import LEDGER_SCHEMA
 from strata.quality.page import HEIGHT, PAD, WIDTH, docs_index, summary_page
+from strata.store.ledger import LEDGER_SCHEMA
 
 # Closes a quoted attribute of either kind, then tries a script and an image's onerror.
 HOSTILE = "\"'><script>alert(1)</script><img src=x onerror=\"alert('x')\">&amp;"

@@ -127,8 +127,8 @@ def test_a_table_that_cannot_be_written_or_registered_is_a_warning_naming_the_ba
 
 
 def test_a_quality_table_that_cannot_be_read_does_not_fail_registration(tmp_path, caplog):
+    from strata.catalog.register import RegistrationReport
     from strata.quality.table import register_written
-    from strata.register import RegistrationReport
 
     cfg = config(tmp_path)
     log = tmp_path / "clicks_quality" / "checks" / "_delta_log"

@@ -1,0 +1,406 @@
+"""The Kafka side of a run: watermarks for planning, and offsets for lag tools.
+
+Every request is bounded by `kafka.timeout_s`, so a dead broker or a missing topic is
+a clear error within that time, never a hang. Every client's log goes through the
+`strata.kafka.client` logger (see `ClientLog`), never straight to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition, libversion
+
+from strata.batch.plan import OffsetRange, PartitionState
+from strata.config import PipelineConfig
+from strata.errors import KafkaUnavailable
+from strata.log import RateLimit, get_logger
+
+# librdkafka prefixes a line with the thread it came from, and ends a failed
+# connection with how long it took: neither tells one failure from another.
+_THREAD = re.compile(r"^\[thrd:[^\]]*\]:\s*")
+_ATTEMPT = re.compile(r"\s*\(after \d+ms in state \w+(, \d+ identical error\(s\) suppressed)?\)$")
+
+
+class ClientLog:
+    """librdkafka's log lines, as records of the `strata.kafka.client` logger.
+
+    Without it librdkafka writes to stderr itself: against a dead broker, a line per
+    reconnection attempt, hundreds a minute, around the one error that matters. Here
+    each line is logged at its level, the same line at most once a minute (with the
+    count held back); a failed connection (facility FAIL) at DEBUG only, since the
+    client retries it on its own and, once it lasts, the request fails with an error
+    of ours that names the brokers and quotes the latest failure.
+
+    confluent-kafka calls `log(level, "%s [%s] %s", facility, client, text)` from the
+    thread that serves the client.
+    """
+
+    def __init__(self, logger: logging.Logger, window_s: float = 60.0) -> None:
+        """Route to a logger.
+
+        Args:
+            logger: Where the records go.
+            window_s: How long a line is held back after it was logged.
+        """
+        self.logger = logger
+        self.limit = RateLimit(window_s)
+        self._failure: tuple[float, str] | None = None
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        """Log one librdkafka line (the method confluent-kafka calls)."""
+        if len(args) == 3:
+            facility, text = str(args[0]), str(args[2])
+        else:
+            facility, text = "", msg % args if args else msg
+        text = _THREAD.sub("", text)
+        if facility == "FAIL":
+            self._failure = (time.monotonic(), _ATTEMPT.sub("", text))
+            level = logging.DEBUG
+        if not self.logger.isEnabledFor(level):
+            return
+        held = self.limit.admit((level, facility, _ATTEMPT.sub("", text)))
+        if held is None:
+            return
+        more = f" ({held:,} more like it in the last {self.limit.window_s:.0f}s)" if held else ""
+        self.logger.log(level, "kafka client: %s%s", text, more)
+
+    def failure_since(self, seconds: float) -> str | None:
+        """The latest failed connection, if it came in the last `seconds`."""
+        failure = self._failure
+        if failure is None or time.monotonic() - failure[0] > seconds:
+            return None
+        return failure[1]
+
+
+CLIENT_LOG = ClientLog(get_logger("strata.kafka.client"))
+"""The log of every Kafka client this process makes (one rate limit for them all)."""
+
+
+def client_version() -> str:
+    """The librdkafka version in use (old clients make brokers down-convert)."""
+    return f"librdkafka {libversion()[0]}"
+
+
+def client_conf(cfg: PipelineConfig, **extra: Any) -> dict[str, Any]:  # noqa: ANN401
+    """librdkafka settings for a pipeline: bootstrap, pass-through properties, extras."""
+    conf: dict[str, Any] = {"bootstrap.servers": cfg.kafka.bootstrap_servers, "logger": CLIENT_LOG}
+    conf.update(cfg.kafka.properties)
+    conf.update(extra)
+    return conf
+
+
+def _consumer(cfg: PipelineConfig, group: str) -> Consumer:
+    return Consumer(
+        client_conf(
+            cfg,
+            **{
+                "group.id": group,
+                "enable.auto.commit": False,
+                "socket.timeout.ms": int(cfg.kafka.timeout_s * 1000),
+            },
+        )
+    )
+
+
+def _unreachable(
+    cfg: PipelineConfig, exc: BaseException | None = None, client: Consumer | None = None
+) -> KafkaUnavailable:
+    """The one error a request the brokers did not answer ends in, naming them and why."""
+    timeout = cfg.kafka.timeout_s
+    if client is not None:
+        # A consumer hands its log lines over when polled (or closed): the failures
+        # behind the timeout are among them.
+        client.poll(0)
+    error = exc.args[0] if exc is not None and exc.args else None
+    why = [error.str() if isinstance(error, KafkaError) else str(error or "no answer")]
+    # The client's own account (connection refused, a TLS or SASL failure) says more.
+    failure = CLIENT_LOG.failure_since(timeout + 5)
+    if failure:
+        why.append(failure)
+    return KafkaUnavailable(
+        f"cannot reach the brokers at {cfg.kafka.bootstrap_servers} within "
+        f"{timeout:.0f}s ({'; '.join(why)}); check kafka.bootstrap_servers "
+        f"(or STRATA_KAFKA_BOOTSTRAP) and the network"
+    )
+
+
+def _topic_partitions(cfg: PipelineConfig, consumer: Consumer) -> dict[str, list[int]]:
+    """The partitions of each topic the pipeline reads, as the brokers list them now.
+
+    Listed topics must all be there. A pattern is matched against every topic of the
+    cluster (one metadata request), and may match none.
+    """
+    timeout = cfg.kafka.timeout_s
+    found: dict[str, list[int]] = {}
+    if cfg.topics_pattern is not None:
+        try:
+            meta = consumer.list_topics(timeout=timeout)
+        except KafkaException as exc:
+            raise _unreachable(cfg, exc, consumer) from None
+        for topic, info in sorted(meta.topics.items()):
+            # A topic being created or deleted may answer with an error; the next run
+            # sees it settled.
+            if cfg.reads_topic(topic) and info.error is None and info.partitions:
+                found[topic] = sorted(info.partitions)
+        return found
+    for topic in cfg.topics:
+        try:
+            meta = consumer.list_topics(topic, timeout=timeout)
+        except KafkaException as exc:
+            raise _unreachable(cfg, exc, consumer) from None
+        info = meta.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            reason = info.error if info is not None and info.error else "no partitions"
+            raise KafkaUnavailable(
+                f"topic `{topic}` is not available on {cfg.kafka.bootstrap_servers} "
+                f"({reason}); check the topic name in the pipeline config"
+            )
+        found[topic] = sorted(info.partitions)
+    return found
+
+
+def pipeline_topics(cfg: PipelineConfig) -> list[str]:
+    """The topics the pipeline reads now: its list, or the topics its pattern matches.
+
+    Raises:
+        KafkaUnavailable: If the brokers, or a listed topic, cannot be reached.
+    """
+    if cfg.topics_pattern is None:
+        return list(cfg.topics)
+    consumer = _consumer(cfg, cfg.group_id)
+    try:
+        return list(_topic_partitions(cfg, consumer))
+    finally:
+        consumer.close()
+
+
+def partition_states(
+    cfg: PipelineConfig, committed: dict[tuple[str, int], int]
+) -> list[PartitionState]:
+    """Watermarks of every partition of the pipeline's topics, beside what is committed.
+
+    Where `starting_offsets` is a moment, each partition never read before also gets
+    the first offset at or after it (`PartitionState.at_start`), which the planner uses
+    for the partitions of a topic new to the pipeline.
+
+    Args:
+        cfg: The pipeline configuration.
+        committed: End offset of the last committed batch per (topic, partition).
+
+    Returns:
+        One state per partition the broker knows.
+
+    Raises:
+        KafkaUnavailable: If the brokers or a topic cannot be reached within the timeout.
+    """
+    timeout = cfg.kafka.timeout_s
+    consumer = _consumer(cfg, cfg.group_id)
+    try:
+        states = []
+        for topic, partitions in _topic_partitions(cfg, consumer).items():
+            for partition in partitions:
+                try:
+                    low, high = consumer.get_watermark_offsets(
+                        TopicPartition(topic, partition), timeout=timeout, cached=False
+                    )
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    raise KafkaUnavailable(
+                        f"partition {partition} of `{topic}`: no watermarks from the brokers at "
+                        f"{cfg.kafka.bootstrap_servers} within {timeout:.0f}s "
+                        f"({error.str() if isinstance(error, KafkaError) else error})"
+                    ) from None
+                states.append(
+                    PartitionState(topic, partition, low, high, committed.get((topic, partition)))
+                )
+        moment = cfg.starting_timestamp_ms
+        unread = [s for s in states if s.committed is None]
+        if moment is not None and unread:
+            found = _offsets_at(cfg, consumer, unread, moment)
+            states = [
+                replace(s, at_start=found.get((s.topic, s.partition))) if s.committed is None else s
+                for s in states
+            ]
+        return states
+    finally:
+        consumer.close()
+
+
+def _offsets_at(
+    cfg: PipelineConfig, consumer: Consumer, states: list[PartitionState], moment_ms: int
+) -> dict[tuple[str, int], int]:
+    """The first offset of each partition whose Kafka timestamp is at or after a moment.
+
+    A partition with no such message starts at its high watermark (everything in it is
+    older). A partition the brokers give no answer for is left out: the planner stops
+    rather than guess.
+    """
+    asked = [TopicPartition(s.topic, s.partition, moment_ms) for s in states]
+    try:
+        answered = consumer.offsets_for_times(asked, timeout=cfg.kafka.timeout_s)
+    except KafkaException as exc:
+        raise KafkaUnavailable(
+            f"the brokers at {cfg.kafka.bootstrap_servers} did not say which offsets "
+            f"starting_offsets {cfg.starting_offsets} is at within {cfg.kafka.timeout_s:.0f}s "
+            f"({exc.args[0]}); nothing was read. Run again once they answer"
+        ) from None
+    high = {(s.topic, s.partition): s.high for s in states}
+    found: dict[tuple[str, int], int] = {}
+    for tp in answered:
+        key = (tp.topic, tp.partition)
+        if tp.error is not None:
+            continue
+        # OFFSET_END (-1): no message at or after the moment.
+        found[key] = high[key] if tp.offset < 0 else tp.offset
+    return found
+
+
+def topic_ids(cfg: PipelineConfig, topics: Iterable[str] | None = None) -> dict[str, str]:
+    """The brokers' id of each of the pipeline's topics, where they keep one.
+
+    Kafka gives every topic an id (since 2.8) that a topic deleted and created again
+    under the same name does not keep: it tells the log the committed offsets belong
+    to from a new one. Brokers without ids (or that cannot be asked) give none, and
+    only the watermark checks guard against a re-created topic there.
+
+    Args:
+        cfg: The pipeline configuration.
+        topics: The topics to ask about; by default those the pipeline reads now.
+
+    Returns:
+        `{topic: id}` for the topics the brokers gave an id for.
+
+    Raises:
+        KafkaUnavailable: If the brokers do not answer within `kafka.timeout_s`.
+    """
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
+    found: dict[str, str] = {}
+    asked = sorted(pipeline_topics(cfg) if topics is None else topics)
+    if not asked:
+        return found
+    try:
+        futures = admin.describe_topics(TopicCollection(asked), request_timeout=cfg.kafka.timeout_s)
+    except (KafkaException, ValueError, TypeError):
+        return found
+    for topic, future in futures.items():
+        try:
+            described = future.result(cfg.kafka.timeout_s)
+        except KafkaException:
+            continue
+        except TimeoutError:
+            raise _unreachable(cfg) from None
+        uid = str(described.topic_id) if described.topic_id is not None else ""
+        # An all-zero id is how the protocol says "none".
+        if uid and uid.strip("A=") != "":
+            found[topic] = uid
+    return found
+
+
+def publish_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str | None:
+    """Commit the batch's end offsets to the pipeline's consumer group.
+
+    Lag tools (Burrow, kafka-consumer-groups) read the group; the ledger stays the
+    truth, so a failure here is reported, not raised.
+
+    Args:
+        cfg: The pipeline configuration.
+        ranges: The committed ranges; each partition's end offset is published.
+
+    Returns:
+        None on success, or a sentence saying what failed.
+    """
+    offsets = [TopicPartition(r.topic, r.partition, r.end) for r in ranges]
+    if not offsets:
+        return None
+    consumer = _consumer(cfg, cfg.group_id)
+    try:
+        consumer.commit(offsets=offsets, asynchronous=False)
+        return None
+    except KafkaException as exc:
+        return f"could not publish offsets to consumer group {cfg.group_id!r}: {exc.args[0]}"
+    finally:
+        consumer.close()
+
+
+def retention_limits(
+    cfg: PipelineConfig, topics: Iterable[str] | None = None
+) -> dict[str, dict[str, int | None]]:
+    """Each topic's `retention.ms` and `retention.bytes`; None where unlimited or unknown.
+
+    Args:
+        cfg: The pipeline configuration.
+        topics: The topics to ask about; by default those the pipeline reads now.
+
+    Returns:
+        `{topic: {"ms": ..., "bytes": ...}}`.
+
+    Raises:
+        KafkaUnavailable: If the brokers do not answer within `kafka.timeout_s`.
+    """
+    # The admin module defines ConfigResource without listing it in `__all__`.
+    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+    admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
+    asked = sorted(pipeline_topics(cfg) if topics is None else topics)
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in asked]
+    if not resources:
+        return {}
+    out: dict[str, dict[str, int | None]] = {}
+    for resource, future in admin.describe_configs(resources).items():
+        try:
+            entries = future.result(cfg.kafka.timeout_s)
+        except KafkaException:
+            entries = {}
+        except TimeoutError:
+            raise _unreachable(cfg) from None
+        limits: dict[str, int | None] = {}
+        for key in ("ms", "bytes"):
+            entry = entries.get(f"retention.{key}")
+            value = int(entry.value) if entry is not None and entry.value not in (None, "") else -1
+            limits[key] = value if value > 0 else None
+        out[resource.name] = limits
+    return out
+
+
+def oldest_unread_ms(
+    cfg: PipelineConfig, positions: dict[tuple[str, int], int], wait_s: float = 5.0
+) -> dict[tuple[str, int], int]:
+    """Kafka timestamp (epoch ms) of the first unread message of each partition.
+
+    Args:
+        cfg: The pipeline configuration.
+        positions: The first unread offset per (topic, partition).
+        wait_s: How long to wait for the messages.
+
+    Returns:
+        Timestamps for the partitions whose first unread message arrived in time and
+        carries one.
+    """
+    if not positions:
+        return {}
+    consumer = Consumer(client_conf(cfg, **{"group.id": cfg.group_id, "enable.auto.commit": False}))
+    found: dict[tuple[str, int], int] = {}
+    try:
+        consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])
+        deadline = time.monotonic() + wait_s
+        while len(found) < len(positions) and time.monotonic() < deadline:
+            messages: list[Any] = consumer.consume(100, timeout=0.5)
+            for m in messages:
+                key = (m.topic(), m.partition())
+                if m.error() is None and key not in found:
+                    kind, ts = m.timestamp()
+                    if kind != 0 and ts >= 0:
+                        found[key] = ts
+                    consumer.pause([TopicPartition(key[0], key[1])])
+    finally:
+        consumer.close()
+    return found

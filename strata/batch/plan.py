@@ -1,0 +1,447 @@
+"""Plan a batch: which offsets of which partitions it reads, and how tasks split them.
+
+The decisions are pure functions of the committed offsets and the broker's
+watermarks, so they are tested with literal values. The plan is persisted before
+any task runs: a retry of an unfinished batch reads exactly the planned ranges,
+whatever the broker holds by then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from strata.config import PipelineConfig
+from strata.errors import PlanError
+from strata.store.files import filesystem, put_if_absent, read_bytes
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Offsets `[start, end)` of one topic partition.
+
+    Attributes:
+        topic: Kafka topic.
+        partition: Partition number.
+        start: First offset to read.
+        end: First offset not to read.
+    """
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        """How many offsets the range spans (messages plus gaps)."""
+        return self.end - self.start
+
+    def describe(self) -> str:
+        """The range in words, for messages."""
+        return f"offsets [{self.start}, {self.end}) of partition {self.partition} of `{self.topic}`"
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """What is known of one partition when planning.
+
+    Attributes:
+        topic: Kafka topic.
+        partition: Partition number.
+        low: The broker's log start offset.
+        high: The broker's high watermark.
+        committed: End offset of the last committed batch, or None if never read.
+        at_start: For a partition never read, when `starting_offsets` is a moment: the
+            first offset at or after it, as the brokers answered; None otherwise.
+    """
+
+    topic: str
+    partition: int
+    low: int
+    high: int
+    committed: int | None
+    at_start: int | None = None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One batch, as persisted before reading.
+
+    Attributes:
+        pipeline: Pipeline name.
+        batch: Batch number (the Delta app-transaction version).
+        ranges: Every partition's range, empty ones included (they record a start).
+        splits: Ranges grouped into tasks; each inner list is one Spark task.
+        new_partitions: Partitions this batch reads for the first time.
+        fingerprint: Hash of the settings that decide where a message lands; a resumed
+            batch must decode exactly as it began.
+        created_at: When the plan was made (informational).
+        watermarks: Each partition's high watermark when planned (`topic:partition`),
+            so the ledger can tell how far behind the log each batch ended.
+        kind: `ingest` (the next offsets) or `backfill` (a committed range again).
+        note: Why, for a backfill.
+        source: `kafka`, or `raw` when a backfill reads the raw copy.
+        losses: Ranges deleted by retention before they were read, accepted for this
+            batch and recorded in the ledger.
+        topic_ids: The brokers' id of each topic when planned, where they keep one: a
+            topic re-created before the batch is finished is not read as the same log.
+        began: Why each new partition (`topic:partition`) starts where it does; the
+            ledger keeps it with the partition's first range.
+        reader_schema: The Avro schema the batch is read with, when the table follows
+            its Schema Registry subject (`schema_registry.evolve`); empty otherwise.
+    """
+
+    pipeline: str
+    batch: int
+    ranges: list[OffsetRange]
+    splits: list[list[OffsetRange]]
+    new_partitions: list[tuple[str, int]] = field(default_factory=list)
+    fingerprint: str = ""
+    created_at: str = ""
+    watermarks: dict[str, int] = field(default_factory=dict)
+    kind: str = "ingest"
+    note: str = ""
+    source: str = "kafka"
+    losses: list[OffsetRange] = field(default_factory=list)
+    topic_ids: dict[str, str] = field(default_factory=dict)
+    began: dict[str, str] = field(default_factory=dict)
+    reader_schema: str = ""
+
+    @property
+    def offsets(self) -> int:
+        """Offsets spanned by the whole batch."""
+        return sum(r.count for r in self.ranges)
+
+    def to_json(self) -> str:
+        """Serialise the plan."""
+        body = asdict(self)
+        return json.dumps(body, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchPlan:
+        """Read a serialised plan."""
+        body: dict[str, Any] = json.loads(text)
+        return cls(
+            pipeline=body["pipeline"],
+            batch=body["batch"],
+            ranges=[OffsetRange(**r) for r in body["ranges"]],
+            splits=[[OffsetRange(**r) for r in s] for s in body["splits"]],
+            new_partitions=[(t, p) for t, p in body.get("new_partitions", [])],
+            fingerprint=body.get("fingerprint", ""),
+            created_at=body.get("created_at", ""),
+            watermarks=body.get("watermarks", {}),
+            kind=body.get("kind", "ingest"),
+            note=body.get("note", ""),
+            source=body.get("source", "kafka"),
+            losses=[OffsetRange(**r) for r in body.get("losses", [])],
+            topic_ids=dict(body.get("topic_ids", {})),
+            began=dict(body.get("began", {})),
+            reader_schema=body.get("reader_schema", ""),
+        )
+
+
+def plan_ranges(
+    states: list[PartitionState],
+    starting_offsets: str,
+    max_offsets_per_partition: int,
+    accept_loss: bool = False,
+    committed: Collection[tuple[str, int]] = (),
+) -> tuple[list[OffsetRange], list[tuple[str, int]], list[OffsetRange]]:
+    """Decide each partition's range for the next batch.
+
+    A partition never read before starts at `starting_offsets` when its topic is new
+    to the pipeline. A partition added to a topic the pipeline already reads starts
+    at its log start whatever that setting says (as Spark's and Flink's Kafka sources
+    do): every message in it is newer than the pipeline's start, and `latest` would
+    silently skip those produced between the partition's creation and this plan.
+
+    Args:
+        states: Watermarks and committed offsets of every partition of the topics.
+        starting_offsets: `earliest`, `latest` or a moment (each state then carries
+            the offset found at it), for the partitions of a topic the pipeline has
+            never read.
+        max_offsets_per_partition: Cap on one partition's range.
+        accept_loss: Go on from the log start when retention deleted unread offsets,
+            returning the lost ranges so they are recorded; otherwise fail closed.
+        committed: Every (topic, partition) the ledger has committed offsets for; one
+            the broker no longer lists stops the plan.
+
+    Returns:
+        The ranges (empty ones included), the partitions seen for the first time, and
+        the ranges lost to retention (only with `accept_loss`).
+
+    Raises:
+        PlanError: If the broker went backwards, lost a partition, deleted offsets
+            before they were read and the loss was not accepted, or gave no offset for
+            a starting moment.
+    """
+    listed = {(s.topic, s.partition) for s in states}
+    vanished = sorted(set(committed) - listed)
+    if vanished:
+        names = ", ".join(f"partition {p} of `{t}`" for t, p in vanished)
+        raise PlanError(
+            f"{names}: the ledger has committed offsets for it but the broker no longer lists "
+            "it. The topic was re-created with fewer partitions, or this is the wrong "
+            "cluster. Nothing was read. Check kafka.bootstrap_servers and the topic."
+        )
+    read = read_topics(states, committed)
+    ranges = []
+    new = []
+    losses = []
+    for s in sorted(states, key=lambda s: (s.topic, s.partition)):
+        where = f"partition {s.partition} of `{s.topic}`"
+        if s.committed is None:
+            start, _ = first_start(s, starting_offsets, s.topic in read)
+            new.append((s.topic, s.partition))
+        else:
+            start = s.committed
+            if s.high < s.committed:
+                raise PlanError(
+                    f"{where}: the high watermark {s.high} is below the committed offset "
+                    f"{s.committed}. The log went backwards (unclean leader election, a deleted "
+                    "and re-created topic, or the wrong cluster). Nothing was read. Check the "
+                    "cluster; if the topic was re-created on purpose, record where to read it "
+                    "from with `strata ledger seek --topic TOPIC --to earliest --reason TEXT`, "
+                    "or point the pipeline at new tables."
+                )
+            if s.committed < s.low:
+                losses.append(OffsetRange(s.topic, s.partition, s.committed, s.low))
+                start = s.low
+        end = min(s.high, start + max_offsets_per_partition)
+        ranges.append(OffsetRange(s.topic, s.partition, start, end))
+    if losses and not accept_loss:
+        # Every partition is named: --accept-loss accepts the losses of the whole plan,
+        # and whoever accepts them must know what they accept.
+        names = "; ".join(
+            f"partition {x.partition} of `{x.topic}`: committed offset {x.start} is below the "
+            f"log start {x.end}; {x.count} messages were deleted by retention before they "
+            "were read"
+            for x in losses
+        )
+        raise PlanError(
+            f"{names}. Nothing was read. Re-run with --accept-loss to record the "
+            f"loss{'es' if len(losses) > 1 else ''} in the ledger and go on from the log start."
+        )
+    return ranges, new, losses
+
+
+def read_topics(states: list[PartitionState], committed: Collection[tuple[str, int]]) -> set[str]:
+    """The topics the pipeline has read before: any of their partitions has offsets committed."""
+    return {t for t, _ in committed} | {s.topic for s in states if s.committed is not None}
+
+
+def vanished_topics(
+    cfg: PipelineConfig, states: list[PartitionState], committed: dict[tuple[str, int], int]
+) -> list[str]:
+    """Topics a pattern matched and the ledger has offsets for, that the brokers no longer list.
+
+    A listed topic that vanishes stops the plan (see `plan_ranges`); a pattern's topics
+    come and go, so those that went are reported and no longer read.
+    """
+    if cfg.topics_pattern is None:
+        return []
+    listed = {s.topic for s in states}
+    return sorted({t for t, _ in committed if cfg.reads_topic(t) and t not in listed})
+
+
+def first_start(state: PartitionState, starting_offsets: str, added: bool) -> tuple[int, str]:
+    """Where a partition never read before starts, and why, in words for the ledger.
+
+    Args:
+        state: The partition's watermarks (and, for a moment, the offset found at it).
+        starting_offsets: `earliest`, `latest`, or a moment (see `PipelineConfig`).
+        added: Whether its topic is read already, so the partition was added to it.
+
+    Returns:
+        The first offset to read, and why.
+
+    Raises:
+        PlanError: If the start is a moment the brokers gave no offset for.
+    """
+    if added:
+        return state.low, "a partition added to a topic already read starts at its log start"
+    if starting_offsets == "earliest":
+        return state.low, "starting_offsets earliest: the log start"
+    if starting_offsets == "latest":
+        return state.high, "starting_offsets latest: the high watermark"
+    if state.at_start is None:
+        raise PlanError(
+            f"partition {state.partition} of `{state.topic}`: the brokers gave no offset for "
+            f"starting_offsets {starting_offsets} (the first message at or after it). Nothing "
+            "was read. Run again once they answer, or start at earliest or latest"
+        )
+    # The answer lies inside the log unless the log moved between the two requests.
+    start = min(max(state.at_start, state.low), state.high)
+    return start, f"starting_offsets {starting_offsets}: the first message at or after it"
+
+
+def split_ranges(
+    ranges: list[OffsetRange], tasks: int, max_per_task: int
+) -> list[list[OffsetRange]]:
+    """Group ranges into Spark tasks of about equal size.
+
+    Ranges are laid end to end in (topic, partition) order and cut into
+    `max(tasks, ceil(total / max_per_task))` contiguous, near-equal pieces. A task
+    therefore reads one or several partitions, and a long range is cut across tasks.
+    One consumer fetching several partitions is also how Kafka clients are meant to
+    be used; it keeps the number of files per event hour at most one per task.
+
+    Args:
+        ranges: The batch's ranges; empty ones are ignored.
+        tasks: The least number of tasks wanted (the cluster's parallelism).
+        max_per_task: Most offsets one task may read.
+
+    Returns:
+        The splits, each a non-empty list of non-empty ranges.
+    """
+    work = [r for r in ranges if r.count > 0]
+    total = sum(r.count for r in work)
+    if total == 0:
+        return []
+    n = max(1, tasks, math.ceil(total / max_per_task))
+    n = min(n, total)
+    size = math.ceil(total / n)
+    splits: list[list[OffsetRange]] = []
+    current: list[OffsetRange] = []
+    room = size
+    for r in work:
+        start = r.start
+        while start < r.end:
+            take = min(room, r.end - start)
+            current.append(OffsetRange(r.topic, r.partition, start, start + take))
+            start += take
+            room -= take
+            if room == 0:
+                splits.append(current)
+                current, room = [], size
+    if current:
+        splits.append(current)
+    return splits
+
+
+def decode_fingerprint(cfg: PipelineConfig) -> str:
+    """Hash of everything that decides whether and where a message lands.
+
+    The Schema Registry's url counts (which registry names the writer schemas), its
+    credentials do not; it is left out without a registry, so that the plans saved
+    before registries were supported keep their fingerprint. Partitioning counts whole
+    (its zone, its field's name, values and `other`), and is written as before when it
+    is plain UTC `dt`/`hr`, for the same reason.
+    """
+    partitioning = cfg.partitioning
+    body: dict[str, Any] = {
+        "format": cfg.format,
+        "schema_id": cfg.schema_id,
+        "schema": cfg.schema_text,
+        "event_time": cfg.event_time.model_dump(),
+        "partitioning": partitioning.by if partitioning.default else partitioning.model_dump(),
+    }
+    if cfg.format == "confluent_avro" and cfg.schema_registry.url is not None:
+        body["schema_registry"] = cfg.schema_registry.url
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class PlanStore:
+    """Plans of a pipeline, one JSON file per batch under the state location.
+
+    A plan is created only where none exists (an object store's conditional PUT, a
+    hard link locally) and never rewritten: two runners planning the same batch at
+    once both end up reading the one plan that was saved first.
+    """
+
+    def __init__(self, cfg: PipelineConfig) -> None:
+        """Open the store for a pipeline.
+
+        Args:
+            cfg: The pipeline configuration.
+        """
+        self._uri = cfg.location("state")
+        self._options = cfg.storage_options
+        self._fs, self._root = filesystem(self._uri, cfg.storage_options)
+        self._pipeline = cfg.name
+
+    def _name(self, batch: int) -> str:
+        return f"plans/batch-{batch:010d}.json"
+
+    def describe(self, batch: int) -> str:
+        """Where a batch's plan is kept, for messages."""
+        return f"{self._uri}/{self._name(batch)}"
+
+    def _drop_name(self, batch: int) -> str:
+        return f"plans/batch-{batch:010d}.dropped.json"
+
+    def mark_dropped(self, batch: int, record: dict[str, Any]) -> dict[str, Any]:
+        """Record that a batch's plan is being dropped, before anything is changed.
+
+        Returns:
+            The record that stands: this one, or that of a drop begun earlier.
+        """
+        uri = f"{self._uri}/{self._drop_name(batch)}"
+        put_if_absent(uri, self._options, json.dumps(record, sort_keys=True).encode())
+        return self.dropping(batch) or record
+
+    def dropping(self, batch: int) -> dict[str, Any] | None:
+        """The record of a drop of this batch's plan, if one was begun."""
+        data = read_bytes(self._fs, f"{self._root}/{self._drop_name(batch)}")
+        return None if data is None else dict(json.loads(data))
+
+    def load(self, batch: int, *, dropping_ok: bool = False) -> BatchPlan | None:
+        """The persisted plan of a batch, if one was made.
+
+        Args:
+            batch: The batch.
+            dropping_ok: Load it even if a drop of it was begun (for the drop itself).
+
+        Raises:
+            PlanError: Naming the file, if it cannot be read as a plan, or if a drop of
+                it was begun and not finished.
+        """
+        if not dropping_ok:
+            record = self.dropping(batch)
+            if record is not None:
+                raise PlanError(
+                    f"batch {batch}'s plan is being dropped ({record.get('who')}: "
+                    f"{record.get('reason')}) and the drop did not finish. Nothing was read. "
+                    f"Run `strata plan drop --pipeline {self._pipeline} --batch {batch} "
+                    "--reason TEXT` again to finish it."
+                )
+        data = read_bytes(self._fs, f"{self._root}/{self._name(batch)}")
+        if data is None:
+            return None
+        try:
+            plan = BatchPlan.from_json(data.decode())
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlanError(
+                f"{self.describe(batch)}: the saved plan of batch {batch} cannot be read "
+                f"({type(exc).__name__}: {exc}); it was cut short or edited. Nothing was read. "
+                f"Restore the file, or abandon the batch with `strata plan drop --pipeline "
+                f"{self._pipeline} --batch {batch} --reason TEXT`."
+            ) from None
+        if plan.batch != batch or plan.pipeline != self._pipeline:
+            raise PlanError(
+                f"{self.describe(batch)}: the file holds the plan of batch {plan.batch} of "
+                f"pipeline {plan.pipeline}, not batch {batch} of {self._pipeline}; it was "
+                "copied or edited by hand. Nothing was read. Restore the file, or abandon the "
+                f"batch with `strata plan drop --pipeline {self._pipeline} --batch {batch} "
+                "--reason TEXT`."
+            )
+        return plan
+
+    def create(self, plan: BatchPlan) -> BatchPlan:
+        """Persist a plan before any of it is read, unless the batch has one already.
+
+        Returns:
+            The batch's plan as saved: this one, or the one another runner saved first.
+        """
+        uri = f"{self._uri}/{self._name(plan.batch)}"
+        if put_if_absent(uri, self._options, plan.to_json().encode()):
+            return plan
+        saved = self.load(plan.batch)
+        if saved is None:
+            raise PlanError(f"{uri}: the plan exists but cannot be read back; try again")
+        return saved

@@ -1,0 +1,7 @@
+"""The catalog: the tables in the Hive Metastore and Trino, and when a partition is complete.
+
+- `metastore`: a thin client of the metastore's thrift API;
+- `register`: the tables and their partitions registered, idempotently;
+- `sql`: Trino DDL and calls;
+- `completeness`: when an event-time partition will not change any more.
+"""

@@ -1,0 +1,578 @@
+"""When an event-time partition is complete: it will not change any more.
+
+The rule is decided from ledger facts only, never the clock, so asking again gives
+the same answer. Each Kafka partition's low-water event time is the newest event time
+read from it so far. After every ingest batch the watermark is the lowest low-water
+mark among the Kafka partitions that hold it back: a partition that was read to its
+end when its batch was planned, and has read nothing in a later batch, holds nothing
+back (an idle partition would otherwise stop completeness for ever), nor does one that
+never yielded an event time. The watermark never goes back. A partition of the data
+table (`dt=`/`hr=`, or `dt=` alone, in `partitioning.timezone`) is complete from the
+first ingest batch whose watermark is at or past its end plus `completeness.lateness`,
+unless a failed quality gate marked it incomplete, for as long as that mark stands.
+
+Rows that land in a partition after the batch that completed it are late after
+completion: counted per partition (from each row's `_batch`, which compaction keeps)
+and reported, never hidden. Only partitions that hold rows are marked; a partition
+whose first rows arrive after its completion is complete, and all its rows are late.
+
+The pure rule (`watermarks`, `completing_batch`, `partition_states`) takes Arrow and
+plain values; `completeness` reads the ledger, the data table's file list and the
+quality marks, and `write_markers` writes the `_SUCCESS` files.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from strata.batch.write import file_batch, partition_path
+from strata.config import PipelineConfig
+from strata.durations import parse_duration_ms
+from strata.schema.avro import partition_columns
+from strata.schema.partitions import partition_span
+from strata.store.delta import open_table
+from strata.store.files import filesystem, write_bytes_atomically
+from strata.store.ledger import read_ledger
+from strata.store.locations import current_files, current_locations, place
+
+MARKER = "_SUCCESS"
+# Metastore parameters of a complete partition (and of the data table, for Delta
+# tables, whose partitions the metastore does not list).
+COMPLETE_KEY = "strata.complete"
+COMPLETED_AT_KEY = "strata.completed_at"
+COMPLETED_BATCH_KEY = "strata.completed_batch"
+WATERMARK_KEY = "strata.watermark"
+COMPLETE_BEFORE_KEY = "strata.complete_before"
+PARTITION_KEYS = (COMPLETE_KEY, COMPLETED_AT_KEY, COMPLETED_BATCH_KEY, WATERMARK_KEY)
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """The watermark as it stood after one ingest batch.
+
+    Attributes:
+        batch: The ingest batch.
+        committed_at: When the batch was committed (a ledger fact).
+        at: The watermark: every Kafka partition holding it back has read events at
+            least this new. None until one has an event time.
+        holding: The Kafka partition (`topic:partition`) with the lowest low-water mark
+            after the batch, the one holding the watermark back; None if none does.
+    """
+
+    batch: int
+    committed_at: datetime
+    at: datetime | None
+    holding: str | None
+
+
+def watermarks(ledger: pa.Table) -> list[Watermark]:
+    """The watermark after each ingest batch of the ledger, oldest batch first.
+
+    Args:
+        ledger: Ledger rows (`strata.ledger.read_ledger`); kinds other than `ingest` are
+            ignored: losses, seeks and re-reads of committed offsets bring no new event
+            time.
+
+    Returns:
+        One entry per ingest batch; `at` never decreases from one to the next.
+    """
+    rows = ledger.filter(pc.equal(ledger.column("kind"), "ingest"))
+    if rows.num_rows == 0:
+        return []
+    rows = rows.sort_by([("batch", "ascending")])
+    newest: dict[str, datetime] = {}
+    # Per Kafka partition: the last batch that read a message from it, and whether that
+    # batch read it to the end the broker reported when the batch was planned.
+    last_read: dict[str, int] = {}
+    drained: dict[str, bool] = {}
+    out: list[Watermark] = []
+    current: datetime | None = None
+    columns = ("batch", "topic", "partition", "messages", "end_offset", "high_watermark")
+    values = [rows.column(c).to_pylist() for c in (*columns, "max_event_time", "committed_at")]
+    at = 0
+    while at < rows.num_rows:
+        batch, committed_at = values[0][at], values[7][at]
+        while at < rows.num_rows and values[0][at] == batch:
+            _, topic, partition, messages, end, high, newest_here, _ = (v[at] for v in values)
+            key = f"{topic}:{partition}"
+            if messages > 0:
+                last_read[key] = batch
+            # A range that read nothing but reached the end (its last offsets were
+            # transaction markers or compacted away) drains the partition all the same.
+            if high is not None and end >= high:
+                drained[key] = True
+            elif messages > 0:
+                drained[key] = False
+            if newest_here is not None and (key not in newest or newest_here > newest[key]):
+                newest[key] = newest_here
+            at += 1
+        holding = [
+            (mark, key)
+            for key, mark in newest.items()
+            if not (drained.get(key, False) and last_read.get(key, batch) < batch)
+        ]
+        low = min(holding, default=None)
+        if low is not None and (current is None or low[0] > current):
+            current = low[0]
+        out.append(Watermark(batch, committed_at, current, None if low is None else low[1]))
+    return out
+
+
+def completing_batch(
+    end: datetime, lateness: timedelta, marks: list[Watermark]
+) -> Watermark | None:
+    """The first ingest batch after which a partition ending at `end` was complete.
+
+    Args:
+        end: The partition's end (exclusive), as an instant.
+        lateness: How long after its end rows may still come.
+        marks: The watermarks of `watermarks`, oldest first.
+
+    Returns:
+        That batch's watermark, or None while the partition is not complete.
+    """
+    return _Due(marks).first(end + lateness)
+
+
+class _Due:
+    """The watermarks in a form that finds, by bisection, the first at or past an instant."""
+
+    def __init__(self, marks: list[Watermark]) -> None:
+        self.known = [m for m in marks if m.at is not None]
+        self.instants = [m.at for m in self.known if m.at is not None]
+
+    def first(self, due: datetime) -> Watermark | None:
+        at = bisect.bisect_left(self.instants, due)
+        return self.known[at] if at < len(self.known) else None
+
+
+@dataclass
+class PartitionState:
+    """One partition of the data table, as completeness sees it.
+
+    Attributes:
+        partition: Its path, `dt=…/hr=…` (and a field partition's column).
+        end: The end of its event-time span (exclusive), ISO-8601 in UTC.
+        complete: Complete, and not held by a quality mark.
+        completed_batch: The ingest batch after which its span was complete (a
+            partition held by a mark has one too).
+        completed_at: When that batch was committed, ISO-8601.
+        watermark: The watermark after that batch, ISO-8601.
+        held_by: Batches whose failed quality gate marked it incomplete.
+        late_rows: Rows that landed after `completed_batch`, by ingest batches.
+    """
+
+    partition: str
+    end: str
+    complete: bool
+    completed_batch: int | None = None
+    completed_at: str | None = None
+    watermark: str | None = None
+    held_by: list[int] = field(default_factory=list)
+    late_rows: int = 0
+
+    def parameters(self) -> dict[str, str]:
+        """The metastore partition parameters that say it is complete; empty if not."""
+        if not self.complete or self.completed_at is None or self.watermark is None:
+            return {}
+        return {
+            COMPLETE_KEY: "true",
+            COMPLETED_AT_KEY: self.completed_at,
+            COMPLETED_BATCH_KEY: str(self.completed_batch),
+            WATERMARK_KEY: self.watermark,
+        }
+
+
+def partition_states(
+    partitions: list[str],
+    marks: list[Watermark],
+    lateness: timedelta,
+    zone: str,
+    held: dict[str, list[int]] | None = None,
+) -> list[PartitionState]:
+    """Each partition's completeness from the watermarks and the quality marks.
+
+    Args:
+        partitions: Partition paths holding rows (`dt=…/hr=…/…`).
+        marks: The watermarks of `watermarks`, oldest first.
+        lateness: `completeness.lateness`.
+        zone: `partitioning.timezone`: the zone `dt` and `hr` are local to.
+        held: Partitions a failed quality gate marked incomplete, with those batches.
+
+    Returns:
+        The partitions that name an event-time span, in path order; anything else is
+        left out.
+    """
+    due = _Due(marks)
+    out = []
+    for partition in sorted(partitions):
+        values = dict(part.partition("=")[::2] for part in partition.split("/"))
+        span = partition_span(values.get("dt", ""), values.get("hr"), zone)
+        if span is None:
+            continue
+        done = due.first(span[1] + lateness)
+        marked = sorted((held or {}).get(partition, []))
+        out.append(
+            PartitionState(
+                partition,
+                _iso(span[1]),
+                done is not None and not marked,
+                None if done is None else done.batch,
+                None if done is None else _iso(done.committed_at),
+                None if done is None or done.at is None else _iso(done.at),
+                marked,
+            )
+        )
+    return out
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class _File:
+    """A data file of the table: its partition and the batches its rows may be of."""
+
+    path: str
+    partition: str
+    low: int | None
+    high: int | None
+
+
+def _table_files(cfg: PipelineConfig) -> list[_File]:
+    """The data table's current files, each with its partition and batch bounds.
+
+    Delta: from the log's add actions (partition values, `_batch` statistics). Plain
+    Parquet: each partition's directory in use; a file's name carries its batch, and a
+    compaction's file (rows of many batches) has no bounds.
+    """
+    columns = partition_columns(cfg.partitioning)
+    uri = cfg.location("table")
+    if cfg.table_format == "delta":
+        table = open_table(uri, cfg.storage_options)
+        if table is None:
+            return []
+        adds = pa.table(table.get_add_actions(flatten=True))
+        if adds.num_rows == 0:
+            return []
+        names = set(adds.column_names)
+        values = [adds.column(f"partition.{c}").to_pylist() for c in columns]
+        low = adds.column("min._batch").to_pylist() if "min._batch" in names else None
+        high = adds.column("max._batch").to_pylist() if "max._batch" in names else None
+        return [
+            _File(
+                path,
+                partition_path(columns, [str(v[i]) for v in values]),
+                None if low is None else low[i],
+                None if high is None else high[i],
+            )
+            for i, path in enumerate(adds.column("path").to_pylist())
+        ]
+    fs, root = filesystem(uri, cfg.storage_options)
+    out = []
+    for f in current_files(fs, root):
+        batch = file_batch(f.path)
+        out.append(_File(f.path, f.partition, batch, batch))
+    return out
+
+
+def late_rows(
+    cfg: PipelineConfig,
+    files: list[_File],
+    since: dict[str, int],
+    ingested: set[int],
+    only: int | None = None,
+) -> dict[str, int]:
+    """Rows per partition that ingest batches landed after the batch completing it.
+
+    Only files that can hold such rows are read, and only their `_batch` column.
+
+    Args:
+        cfg: The pipeline.
+        files: The data table's files (`_table_files`).
+        since: Per partition, the batch that completed it.
+        ingested: The ingest batches of the ledger (backfills and replays re-write
+            committed offsets by an operator's decision and are reported by them).
+        only: Count the rows of this batch only.
+
+    Returns:
+        Partitions with late rows, and how many.
+    """
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    by_partition: dict[str, list[str]] = defaultdict(list)
+    for f in files:
+        after = since.get(f.partition)
+        if after is None or (f.high is not None and f.high <= after):
+            continue
+        # A batch's rows are in files named by it: a file without bounds (a compaction's,
+        # of rows of settled, older batches) is not read for one batch's count.
+        if only is not None and (
+            only <= after or f.low is None or f.high is None or not f.low <= only <= f.high
+        ):
+            continue
+        by_partition[f.partition].append(f"{root}/{f.path}")
+    counts = {}
+    for partition, paths in sorted(by_partition.items()):
+        batches = {only} if only is not None else ingested
+        where = (ds.field("_batch") > since[partition]) & ds.field("_batch").isin(
+            sorted(batches & ingested)
+        )
+        found = ds.dataset(paths, format="parquet", filesystem=fs).count_rows(filter=where)
+        if found:
+            counts[partition] = found
+    return counts
+
+
+@dataclass
+class Completeness:
+    """A pipeline's completeness as the ledger stands.
+
+    Attributes:
+        pipeline: The pipeline (or table of a routed pipeline).
+        asset: The URI of its Airflow Asset.
+        lateness: `completeness.lateness`.
+        batch: The newest ingest batch.
+        watermark: The watermark after it, ISO-8601; None before any event time.
+        holding: The Kafka partition holding the watermark back.
+        partitions: Every partition of the data table holding rows.
+        completed: Partitions that `batch` completed (and no mark holds).
+        late: Rows per partition that `batch` landed after the partition's completion.
+    """
+
+    pipeline: str
+    asset: str
+    lateness: str
+    batch: int | None
+    watermark: str | None
+    holding: str | None
+    partitions: list[PartitionState]
+    completed: list[str] = field(default_factory=list)
+    late: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+    def complete_before(self, cfg: PipelineConfig) -> str | None:
+        """The instant before which every partition's span is complete (held ones aside)."""
+        if self.watermark is None:
+            return None
+        return _iso(datetime.fromisoformat(self.watermark) - _lateness(cfg))
+
+
+def watermark_now(cfg: PipelineConfig, ledger: pa.Table) -> dict[str, str | None] | None:
+    """The watermark after the newest ingest batch, for `strata status` and the metrics.
+
+    Args:
+        cfg: The pipeline configuration.
+        ledger: The ledger rows.
+
+    Returns:
+        `at`, `holding` (the Kafka partition holding it back) and `complete_before` (a
+        partition ending by then is complete, unless the quality gate holds it); None
+        when completeness is off or no event time was read yet.
+    """
+    if not cfg.completeness.enabled:
+        return None
+    marks = watermarks(ledger)
+    if not marks or marks[-1].at is None:
+        return None
+    at = marks[-1].at
+    return {
+        "at": _iso(at),
+        "holding": marks[-1].holding,
+        "complete_before": _iso(at - _lateness(cfg)),
+    }
+
+
+def _lateness(cfg: PipelineConfig) -> timedelta:
+    return timedelta(milliseconds=parse_duration_ms(cfg.completeness.lateness))
+
+
+def completeness(
+    cfg: PipelineConfig,
+    batch: int | None = None,
+    ledger: pa.Table | None = None,
+    *,
+    totals: bool = True,
+    quality: bool = True,
+    since: int | None = None,
+) -> Completeness:
+    """Each partition's completeness, and what one ingest batch completed.
+
+    Args:
+        cfg: The pipeline.
+        batch: The batch whose newly complete partitions and late rows are wanted;
+            None for the newest ingest batch. The partitions' states are as the ledger
+            and the quality marks stand now.
+        ledger: The ledger rows, if already read.
+        totals: Count every partition's rows late after completion, not only the
+            batch's (a run leaves this to the completeness view).
+        quality: Read the quality marks (every batch's stored result); without them no
+            partition is held, which is enough to count late rows.
+        since: The last batch whose completed partitions were announced: `completed`
+            then lists those completed by any batch after it up to `batch`, so a run
+            that announced nothing (its gate failed, its task died) loses no partition.
+            None lists those `batch` completed.
+
+    Returns:
+        The completeness.
+    """
+    rows = read_ledger(cfg) if ledger is None else ledger
+    marks = watermarks(rows)
+    ingested = {m.batch for m in marks}
+    if batch is None and marks:
+        batch = marks[-1].batch
+    files = _table_files(cfg)
+    held = _held(cfg, rows, files) if quality else {}
+    states = partition_states(
+        sorted({f.partition for f in files}),
+        marks,
+        _lateness(cfg),
+        cfg.partitioning.timezone,
+        held,
+    )
+    since_batch = {s.partition: s.completed_batch for s in states if s.completed_batch is not None}
+    if totals:
+        by_name = {s.partition: s for s in states}
+        for partition, count in late_rows(cfg, files, since_batch, ingested).items():
+            by_name[partition].late_rows = count
+    now = next((m for m in marks if m.batch == batch), None)
+    found = Completeness(
+        cfg.name,
+        cfg.asset_uri,
+        cfg.completeness.lateness,
+        batch,
+        None if now is None or now.at is None else _iso(now.at),
+        None if now is None else now.holding,
+        states,
+    )
+    if batch is not None:
+        after = batch - 1 if since is None else since
+        found.completed = [
+            s.partition
+            for s in states
+            if s.complete and s.completed_batch is not None and after < s.completed_batch <= batch
+        ]
+    if now is not None:
+        found.late = late_rows(cfg, files, since_batch, ingested, only=batch)
+    return found
+
+
+def _held(cfg: PipelineConfig, rows: pa.Table, files: list[_File]) -> dict[str, list[int]]:
+    """Partitions the quality gate holds, with the batches holding them.
+
+    Those a failed check marked incomplete (under `quality.gate: fail`, when it was
+    checked); and while the gate is `fail`, those a batch not checked yet wrote rows
+    to: its check may still fail, so until it has run no partition it touched is said
+    to be complete.
+    """
+    from strata.quality.checks import READ_KINDS
+    from strata.quality.store import ResultStore
+
+    store = ResultStore.of(cfg)
+    held = store.incomplete()
+    if cfg.quality.gate != "fail":
+        return held
+    wrote = rows.filter(
+        pc.and_(pc.is_in(rows.column("kind"), pa.array(READ_KINDS)), pc.greater(rows["rows"], 0))
+    )
+    unchecked = sorted(set(wrote.column("batch").to_pylist()) - store.checked())
+    for f in files:
+        # A compacted file (no bounds) holds rows of settled partitions' old batches.
+        if not unchecked or f.low is None or f.high is None:
+            continue
+        first = bisect.bisect_left(unchecked, f.low)
+        if first < len(unchecked) and unchecked[first] <= f.high:
+            batches = held.setdefault(f.partition, [])
+            batches.extend(b for b in unchecked[first:] if b <= f.high and b not in batches)
+    return held
+
+
+def late_warnings(found: Completeness) -> list[str]:
+    """The run summary's warnings about the batch's rows that landed after completion."""
+    if not found.late:
+        return []
+    listed = ", ".join(f"{p} ({n})" for p, n in sorted(found.late.items())[:5])
+    more = len(found.late) - 5
+    return [
+        f"batch {found.batch} landed {sum(found.late.values())} rows in "
+        f"{len(found.late)} partitions already complete: {listed}"
+        + (f" and {more} more" if more > 0 else "")
+        + f" (later than completeness.lateness {found.lateness} allowed)"
+    ]
+
+
+def write_markers(cfg: PipelineConfig, found: Completeness) -> tuple[list[str], list[str]]:
+    """Write `_SUCCESS` into each complete partition's directory; remove it from held ones.
+
+    The directory is the one readers read: a plain Parquet partition's directory in use
+    (a compaction moves it). A name beginning with `_` is hidden from Spark, Hive,
+    Trino and Arrow, and Delta readers read only the files of the log. Idempotent: a
+    marker already there is left as it is.
+
+    Args:
+        cfg: The pipeline; nothing is written unless `completeness.marker` is on.
+        found: Its completeness.
+
+    Returns:
+        The partitions marked now, and those whose marker was removed.
+    """
+    if not cfg.completeness.marker:
+        return [], []
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    where = current_locations(fs, root) if cfg.table_format == "parquet" else {}
+    paths = {s.partition: f"{root}/{place(s.partition, where)}/{MARKER}" for s in found.partitions}
+    infos = {
+        p: i.type != pafs.FileType.NotFound
+        for p, i in zip(paths, fs.get_file_info(list(paths.values())), strict=True)
+    }
+    written, removed = [], []
+    for state in found.partitions:
+        path = paths[state.partition]
+        if state.complete and not infos[state.partition]:
+            body = json.dumps(state.parameters(), sort_keys=True).encode()
+            write_bytes_atomically(fs, path, body)
+            written.append(state.partition)
+        elif not state.complete and infos[state.partition]:
+            fs.delete_file(path)
+            removed.append(state.partition)
+    return written, removed
+
+
+def render_completeness(found: Completeness, limit: int = 48) -> str:
+    """The completeness for people: the watermark, then the newest partitions."""
+    head = (
+        f"{found.pipeline}: watermark {found.watermark or 'none yet'} after batch "
+        f"{found.batch if found.batch is not None else '-'}"
+        + (f", held back by {found.holding}" if found.holding else "")
+        + f"; lateness {found.lateness}; Airflow Asset {found.asset}"
+    )
+    lines = [head]
+    shown = found.partitions[-limit:]
+    if len(found.partitions) > len(shown):
+        lines.append(f"  ({len(found.partitions) - len(shown)} older partitions not shown)")
+    for s in shown:
+        if s.complete:
+            what = f"complete since batch {s.completed_batch} ({s.completed_at})"
+        elif s.held_by:
+            what = f"incomplete: failed quality in batch {', '.join(map(str, s.held_by))}"
+        else:
+            what = f"open until the watermark reaches {s.end} + {found.lateness}"
+        late = f"; {s.late_rows} rows late after completion" if s.late_rows else ""
+        lines.append(f"  {s.partition}  {what}{late}")
+    if found.completed:
+        lines.append(f"completed by batch {found.batch}: {', '.join(found.completed)}")
+    lines.extend(late_warnings(found))
+    return "\n".join(lines)

@@ -1,0 +1,577 @@
+"""Registration: record a pipeline's tables in the Hive Metastore, idempotently.
+
+Runs after the commit, so a registration failure never loses data: the batch stands,
+and the next run (or `strata register`) completes the registration. Every call
+compares what the metastore holds with what it should hold and changes only the
+difference, so registering twice changes nothing, and a table whose location drifted
+is corrected.
+
+Delta tables are registered the way Spark and Trino's Delta Lake connector expect
+them: an external table with the location, `spark.sql.sources.provider=delta`, and
+a placeholder column; readers take the schema and the files from the Delta log, so
+no `register_table` call is needed by hand.
+
+Registration also says which event-time partitions are complete (`strata.completeness`):
+as parameters of each complete partition of a Parquet table, and of the data table;
+`publish_completeness`, after a batch's quality gate, writes the `_SUCCESS` markers too.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pymetastore.hive_metastore.ttypes import (
+    FieldSchema,
+    Partition,
+    SerDeInfo,
+    StorageDescriptor,
+    Table,
+)
+
+from strata.batch.write import partition_path
+from strata.catalog.completeness import (
+    COMPLETE_BEFORE_KEY,
+    PARTITION_KEYS,
+    WATERMARK_KEY,
+    Completeness,
+    completeness,
+    write_markers,
+)
+from strata.catalog.metastore import MetastoreClient
+from strata.config import PipelineConfig
+from strata.errors import MetastoreError
+from strata.schema.avro import TABLE_SUFFIXES, partition_columns, table_layout
+from strata.store.files import filesystem
+from strata.store.ledger import LEDGER_SCHEMA
+from strata.store.locations import current_locations, place
+
+DELTA_PROVIDER = "delta"
+
+
+@dataclass
+class RegistrationReport:
+    """What registering changed.
+
+    Attributes:
+        database: The metastore database.
+        created: Tables created.
+        updated: Tables whose definition was corrected.
+        unchanged: Tables already as they should be.
+        partitions: Event-time partitions the data table has on storage.
+        partitions_added: Partitions the metastore lacked and now has.
+        partitions_unknown: Partitions the metastore lists but storage lacks (left alone).
+        partitions_moved: Partitions whose location was set to their directory in use.
+        partitions_completed: Partitions whose completeness parameters were set now
+            (`strata.complete` and the rest; see `strata.completeness`).
+        partitions_reopened: Partitions whose completeness parameters were removed: a
+            failed quality gate marked them incomplete.
+        completeness_error: Why completeness could not be worked out; the tables and
+            partitions are registered all the same.
+    """
+
+    database: str
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    partitions: int = 0
+    partitions_added: list[str] = field(default_factory=list)
+    partitions_unknown: list[str] = field(default_factory=list)
+    partitions_moved: list[str] = field(default_factory=list)
+    partitions_completed: list[str] = field(default_factory=list)
+    partitions_reopened: list[str] = field(default_factory=list)
+    completeness_error: str | None = None
+
+
+def location_uri(location: str) -> str:
+    """A table location as the metastore stores it (`file:/...` for local paths)."""
+    return location if "://" in location else f"file:{location}"
+
+
+def delta_table(database: str, name: str, location: str, pipeline: str) -> Table:
+    """The metastore definition of an external Delta table."""
+    uri = location_uri(location)
+    storage = _storage(
+        # Spark's convention for a data source table: the real schema is the Delta log's.
+        [FieldSchema("col", "array<string>", "from deserializer")],
+        uri,
+        "org.apache.hadoop.mapred.SequenceFileInputFormat",
+        "org.apache.hadoop.hive.ql.io.HiveSequenceFileOutputFormat",
+        "org.apache.hadoop.hive.serde2.lazy.LazySimpleSerDe",
+        {"path": uri, "serialization.format": "1"},
+    )
+    return _external_table(
+        database, name, storage, [], pipeline, {"spark.sql.sources.provider": DELTA_PROVIDER}
+    )
+
+
+PARQUET_SERDE = "org.apache.hadoop.hive.ql.io.parquet.serde.ParquetHiveSerDe"
+PARQUET_INPUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetInputFormat"
+PARQUET_OUTPUT = "org.apache.hadoop.hive.ql.io.parquet.MapredParquetOutputFormat"
+
+
+def hive_type(kind: pa.DataType) -> str:
+    """The Hive type of an Arrow type, as Parquet readers (Hive, Trino, Spark) map it.
+
+    Raises:
+        MetastoreError: For a type Hive has no column type for, e.g. a decimal above
+            38 digits.
+    """
+    simple = {
+        pa.int8(): "tinyint",
+        pa.int16(): "smallint",
+        pa.int32(): "int",
+        pa.int64(): "bigint",
+        pa.float32(): "float",
+        pa.float64(): "double",
+        pa.bool_(): "boolean",
+        pa.string(): "string",
+        pa.large_string(): "string",
+        pa.binary(): "binary",
+        pa.date32(): "date",
+    }
+    if kind in simple:
+        return simple[kind]
+    if pa.types.is_timestamp(kind):
+        return "timestamp"
+    if pa.types.is_decimal(kind):
+        if kind.precision > 38:
+            raise MetastoreError(f"no Hive type for {kind}: Hive decimals hold at most 38 digits")
+        return f"decimal({kind.precision},{kind.scale})"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"array<{hive_type(kind.value_type)}>"
+    if pa.types.is_map(kind):
+        return f"map<{hive_type(kind.key_type)},{hive_type(kind.item_type)}>"
+    if pa.types.is_struct(kind):
+        fields = ",".join(
+            f"{kind.field(i).name}:{hive_type(kind.field(i).type)}" for i in range(kind.num_fields)
+        )
+        return f"struct<{fields}>"
+    raise MetastoreError(f"no Hive type for Arrow type {kind}")
+
+
+def _external_table(
+    database: str,
+    name: str,
+    storage: StorageDescriptor,
+    partition_by: list[str],
+    pipeline: str,
+    parameters: dict[str, str],
+) -> Table:
+    return Table(
+        tableName=name,
+        dbName=database,
+        owner="strata",
+        createTime=int(time.time()),
+        lastAccessTime=0,
+        retention=0,
+        sd=storage,
+        partitionKeys=[FieldSchema(c, "string", None) for c in partition_by],
+        parameters={"EXTERNAL": "TRUE", "strata.pipeline": pipeline, **parameters},
+        tableType="EXTERNAL_TABLE",
+    )
+
+
+def _storage(
+    cols: list[FieldSchema],
+    location: str,
+    input_format: str,
+    output_format: str,
+    serde: str,
+    serde_parameters: dict[str, str],
+) -> StorageDescriptor:
+    return StorageDescriptor(
+        cols=cols,
+        location=location,
+        inputFormat=input_format,
+        outputFormat=output_format,
+        compressed=False,
+        numBuckets=-1,
+        serdeInfo=SerDeInfo(serializationLib=serde, parameters=serde_parameters),
+        bucketCols=[],
+        sortCols=[],
+        parameters={},
+    )
+
+
+def _parquet_storage(
+    location: str, schema: pa.Schema, partition_by: list[str]
+) -> StorageDescriptor:
+    cols = [
+        FieldSchema(f.name, hive_type(f.type), None) for f in schema if f.name not in partition_by
+    ]
+    return _storage(
+        cols, location, PARQUET_INPUT, PARQUET_OUTPUT, PARQUET_SERDE, {"serialization.format": "1"}
+    )
+
+
+def parquet_table(
+    database: str,
+    name: str,
+    location: str,
+    schema: pa.Schema,
+    partition_by: list[str],
+    pipeline: str,
+) -> Table:
+    """The metastore definition of an external, Hive-style Parquet table."""
+    storage = _parquet_storage(location_uri(location), schema, partition_by)
+    return _external_table(database, name, storage, partition_by, pipeline, {})
+
+
+def ensure_definition(client: MetastoreClient, wanted: Table) -> tuple[str, Table | None]:
+    """Create a table in the metastore, or correct its definition if it differs.
+
+    Args:
+        client: An open metastore client.
+        wanted: The table's definition.
+
+    Returns:
+        What was done (`created`, `updated` or `unchanged`), and the definition the
+        metastore held before (None if it held none).
+    """
+    current = client.get_table(wanted.dbName, wanted.tableName)
+    if current is None:
+        client.create_table(wanted)
+        return "created", None
+    if _same(current, wanted):
+        return "unchanged", current
+    wanted.createTime = current.createTime
+    client.alter_table(wanted)
+    return "updated", current
+
+
+def _same(current: Table, wanted: Table) -> bool:
+    params = current.parameters or {}
+    provider = (wanted.parameters or {}).get("spark.sql.sources.provider")
+    return (
+        current.sd.location == wanted.sd.location
+        and params.get("spark.sql.sources.provider") == provider
+        and current.tableType == wanted.tableType
+        and current.sd.serdeInfo.serializationLib == wanted.sd.serdeInfo.serializationLib
+        and [(c.name, c.type) for c in current.sd.cols]
+        == [(c.name, c.type) for c in wanted.sd.cols]
+        and [c.name for c in current.partitionKeys or []] == [c.name for c in wanted.partitionKeys]
+    )
+
+
+_TIME_VALUE = {"dt": re.compile(r"^\d{4}-\d{2}-\d{2}$"), "hr": re.compile(r"^\d{2}$")}
+
+
+def _written(cfg: PipelineConfig, column: str, value: str) -> bool:
+    """Whether Strata itself writes `value` into the data table's partition column."""
+    spec = cfg.partitioning.field
+    if spec is not None and column == spec.column:
+        return value in spec.values or value == spec.other
+    rule = _TIME_VALUE.get(column)
+    return rule is not None and rule.match(value) is not None
+
+
+def storage_partitions(cfg: PipelineConfig) -> list[tuple[str, ...]]:
+    """Partitions present on storage, from the directory names.
+
+    Only names Strata itself writes (`dt=YYYY-MM-DD`, `hr=HH`, a field partition's
+    listed values and `other`) are taken, so a stray directory can never become a
+    partition that points outside the table.
+    """
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    columns = partition_columns(cfg.partitioning)
+    found: list[tuple[str, ...]] = [()]
+    for column in columns:
+        deeper = []
+        for prefix in found:
+            base = "/".join([root, *(f"{c}={v}" for c, v in zip(columns, prefix, strict=False))])
+            if fs.get_file_info(base).type != pafs.FileType.Directory:
+                continue
+            for info in fs.get_file_info(pafs.FileSelector(base)):
+                key, _, value = info.base_name.partition("=")
+                if (
+                    info.type == pafs.FileType.Directory
+                    and key == column
+                    and _written(cfg, column, value)
+                ):
+                    deeper.append((*prefix, value))
+        found = deeper
+    return sorted(found)
+
+
+def _reconcile_partitions(
+    client: MetastoreClient,
+    cfg: PipelineConfig,
+    table: Table,
+    report: RegistrationReport,
+    found: Completeness | None,
+) -> None:
+    columns = partition_columns(cfg.partitioning)
+    on_storage = storage_partitions(cfg)
+    report.partitions = len(on_storage)
+    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    current = current_locations(fs, root)
+
+    def name(values: tuple[str, ...]) -> str:
+        return partition_path(columns, values)
+
+    def location(partition: str) -> str:
+        return f"{table.sd.location}/{place(partition, current)}"
+
+    registered = set(client.partition_names(table.dbName, table.tableName))
+    batch = cfg.metastore.partition_batch
+    _move_partitions(client, table, sorted(registered & set(current)), location, batch, report)
+    missing = [values for values in on_storage if name(values) not in registered]
+    wanted = {} if found is None else {s.partition: s.parameters() for s in found.partitions}
+    report.partitions_unknown = sorted(registered - {name(v) for v in on_storage})
+    for at in range(0, len(missing), batch):
+        parts = []
+        for values in missing[at : at + batch]:
+            storage = copy.deepcopy(table.sd)
+            storage.location = location(name(values))
+            parts.append(
+                Partition(
+                    values=list(values),
+                    dbName=table.dbName,
+                    tableName=table.tableName,
+                    createTime=int(time.time()),
+                    lastAccessTime=0,
+                    sd=storage,
+                    parameters=wanted.get(name(values), {}),
+                )
+            )
+        client.add_partitions(table.dbName, table.tableName, parts)
+    report.partitions_added = [name(v) for v in missing]
+    report.partitions_completed = [p for p in report.partitions_added if wanted.get(p)]
+    if found is not None:
+        # Only a partition whose span the watermark passed can carry the parameters (a
+        # mark may have reopened it since): the open ones are not even fetched.
+        settled = [
+            s.partition
+            for s in found.partitions
+            if s.completed_batch is not None and s.partition in registered
+        ]
+        _mark_partitions(client, table, settled, wanted, batch, report)
+
+
+def _mark_partitions(
+    client: MetastoreClient,
+    table: Table,
+    names: list[str],
+    wanted: dict[str, dict[str, str]],
+    batch: int,
+    report: RegistrationReport,
+) -> None:
+    """Give registered partitions the completeness parameters they should have, and no other.
+
+    Other parameters (the metastore's own, an operator's) are kept as they are.
+    """
+    for parts in _registered(client, table, names, batch):
+        changed = []
+        for partition, part in parts:
+            params = dict(part.parameters or {})
+            want = wanted.get(partition, {})
+            if {k: params[k] for k in PARTITION_KEYS if k in params} == want:
+                continue
+            part.parameters = {k: v for k, v in params.items() if k not in PARTITION_KEYS} | want
+            changed.append(part)
+            (report.partitions_completed if want else report.partitions_reopened).append(partition)
+        if changed:
+            client.alter_partitions(table.dbName, table.tableName, changed)
+
+
+def _registered(
+    client: MetastoreClient, table: Table, names: list[str], batch: int
+) -> Iterator[list[tuple[str, Partition]]]:
+    """The registered partitions of `names`, `batch` per metastore call, each with its path."""
+    keys = [c.name for c in table.partitionKeys]
+    for at in range(0, len(names), batch):
+        parts = client.partitions_by_names(table.dbName, table.tableName, names[at : at + batch])
+        yield [(partition_path(keys, [str(v) for v in p.values]), p) for p in parts]
+
+
+def registered_locations(cfg: PipelineConfig, partitions: list[str]) -> dict[str, str]:
+    """Where the metastore points the data table's partitions, for those it lists.
+
+    Fetched `metastore.partition_batch` names per call, as registration fetches them.
+
+    Args:
+        cfg: The pipeline configuration; `metastore.uri` must be set.
+        partitions: Partition names (`dt=…/hr=…`).
+
+    Returns:
+        Per registered partition of `partitions`, its location as the metastore holds it;
+        nothing if the table is not registered.
+
+    Raises:
+        MetastoreError: If the metastore cannot be reached or answers with an error.
+    """
+    ms = cfg.metastore
+    found: dict[str, str] = {}
+    with MetastoreClient(ms.uri or "", ms.timeout_s) as client:
+        table = client.get_table(ms.database, f"{cfg.name}{TABLE_SUFFIXES['table']}")
+        if table is None:
+            return found
+        for parts in _registered(client, table, partitions, ms.partition_batch):
+            found.update((name, part.sd.location) for name, part in parts)
+    return found
+
+
+def _move_partitions(
+    client: MetastoreClient,
+    table: Table,
+    names: list[str],
+    location: Callable[[str], str],
+    batch: int,
+    report: RegistrationReport,
+) -> None:
+    """Point registered partitions at their directories in use, where they differ.
+
+    A compaction moves a plain Parquet partition on storage first (its marker), then in
+    the metastore; one killed in between, or a location changed by hand, is put right
+    here.
+    """
+    for parts in _registered(client, table, names, batch):
+        moved = []
+        for partition, part in parts:
+            if part.sd.location != location(partition):
+                part.sd.location = location(partition)
+                moved.append(part)
+                report.partitions_moved.append(partition)
+        if moved:
+            client.alter_partitions(table.dbName, table.tableName, moved)
+
+
+def register_tables(cfg: PipelineConfig) -> RegistrationReport:
+    """Register the pipeline's data, raw, quarantine and ledger tables.
+
+    Args:
+        cfg: The pipeline configuration; `metastore.uri` must be set.
+
+    Returns:
+        What changed.
+
+    Raises:
+        MetastoreError: If the metastore cannot be reached or refuses a change.
+    """
+    ms = cfg.metastore
+    if not ms.uri:
+        raise MetastoreError(
+            "no metastore configured; set metastore.uri (or STRATA_METASTORE_URI) to "
+            "thrift://host:port"
+        )
+    report = RegistrationReport(ms.database)
+    found = None
+    if cfg.completeness.enabled:
+        try:
+            found = completeness(cfg, totals=False)
+        except Exception as exc:  # noqa: BLE001 - completeness never stops registration
+            report.completeness_error = f"completeness unknown: {exc}"
+    with MetastoreClient(ms.uri, ms.timeout_s) as client:
+        client.ensure_database(
+            ms.database, location_uri(cfg.warehouse), "Tables landed from Kafka by Strata"
+        )
+        for which, suffix in TABLE_SUFFIXES.items():
+            name = f"{cfg.name}{suffix}"
+            location = cfg.location(which)
+            if cfg.table_format == "parquet":
+                schema, partition_by = (
+                    (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg, which)
+                )
+                wanted = parquet_table(ms.database, name, location, schema, partition_by, cfg.name)
+            else:
+                wanted = delta_table(ms.database, name, location, cfg.name)
+            if which == "table" and found is not None:
+                wanted.parameters.update(_table_marks(cfg, found))
+            done, current = ensure_definition(client, wanted)
+            getattr(report, done).append(name)
+            if done == "unchanged" and current is not None:
+                _update_marks(client, current, wanted)
+            if which == "table" and cfg.table_format == "parquet":
+                _reconcile_partitions(client, cfg, wanted, report, found)
+    return report
+
+
+def _table_marks(cfg: PipelineConfig, found: Completeness) -> dict[str, str]:
+    """The data table's completeness parameters: for Delta tables, whose partitions the
+    metastore does not list, the only place a metastore reader finds them."""
+    before = found.complete_before(cfg)
+    if found.watermark is None or before is None:
+        return {}
+    return {WATERMARK_KEY: found.watermark, COMPLETE_BEFORE_KEY: before}
+
+
+def _update_marks(client: MetastoreClient, current: Table, wanted: Table) -> None:
+    """Bring a table's completeness parameters up to date; its other ones stay."""
+    params = dict(current.parameters or {})
+    marks = {k: v for k, v in (wanted.parameters or {}).items() if k in _TABLE_KEYS}
+    if {k: params[k] for k in _TABLE_KEYS if k in params} != marks:
+        current.parameters = {k: v for k, v in params.items() if k not in _TABLE_KEYS} | marks
+        client.alter_table(current)
+
+
+_TABLE_KEYS = (WATERMARK_KEY, COMPLETE_BEFORE_KEY)
+
+
+def render_registration(report: RegistrationReport) -> str:
+    """The report as one line."""
+    parts = [
+        f"{label} {', '.join(names)}"
+        for label, names in (
+            ("created", report.created),
+            ("updated", report.updated),
+            ("unchanged", report.unchanged),
+        )
+        if names
+    ]
+    if report.partitions_added:
+        parts.append(f"{len(report.partitions_added)} partitions added")
+    if report.partitions_completed:
+        parts.append(f"{len(report.partitions_completed)} partitions marked complete")
+    if report.partitions_reopened:
+        parts.append(
+            f"{len(report.partitions_reopened)} partitions no longer complete (failed quality)"
+        )
+    if report.completeness_error:
+        parts.append(report.completeness_error)
+    if report.partitions_moved:
+        parts.append(f"{len(report.partitions_moved)} partitions moved to their compacted files")
+    if report.partitions_unknown:
+        parts.append(
+            f"{len(report.partitions_unknown)} registered partitions have no data on storage "
+            f"(left alone): {', '.join(report.partitions_unknown[:5])}"
+        )
+    return f"metastore database {report.database}: " + "; ".join(parts)
+
+
+def publish_completeness(
+    cfg: PipelineConfig, batch: int | None, since: int | None = None
+) -> tuple[Completeness | None, list[str]]:
+    """After a batch and its quality gate: mark complete partitions, say what changed.
+
+    Writes the `_SUCCESS` markers (with `completeness.marker`), and registers again when
+    the batch's failed gate held partitions, so that no metastore parameter says
+    complete where the gate says not. Runs after the commit; a failure is a warning.
+
+    Args:
+        cfg: The pipeline.
+        batch: The batch just committed (and checked); None for the newest ingest batch.
+        since: The last batch whose completed partitions were announced (see
+            `strata.completeness.completeness`).
+
+    Returns:
+        The completeness (None if it could not be worked out) and the warnings to show.
+    """
+    if not cfg.completeness.enabled:
+        return None, []
+    try:
+        found = completeness(cfg, batch, totals=False, since=since)
+        write_markers(cfg, found)
+        # Registration ran before the gate, which held the batch's partitions (under
+        # `fail`) until it passed, or marks them now: the metastore is set right at once.
+        held = any(found.batch in s.held_by for s in found.partitions)
+        if cfg.metastore.uri and (held or found.completed):
+            register_tables(cfg)
+    except Exception as exc:  # noqa: BLE001 - the batch stands; the next run marks again
+        return None, [f"partition completeness not published: {exc}"]
+    return found, []

@@ -1,0 +1,282 @@
+"""Trino DDL for a pipeline's tables, as `strata sql ddl` prints it.
+
+Every identifier is quoted and every literal escaped, and names that reach SQL were
+already validated by the config (pipeline, database, topics) or by the Avro schema
+(field names), so nothing from config or data can change a statement's meaning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from strata.config import PipelineConfig
+from strata.config.secrets import redact
+from strata.schema.avro import TABLE_SUFFIXES, table_layout
+from strata.store.ledger import LEDGER_SCHEMA
+
+
+def quote_identifier(name: str) -> str:
+    """A Trino identifier, double-quoted with inner quotes doubled."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    """A Trino string literal, single-quoted with inner quotes doubled."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def trino_type(kind: pa.DataType) -> str:
+    """The Trino type of an Arrow type, as Trino reads it from Parquet.
+
+    Raises:
+        ValueError: For a type Trino has no column type for, e.g. a decimal above 38
+            digits.
+    """
+    simple = {
+        pa.int8(): "tinyint",
+        pa.int16(): "smallint",
+        pa.int32(): "integer",
+        pa.int64(): "bigint",
+        pa.float32(): "real",
+        pa.float64(): "double",
+        pa.bool_(): "boolean",
+        pa.string(): "varchar",
+        pa.binary(): "varbinary",
+        pa.date32(): "date",
+    }
+    if kind in simple:
+        return simple[kind]
+    if pa.types.is_timestamp(kind):
+        return "timestamp(6)" if kind.unit in ("us", "ns") else "timestamp(3)"
+    if pa.types.is_decimal(kind):
+        if kind.precision > 38:
+            raise ValueError(f"no Trino type for {kind}: Trino decimals hold at most 38 digits")
+        return f"decimal({kind.precision}, {kind.scale})"
+    if pa.types.is_list(kind):
+        return f"array({trino_type(kind.value_type)})"
+    if pa.types.is_map(kind):
+        return f"map({trino_type(kind.key_type)}, {trino_type(kind.item_type)})"
+    if pa.types.is_struct(kind):
+        fields = ", ".join(
+            f"{quote_identifier(kind.field(i).name)} {trino_type(kind.field(i).type)}"
+            for i in range(kind.num_fields)
+        )
+        return f"row({fields})"
+    raise ValueError(f"no Trino type for Arrow type {kind}")
+
+
+def _uri(location: str) -> str:
+    return location if "://" in location else f"file://{location}"
+
+
+def trino_statements(cfg: PipelineConfig) -> list[str]:
+    """What to run in Trino after registering, for `trino.url`.
+
+    Parquet tables: `sync_partition_metadata`, so Trino's Hive catalog sees partitions
+    added since its metastore cache was filled. Delta tables: nothing, since the
+    metastore entry is all Trino's Delta catalog needs, unless that catalog uses
+    another metastore (`trino.register_delta_tables`): then `register_table`.
+    """
+    database = quote_literal(cfg.metastore.database)
+    if cfg.table_format == "parquet":
+        catalog = quote_identifier(cfg.trino.hive_catalog)
+        args = f"{database}, {quote_literal(cfg.name)}, 'ADD'"
+        return [f"CALL {catalog}.system.sync_partition_metadata({args})"]
+    if not cfg.trino.register_delta_tables:
+        return []
+    catalog = quote_identifier(cfg.trino.delta_catalog)
+    return [
+        f"CALL {catalog}.system.register_table(schema_name => {database}, "
+        f"table_name => {quote_literal(cfg.name + suffix)}, "
+        f"table_location => {quote_literal(_uri(cfg.location(which)))})"
+        for which, suffix in TABLE_SUFFIXES.items()
+    ]
+
+
+def run_in_trino(cfg: PipelineConfig, statements: list[str]) -> list[str]:
+    """Run statements in the Trino of `trino.url`; a table registered already is not an error.
+
+    Signs in with `trino.password` (HTTP basic authentication) or `trino.access_token`
+    (a JWT as bearer token), and checks the coordinator's certificate against
+    `trino.ca_file` when one is given.
+
+    Returns:
+        The statements that ran.
+
+    Raises:
+        MetastoreError: If Trino cannot be reached or refuses a statement.
+    """
+    import trino
+
+    url = cfg.trino.url
+    assert url is not None
+    scheme, _, rest = url.partition("://")
+    host, _, port = rest.rstrip("/").partition(":")
+    auth: trino.auth.Authentication | None = None
+    if cfg.trino.password is not None:
+        auth = trino.auth.BasicAuthentication(cfg.trino.user, cfg.trino.password)
+    elif cfg.trino.access_token is not None:
+        auth = trino.auth.JWTAuthentication(cfg.trino.access_token)
+
+    def connect() -> Any:  # noqa: ANN401 - the trino client is not annotated
+        return trino.dbapi.connect(  # type: ignore[no-untyped-call]
+            host=host,
+            port=int(port or (443 if scheme == "https" else 8080)),
+            user=cfg.trino.user,
+            http_scheme=scheme,
+            auth=auth,
+            http_session=_trusting(cfg.trino.ca_file),
+            request_timeout=cfg.trino.timeout_s,
+        )
+
+    return _run_statements(connect, f"Trino at {url}", statements)
+
+
+def _trusting(ca_file: str | None) -> Any:  # noqa: ANN401 - a requests.Session
+    """An HTTP session that checks certificates against `ca_file` (the system's if None).
+
+    Plain `requests` lets `REQUESTS_CA_BUNDLE` or `CURL_CA_BUNDLE` in the environment
+    win over a session's own authority, so a configured `ca_file` would be ignored
+    wherever an image sets one of them; this session keeps its own.
+    """
+    import requests
+
+    class Session(requests.Session):
+        def merge_environment_settings(
+            self,
+            url: str,
+            proxies: dict[str, str] | None,
+            stream: bool | None,
+            verify: bool | str | None,
+            cert: str | tuple[str, str] | None,
+        ) -> dict[str, Any]:
+            merged = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if ca_file is not None:
+                merged["verify"] = ca_file
+            return merged
+
+    session = Session()
+    session.verify = ca_file or True
+    return session
+
+
+def run_through_connection(conn_id: str, statements: list[str]) -> list[str]:
+    """Run statements in Trino through an Airflow connection of type `trino`.
+
+    The connection holds the coordinator, the user and the way of signing in (its
+    password, or `auth: jwt` in its extra, and `verify`/`protocol`), so none of it
+    sits in the pipeline's configuration; the Trino provider's hook opens it.
+
+    Returns:
+        The statements that ran.
+
+    Raises:
+        MetastoreError: If the connection is unknown, or Trino cannot be reached or
+            refuses a statement.
+    """
+    from airflow.providers.trino.hooks.trino import TrinoHook
+
+    hook = TrinoHook(trino_conn_id=conn_id)  # type: ignore[no-untyped-call]
+    return _run_statements(
+        hook.get_conn,
+        f"Trino through the Airflow connection {conn_id}",
+        statements,
+    )
+
+
+def _run_statements(connect: Callable[[], Any], where: str, statements: list[str]) -> list[str]:
+    """Run statements on a Trino DB-API connection; `ALREADY_EXISTS` is not an error."""
+    from trino.exceptions import TrinoQueryError
+
+    from strata.errors import MetastoreError
+
+    ran = []
+    try:
+        with connect() as conn:
+            cursor = conn.cursor()
+            for statement in statements:
+                try:
+                    cursor.execute(statement)
+                    cursor.fetchall()
+                except TrinoQueryError as exc:
+                    if exc.error_name != "ALREADY_EXISTS":
+                        raise
+                ran.append(statement)
+    except (TrinoQueryError, OSError) as exc:
+        raise MetastoreError(redact(f"{where}: {exc}")) from None
+    except Exception as exc:  # noqa: BLE001 - the client raises requests' errors too
+        raise MetastoreError(redact(f"{where}: {type(exc).__name__}: {exc}")) from None
+    return ran
+
+
+def pipeline_ddl(
+    cfg: PipelineConfig, delta_catalog: str = "delta", hive_catalog: str = "hive"
+) -> str:
+    """Trino statements that make a pipeline's tables queryable, as a script.
+
+    See `ddl_statements`.
+
+    Returns:
+        Semicolon-terminated statements, one per paragraph.
+    """
+    out = [f"-- Tables of pipeline {cfg.name} ({cfg.table_format})"]
+    out += [f"{s};" for s in ddl_statements(cfg, delta_catalog, hive_catalog)]
+    return "\n\n".join(out) + "\n"
+
+
+def ddl_statements(cfg: PipelineConfig, delta_catalog: str, hive_catalog: str) -> list[str]:
+    """Trino statements that make a pipeline's tables queryable, one by one.
+
+    Delta tables are registered in the Delta Lake catalog; plain Parquet tables are
+    created in the Hive catalog, and their partitions synchronised from storage.
+    `strata register` does the same through the metastore; these statements are for
+    a Trino whose catalogs point at another metastore, or for review. Each can run
+    again: a table there already is not created twice.
+
+    Args:
+        cfg: The pipeline configuration.
+        delta_catalog: Name of Trino's Delta Lake catalog.
+        hive_catalog: Name of Trino's Hive catalog.
+
+    Returns:
+        The statements, without terminating semicolons.
+    """
+    schema = quote_identifier(cfg.metastore.database)
+    out = []
+    if cfg.table_format == "delta":
+        catalog = quote_identifier(delta_catalog)
+        out.append(f"CREATE SCHEMA IF NOT EXISTS {catalog}.{schema}")
+        for which, suffix in TABLE_SUFFIXES.items():
+            args = ", ".join(
+                [
+                    f"schema_name => {quote_literal(cfg.metastore.database)}",
+                    f"table_name => {quote_literal(cfg.name + suffix)}",
+                    f"table_location => {quote_literal(_uri(cfg.location(which)))}",
+                ]
+            )
+            out.append(f"CALL {catalog}.system.register_table({args})")
+        return out
+    catalog = quote_identifier(hive_catalog)
+    out.append(f"CREATE SCHEMA IF NOT EXISTS {catalog}.{schema}")
+    for which, suffix in TABLE_SUFFIXES.items():
+        arrow, partition_by = (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg, which)
+        name = f"{catalog}.{schema}.{quote_identifier(cfg.name + suffix)}"
+        columns = ",\n".join(f"  {quote_identifier(f.name)} {trino_type(f.type)}" for f in arrow)
+        props = [
+            f"external_location = {quote_literal(_uri(cfg.location(which)))}",
+            "format = 'PARQUET'",
+        ]
+        if partition_by:
+            keys = ", ".join(quote_literal(c) for c in partition_by)
+            props.append(f"partitioned_by = ARRAY[{keys}]")
+        out.append(
+            f"CREATE TABLE IF NOT EXISTS {name} (\n{columns}\n)\nWITH (\n  "
+            + ",\n  ".join(props)
+            + "\n)"
+        )
+    sync = ", ".join([quote_literal(cfg.metastore.database), quote_literal(cfg.name), "'ADD'"])
+    out.append(f"CALL {catalog}.system.sync_partition_metadata({sync})")
+    return out

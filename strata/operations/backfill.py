@@ -1,0 +1,357 @@
+"""Backfill and replay: process committed offset ranges again, replacing their rows.
+
+After an incident (a decoder bug, a bad deploy upstream, a table damaged by hand) an
+on-call engineer re-ingests `[start, end)` of one partition: a backfill. The rows of
+that range already in the tables are removed and the re-read ones added in the same
+Delta transaction, so readers never see the range twice or not at all; rows outside
+the range are untouched. When Kafka's retention has deleted the range, the raw copy
+is read instead, and the run says so.
+
+A replay re-decodes whole batches (or a range) from the raw copy alone, with the
+current schema and decoder, without touching Kafka: after a decoder or schema fix,
+quarantined messages that now decode move into the data table. The ledger records
+every backfill and replay with its reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from strata.batch.kafka import partition_states, topic_ids
+from strata.batch.plan import BatchPlan, OffsetRange, PlanStore, decode_fingerprint, split_ranges
+from strata.config import PipelineConfig
+from strata.errors import BackfillError, KafkaUnavailable
+from strata.run import (
+    RunOutcome,
+    check_schema,
+    execute_reprocess,
+    raw_covers,
+    register,
+)
+from strata.store.ledger import (
+    LedgerState,
+    batch_log_ids,
+    committed_log_ids,
+    ledger_state,
+    read_ledger,
+)
+from strata.store.lock import run_lock
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def backfill(
+    cfg: PipelineConfig,
+    target: OffsetRange,
+    reason: str,
+    *,
+    session: Callable[[PipelineConfig], SparkSession] | None = None,
+) -> RunOutcome:
+    """Re-ingest one committed range of one partition, replacing its rows.
+
+    Args:
+        cfg: The pipeline configuration.
+        target: The topic, partition and `[start, end)` to re-ingest.
+        reason: Why; recorded in the ledger.
+        session: Builds the Spark session.
+
+    Returns:
+        The outcome, with status `backfilled`.
+
+    Raises:
+        BackfillError: If the range is invalid, not committed yet, or held by
+            neither Kafka nor the raw copy.
+    """
+    return _reprocess(cfg, [target], reason, "backfill", session)
+
+
+def replay(
+    cfg: PipelineConfig,
+    targets: list[OffsetRange],
+    reason: str,
+    *,
+    session: Callable[[PipelineConfig], SparkSession] | None = None,
+) -> RunOutcome:
+    """Re-decode committed ranges from the raw copy with the current schema and decoder.
+
+    The ranges' rows in the data and quarantine tables are replaced, one transaction
+    per table; the raw copy is left as it is and Kafka is never contacted.
+
+    Args:
+        cfg: The pipeline configuration.
+        targets: At most one range per partition (see `batch_ranges`).
+        reason: Why; recorded in the ledger.
+        session: Builds the Spark session.
+
+    Returns:
+        The outcome, with status `replayed`.
+
+    Raises:
+        BackfillError: If a range is invalid, not committed, or not in the raw copy.
+    """
+    return _reprocess(cfg, targets, reason, "replay", session)
+
+
+def batch_ranges(cfg: PipelineConfig, first: int, last: int) -> list[OffsetRange]:
+    """The ranges ingested by batches `first` to `last`, one per partition.
+
+    A range spans from the first batch's start to the last batch's end on each
+    partition; offsets lost to retention in between are in no copy, and a replay
+    counts them as gaps again.
+
+    Raises:
+        BackfillError: If the batches ingested nothing.
+    """
+    if first < 1 or last < first:
+        raise BackfillError(
+            f"batches {first} to {last} are not a range; give --from-batch at least 1 and "
+            "--to-batch not below it"
+        )
+    spans: dict[tuple[str, int], tuple[int, int]] = {}
+    for r in read_ledger(cfg).to_pylist():
+        if r["kind"] != "ingest" or not first <= r["batch"] <= last:
+            continue
+        if r["end_offset"] == r["start_offset"]:
+            continue
+        key = (r["topic"], r["partition"])
+        start, end = spans.get(key, (r["start_offset"], r["end_offset"]))
+        spans[key] = (min(start, r["start_offset"]), max(end, r["end_offset"]))
+    if not spans:
+        raise BackfillError(
+            f"batches {first} to {last} of pipeline {cfg.name} ingested no messages; "
+            "`strata status` lists the committed batches"
+        )
+    return [OffsetRange(t, p, start, end) for (t, p), (start, end) in sorted(spans.items())]
+
+
+def replay_targets(
+    cfg: PipelineConfig,
+    from_batch: int | None,
+    to_batch: int | None,
+    target: tuple[str | None, int | None, int | None, int | None],
+) -> list[OffsetRange]:
+    """What a replay request names: batches `from_batch` to `to_batch`, or one range.
+
+    Args:
+        cfg: The pipeline configuration.
+        from_batch: The first batch, or None for a range.
+        to_batch: The last batch; None is `from_batch`.
+        target: Topic, partition, first offset and first offset after, all None for
+            batches.
+
+    Raises:
+        BackfillError: If the request names both, or neither, or part of a range.
+    """
+    if from_batch is not None and all(v is None for v in target):
+        return batch_ranges(cfg, from_batch, from_batch if to_batch is None else to_batch)
+    topic, partition, start, end = target
+    if from_batch is None and to_batch is None:
+        if topic is not None and partition is not None and start is not None and end is not None:
+            return [OffsetRange(topic, partition, start, end)]
+    raise BackfillError(
+        "give either --from-batch (and --to-batch), or --topic, --partition, --from and --to"
+    )
+
+
+def _reprocess(
+    cfg: PipelineConfig,
+    targets: list[OffsetRange],
+    reason: str,
+    kind: str,
+    session: Callable[[PipelineConfig], SparkSession] | None,
+) -> RunOutcome:
+    """Plan (or resume) a backfill or replay batch, then run it as every batch runs."""
+    began = time.monotonic()
+    for target in targets:
+        _check_request(cfg, target, reason)
+    if len({(t.topic, t.partition) for t in targets}) != len(targets):
+        raise BackfillError("give at most one range per partition")
+    with run_lock(cfg) as lock:
+        state = ledger_state(cfg)
+        for target in targets:
+            _check_committed(state, target)
+        batch = state.last_batch + 1
+        store = PlanStore(cfg)
+        plan = store.load(batch)
+        resumed = plan is not None
+        if plan is None:
+            from strata.spark.session import default_tasks
+
+            check_schema(cfg)
+            for target in targets:
+                _one_log(cfg, target)
+            ids: dict[str, str] = {}
+            if kind == "replay":
+                source = _raw_source(cfg, targets)
+            else:
+                source, ids = _source(cfg, targets[0], state)
+            made = BatchPlan(
+                pipeline=cfg.name,
+                batch=batch,
+                ranges=targets,
+                splits=split_ranges(targets, default_tasks(cfg), cfg.limits.max_offsets_per_task),
+                fingerprint=decode_fingerprint(cfg),
+                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                kind=kind,
+                note=reason,
+                source=source,
+                topic_ids=ids,
+            )
+            plan = store.create(made)
+            resumed = plan is not made
+        if plan.kind != kind or plan.ranges != targets:
+            what = f"a {plan.kind} of {', '.join(r.describe() for r in plan.ranges)}"
+            raise BackfillError(
+                f"batch {batch} is unfinished ({what}); nothing was done. `strata run "
+                f"--pipeline {cfg.name}` finishes it as it began; or drop it with `strata plan "
+                f"drop --pipeline {cfg.name} --batch {batch} --reason TEXT`"
+            )
+        outcome = execute_reprocess(cfg, plan, session, lock, resumed)
+        register(cfg, outcome)
+        outcome.seconds = time.monotonic() - began
+        return outcome
+
+
+def _check_request(cfg: PipelineConfig, target: OffsetRange, reason: str) -> None:
+    if cfg.table_format != "delta":
+        raise BackfillError(
+            "backfill replaces rows inside a Delta transaction; plain Parquet tables "
+            "(table_format: parquet) cannot be backfilled yet"
+        )
+    if not cfg.reads_topic(target.topic):
+        raise BackfillError(
+            f"topic `{target.topic}` is not read by pipeline {cfg.name} ({cfg.topics_description})"
+        )
+    if target.partition < 0 or target.start < 0 or target.end <= target.start:
+        raise BackfillError(
+            f"[{target.start}, {target.end}) of partition {target.partition} is not a range; "
+            "give --from below --to, both at least 0"
+        )
+    if not reason.strip():
+        raise BackfillError("give a --reason; the ledger records why each backfill ran")
+
+
+def _check_committed(state: LedgerState, target: OffsetRange) -> None:
+    committed = state.committed.get((target.topic, target.partition))
+    if committed is None or target.end > committed:
+        upto = "nothing" if committed is None else f"offsets below {committed}"
+        raise BackfillError(
+            f"partition {target.partition} of `{target.topic}` has committed {upto}; only a "
+            f"committed range can be backfilled, and offsets up to {target.end} come with "
+            "the next `strata run`"
+        )
+
+
+def _source(
+    cfg: PipelineConfig, target: OffsetRange, state: LedgerState
+) -> tuple[str, dict[str, str]]:
+    """`kafka` if the broker still holds the range's log, else `raw` if the raw copy does.
+
+    Kafka holds the range only if it holds its offsets *and* the topic is the one they
+    were read from: a topic deleted and created again keeps its name, and its offsets
+    are other messages.
+
+    Returns:
+        The source, and the topics' ids when it is Kafka (the plan keeps them).
+    """
+    kafka_says = ""
+    try:
+        current = topic_ids(cfg)
+        was = _read_from(cfg, target)
+        now = current.get(target.topic)
+        if was and was != {now}:
+            kafka_says = (
+                f"`{target.topic}` was created again since (id {', '.join(sorted(was))}, now {now})"
+                if now is not None
+                else f"the id of `{target.topic}` could not be read to check it is the same log"
+            )
+        else:
+            for s in partition_states(cfg, state.committed):
+                if (s.topic, s.partition) == (target.topic, target.partition):
+                    if s.low <= target.start and target.end <= s.high:
+                        return "kafka", current
+                    kafka_says = f"Kafka holds [{s.low}, {s.high})"
+            kafka_says = kafka_says or "Kafka has no such partition"
+    except KafkaUnavailable as exc:
+        kafka_says = f"Kafka is unreachable ({exc})"
+    if raw_covers(cfg, target):
+        return "raw", {}
+    raise BackfillError(
+        f"{target.describe()} are held by neither Kafka ({kafka_says}) nor the raw copy "
+        "(no committed ingest covers them); nothing was done"
+    )
+
+
+def _read_from(cfg: PipelineConfig, target: OffsetRange) -> set[str]:
+    """The ids of the logs a committed range's offsets were read from, where recorded.
+
+    Each ingest batch records which log each partition was read on (`LogIds`); the
+    newest record would name the log reading goes on in now, which a seek may have
+    moved onto a re-created topic since the range was read.
+    """
+    rows = read_ledger(cfg, ["batch", "kind", "topic", "partition", "start_offset", "end_offset"])
+    batches = sorted(
+        {
+            r["batch"]
+            for r in rows.to_pylist()
+            if r["kind"] == "ingest"
+            and (r["topic"], r["partition"]) == (target.topic, target.partition)
+            and r["start_offset"] < target.end
+            and r["end_offset"] > target.start
+        }
+    )
+    found = set()
+    for recorded in batch_log_ids(cfg, batches).values():
+        uid = recorded.of(target.topic, target.partition)
+        if uid is not None:
+            found.add(uid)
+    if not found:
+        # No ingest read the range, or it was read before ids were recorded: the log
+        # reading goes on in now is all the ledger can say.
+        newest = committed_log_ids(cfg)
+        uid = None if newest is None else newest.of(target.topic, target.partition)
+        found = set() if uid is None else {uid}
+    return found
+
+
+def _one_log(cfg: PipelineConfig, target: OffsetRange) -> None:
+    """Refuse a range two logs cover: its rows could not be told apart.
+
+    After a topic was deleted, created again and read again from its start (a seek
+    back), the same offsets name messages of both logs, in the tables and in the raw
+    copy alike; replacing a range's rows would replace both logs' rows with one's.
+
+    Raises:
+        BackfillError: Naming the batches that read the range's offsets twice.
+    """
+    spans = sorted(
+        (max(r["start_offset"], target.start), min(r["end_offset"], target.end), r["batch"])
+        for r in read_ledger(cfg).to_pylist()
+        if r["kind"] == "ingest"
+        and (r["topic"], r["partition"]) == (target.topic, target.partition)
+        and r["start_offset"] < target.end
+        and r["end_offset"] > target.start
+    )
+    for (_, end0, b0), (start1, _, b1) in zip(spans, spans[1:], strict=False):
+        if start1 < end0:
+            raise BackfillError(
+                f"{target.describe()}: batches {b0} and {b1} both read offsets from {start1}: "
+                "two logs under one topic name (it was created again and read from its start). "
+                "Their rows cannot be told apart; nothing was done. Give a range only one log "
+                "covers."
+            )
+
+
+def _raw_source(cfg: PipelineConfig, targets: list[OffsetRange]) -> str:
+    """`raw`, once it is sure the raw copy holds every range."""
+    for target in targets:
+        if not raw_covers(cfg, target):
+            raise BackfillError(
+                f"{target.describe()} are not all in the raw copy (no committed ingest covers "
+                "them); nothing was done"
+            )
+    return "raw"

@@ -1,0 +1,334 @@
+"""The ways out of a stop: abandon an unfinished batch's plan, move where reading goes on.
+
+Both are edits of the ledger made the safe way: under the run lock, as a batch of
+their own (so no plan saved before the edit can run after it), with who, when and
+why in the ledger beside the offsets they concern. Nothing is edited by hand.
+
+- `drop_plan` abandons the saved plan of the unfinished batch when it can no longer
+  be finished (retention deleted its offsets before its raw copy was committed, its
+  file is damaged). The batch is recorded as `abandon` and reads nothing; the next
+  run plans afresh from where the ledger goes on, so `--accept-loss` applies to it.
+- `seek` moves where reading goes on in a partition: forward past offsets nobody
+  will read (recorded, like a loss), or back to the start of a topic that was
+  deleted and created again under the same name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from strata.batch.kafka import partition_states, publish_offsets, topic_ids
+from strata.batch.plan import OffsetRange, PlanStore
+from strata.batch.reconcile import RANGES_KEY, TABLES
+from strata.config import PipelineConfig, TableName
+from strata.errors import LedgerEditError, PlanError
+from strata.run import (
+    fence_table,
+    remove_batch_files,
+    remove_batch_rows,
+)
+from strata.store.delta import batch_metadata
+from strata.store.ledger import LogIds, commit_ledger, committed_log_ids, ledger_state, unread_row
+from strata.store.lock import run_lock
+
+
+@dataclass
+class LedgerEdit:
+    """What an edit recorded.
+
+    Attributes:
+        pipeline: Pipeline name.
+        kind: `abandon` or `seek`.
+        batch: The ledger batch that records the edit.
+        rows: The ledger rows written.
+        warnings: What the operator should know.
+    """
+
+    pipeline: str
+    kind: str
+    batch: int
+    rows: list[dict[str, Any]]
+    warnings: list[str]
+
+
+def drop_plan(
+    cfg: PipelineConfig, batch: int, reason: str, who: str, force: bool = False
+) -> LedgerEdit:
+    """Abandon the saved plan of the unfinished batch, recording who, why and what.
+
+    A drop is recorded before anything is changed (a marker beside the plan), so a
+    drop cut short is finished by running it again, and no run takes the batch for a
+    resumable one meanwhile. Each Delta table that does not hold the batch gets an
+    empty commit of its number (a fence): a runner still holding the old plan can then
+    commit nothing of it. The ledger commit of the `abandon` rows comes last.
+
+    Args:
+        cfg: The pipeline configuration.
+        batch: The unfinished batch; it must be the one after the ledger's last batch.
+        reason: Why; recorded in the ledger.
+        who: Who drops it (user@host).
+        force: Drop an ingest batch that is partly committed too, removing the rows it
+            committed (they are read again by the next batch). Without it, such a batch
+            is refused: it can be finished.
+
+    Returns:
+        What was recorded.
+
+    Raises:
+        LedgerEditError: If the batch is not the unfinished one, has no plan, or is
+            partly committed and `force` is not given.
+    """
+    _need_reason(reason)
+    with run_lock(cfg) as lock:
+        state = ledger_state(cfg)
+        nxt = state.last_batch + 1
+        if batch != nxt:
+            raise LedgerEditError(
+                f"batch {batch} is not the unfinished batch of pipeline {cfg.name}: the "
+                f"ledger's last batch is {state.last_batch}, so only batch {nxt} can be dropped"
+            )
+        store = PlanStore(cfg)
+        begun = store.dropping(batch)
+        damage = ""
+        try:
+            plan = store.load(batch, dropping_ok=True)
+        except PlanError as exc:
+            plan, damage = None, str(exc)
+        if plan is None and not damage and begun is None:
+            raise LedgerEditError(
+                f"batch {batch} of pipeline {cfg.name} has no saved plan; nothing to drop"
+            )
+        delta = cfg.table_format == "delta"
+        stood = [name for name in TABLES if delta and _committed(cfg, name, batch)]
+        kind = plan.kind if plan is not None else _committed_kind(cfg, batch, stood)
+        if begun is not None:
+            force = bool(begun.get("force"))
+        elif stood and not force:
+            raise LedgerEditError(
+                f"batch {batch} is partly committed ({', '.join(stood)}): its raw copy holds "
+                "every message it planned, so it can be finished and is not dropped. Run "
+                f"`strata run --pipeline {cfg.name}`; if it says the decode settings changed, "
+                "restore the ones the batch began with, finish it, then change them. If it "
+                "cannot be finished, add --force: the rows it committed are removed and its "
+                "offsets are read again by the next batch"
+            )
+        store.mark_dropped(
+            batch,
+            {"who": who, "reason": reason, "force": force, "at": _now(), "kind": kind or "?"},
+        )
+        note = f"plan of batch {batch} abandoned by {who}: {reason}"
+        if delta:
+            for name in TABLES:
+                lock.check()
+                if name in stood and kind == "ingest":
+                    # An ingest's files hold only its own rows: removing them undoes it.
+                    removed = remove_batch_rows(cfg, name, batch, note)
+                    note_removed = f"; {removed} file(s) of it removed from {name}"
+                    note += note_removed if removed else ""
+                elif name not in stood:
+                    fence_table(cfg, name, batch, note)
+                # A backfill or replay that committed a table replaced its ranges' rows
+                # there: each offset is still held once, and that stays.
+        else:
+            # Plain Parquet files are visible as soon as written: the plan's go with it.
+            remove_batch_files(cfg, batch, lock=lock)
+        if plan is not None:
+            rows = [_abandon_row(r.topic, r.partition, r.start, note, r) for r in plan.ranges]
+        else:
+            # The plan cannot be read: record the partitions where reading goes on.
+            note += " (the saved plan could not be read)"
+            rows = [_abandon_row(t, p, e, note, None) for (t, p), e in state.committed.items()]
+        lock.check()
+        commit_ledger(cfg, batch, rows)
+        warnings = [
+            "the next `strata run` plans afresh from where the ledger goes on; if retention "
+            "deleted offsets meanwhile, it stops until `strata run --accept-loss REASON`"
+        ]
+        if damage:
+            warnings.insert(0, damage)
+        return LedgerEdit(cfg.name, "abandon", batch, rows, warnings)
+
+
+def _committed(cfg: PipelineConfig, name: TableName, batch: int) -> bool:
+    """Whether a table holds a real commit of the batch (not a drop's empty fence)."""
+    uri = cfg.location(name)
+    return batch_metadata(uri, batch, cfg.storage_options, RANGES_KEY) is not None
+
+
+def _committed_kind(cfg: PipelineConfig, batch: int, stood: list[TableName]) -> str | None:
+    """The kind of a batch whose plan cannot be read, from its tables' commits."""
+    for name in stood:
+        uri = cfg.location(name)
+        for kind in ("backfill", "replay"):
+            if batch_metadata(uri, batch, cfg.storage_options, f"strata.{kind}") is not None:
+                return kind
+        return "ingest"
+    return None
+
+
+def _now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _abandon_row(
+    topic: str, partition: int, at: int, note: str, planned: OffsetRange | None
+) -> dict[str, object]:
+    what = f"; it planned [{planned.start}, {planned.end})" if planned is not None else ""
+    return unread_row("abandon", topic, partition, at, at, 0, note + what)
+
+
+def seek(
+    cfg: PipelineConfig,
+    topic: str,
+    partition: int | None,
+    to: str,
+    reason: str,
+    who: str,
+    reread: bool = False,
+) -> LedgerEdit:
+    """Move where reading goes on in one partition (or all of a topic's), recorded.
+
+    Args:
+        cfg: The pipeline configuration.
+        topic: The topic.
+        partition: The partition; None for every partition of the topic.
+        to: An offset, or `earliest` / `latest` (the log's start or end now).
+        reason: Why; recorded in the ledger.
+        who: Who seeks (user@host).
+        reread: Allow going back over committed offsets of the same topic: they are
+            read again and land twice, unless the tables are new.
+
+    Returns:
+        What was recorded.
+
+    Raises:
+        LedgerEditError: If a batch is unfinished, the target is outside the log, or
+            the seek would read committed offsets again without `reread`.
+    """
+    _need_reason(reason)
+    if not cfg.reads_topic(topic):
+        raise LedgerEditError(
+            f"topic `{topic}` is not read by pipeline {cfg.name} ({cfg.topics_description})"
+        )
+    with run_lock(cfg) as lock:
+        state = ledger_state(cfg)
+        nxt = state.last_batch + 1
+        _refuse_unfinished(cfg, nxt)
+        states = [
+            s
+            for s in partition_states(cfg, state.committed)
+            if s.topic == topic and partition in (None, s.partition)
+        ]
+        if not states:
+            raise LedgerEditError(f"partition {partition} of `{topic}` is not on the brokers")
+        # Only the sought topic's id: the seek vouches for nothing else (`LogIds`).
+        now_id = topic_ids(cfg, [topic]).get(topic)
+        recorded = committed_log_ids(cfg) or LogIds()
+        note_base = f"seek by {who}: {reason}"
+        rows = []
+        warnings = []
+        for s in sorted(states, key=lambda s: s.partition):
+            was = recorded.of(topic, s.partition)
+            # Where the partition's committed offsets belong to a log deleted since.
+            new_log = was is not None and now_id not in (None, was)
+            target = _target(to, s.low, s.high)
+            where = f"partition {s.partition} of `{topic}`"
+            if target > s.high or target < s.low:
+                raise LedgerEditError(
+                    f"{where}: offset {target} is outside the log [{s.low}, {s.high}); nothing "
+                    "was changed. Use earliest, latest, or an offset inside it"
+                )
+            before = state.committed.get((topic, s.partition))
+            if before is not None and target < before and not (new_log or reread):
+                raise LedgerEditError(
+                    f"{where}: offsets [{target}, {before}) are committed already; reading them "
+                    "again would land them twice. Nothing was changed. To process committed "
+                    "offsets again use `strata backfill` (it replaces their rows); if the topic "
+                    "is a new log under the same name, add --reread"
+                )
+            if before is None or target >= before:
+                start = target if before is None else before
+                skipped = target - start
+                note = f"{note_base}; moved from {before} to {target}"
+                if skipped:
+                    warnings.append(
+                        f"{where}: offsets [{start}, {target}) are skipped: {skipped} messages "
+                        "will not be read (recorded in the ledger)"
+                    )
+                rows.append(unread_row("seek", topic, s.partition, start, target, skipped, note))
+            else:
+                note = f"{note_base}; moved back from {before} to {target}"
+                rows.append(unread_row("seek", topic, s.partition, target, target, 0, note))
+                if not new_log:
+                    warnings.append(
+                        f"{where}: offsets [{target}, {before}) will be read again; their rows "
+                        "land twice unless the topic is a new log"
+                    )
+        # A runner still holding a plan of this batch number commits nothing of it.
+        if cfg.table_format == "delta":
+            for name in TABLES:
+                lock.check()
+                fence_table(cfg, name, nxt, f"seek by {who}: {reason}")
+        lock.check()
+        # The partitions moved are now read on the topic's current log; no other.
+        moved = {(topic, int(str(r["partition"]))): now_id for r in rows} if now_id else None
+        commit_ledger(cfg, nxt, rows, partition_ids=moved)
+        positions = [
+            OffsetRange(topic, int(str(r["partition"])), 0, int(str(r["end_offset"]))) for r in rows
+        ]
+        problem = publish_offsets(cfg, positions)
+        if problem:
+            warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")
+        return LedgerEdit(cfg.name, "seek", nxt, rows, warnings)
+
+
+def _target(to: str, low: int, high: int) -> int:
+    if to == "earliest":
+        return low
+    if to == "latest":
+        return high
+    try:
+        return int(to)
+    except ValueError:
+        raise LedgerEditError(
+            f"--to {to!r} is not an offset; give a number, earliest or latest"
+        ) from None
+
+
+def _refuse_unfinished(cfg: PipelineConfig, batch: int) -> None:
+    """A plan saved before an edit must never run after it."""
+    store = PlanStore(cfg)
+    try:
+        plan = store.load(batch)
+    except PlanError:
+        plan = None
+        unreadable = True
+    else:
+        unreadable = False
+    if plan is not None or unreadable:
+        what = "an unreadable plan" if plan is None else f"a {plan.kind}"
+        raise LedgerEditError(
+            f"batch {batch} is unfinished ({what}, {store.describe(batch)}); nothing was "
+            f"changed. Finish it with `strata run --pipeline {cfg.name}`, or drop it with "
+            f"`strata plan drop --pipeline {cfg.name} --batch {batch} --reason TEXT`, then seek"
+        )
+
+
+def _need_reason(reason: str) -> None:
+    if not reason.strip():
+        raise LedgerEditError("give a --reason; the ledger records why it was edited")
+
+
+def render_edit(edit: LedgerEdit) -> str:
+    """The edit in words, for the command line."""
+    what = {"abandon": "plan abandoned", "seek": "reading moved"}[edit.kind]
+    lines = [f"pipeline {edit.pipeline}: {what}, recorded as ledger batch {edit.batch}"]
+    for r in edit.rows:
+        lines.append(
+            f"  {r['topic']}:{r['partition']} [{r['start_offset']}, {r['end_offset']}) {r['note']}"
+        )
+    lines.extend(f"warning: {w}" for w in edit.warnings)
+    return "\n".join(lines)

@@ -1,0 +1,11 @@
+"""Where a pipeline's tables and state live, and how they are opened, committed and locked.
+
+- `places`: the one owner of every table's name, location, storage options and file
+  system, and of the state locations, built once per pipeline by the entry points;
+- `files`: local paths and `s3://` (atomic writes, create-if-absent);
+- `delta`: Delta commits through delta-rs, one transaction per table and batch;
+- `ledger`: the ledger table, the truth of what is committed;
+- `tables`: reading a table back, Delta or plain Parquet;
+- `locations`: where a plain Parquet partition's files are now;
+- `lock`, `lease`: one run (and one maintenance) per pipeline at a time.
+"""

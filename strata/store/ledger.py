@@ -1,0 +1,433 @@
+"""The ledger: a queryable Delta table with one row per batch and partition.
+
+It is the source of truth for what has been committed: the next plan starts where
+its highest batch ended, and consumer-group offsets (which expire on quiet topics)
+are only a copy of it for lag tools.
+
+Row kinds: `ingest` (a batch read these offsets), `loss` (retention deleted these
+offsets before they were read, and someone accepted it), `backfill` and `replay`
+(committed offsets processed again; they never move where reading goes on), `seek`
+(an operator moved where reading goes on, with the reason) and `abandon` (an operator
+dropped an unfinished batch's plan; it read nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+from deltalake import DeltaTable
+
+from strata.batch.write import write_file
+from strata.config import PipelineConfig
+from strata.config.namespace import NAME_SUFFIXES
+from strata.store.delta import BATCH_KEY, commit_files, ensure_table, newest_commit, open_table
+from strata.store.files import filesystem
+
+# Commit metadata of the ledger: the data table's columns as each batch wrote them,
+# and the broker's id of each topic, so a topic re-created under the same name is
+# told apart from the one the committed offsets belong to (see `LogIds`).
+COLUMNS_KEY = "strata.columns"
+TOPIC_IDS_KEY = "strata.topic_ids"
+PARTITION_IDS_KEY = "strata.partition_topic_ids"
+# The Avro schema a batch was read with, when its table follows its registry subject.
+READER_SCHEMA_KEY = "strata.reader_schema"
+# The kinds of row that say where reading goes on, in batch order.
+POSITION_KINDS = ("ingest", "seek")
+
+LEDGER_SCHEMA = pa.schema(
+    [
+        pa.field("pipeline", pa.string(), nullable=False),
+        pa.field("batch", pa.int64(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("start_offset", pa.int64(), nullable=False),
+        pa.field("end_offset", pa.int64(), nullable=False),
+        pa.field("messages", pa.int64(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("quarantined", pa.int64(), nullable=False),
+        pa.field("gaps", pa.int64(), nullable=False),
+        pa.field("bytes", pa.int64(), nullable=False),
+        pa.field("late_rows", pa.int64(), nullable=False),
+        pa.field("max_lateness_ms", pa.int64(), nullable=False),
+        pa.field("min_event_time", pa.timestamp("us", tz="UTC")),
+        pa.field("max_event_time", pa.timestamp("us", tz="UTC")),
+        pa.field("high_watermark", pa.int64()),
+        pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("note", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """What the ledger says about a pipeline.
+
+    Attributes:
+        last_batch: Highest committed batch (of any kind), or 0 if none.
+        committed: Where reading goes on per (topic, partition): the end of the latest
+            ingested range, or where an operator's seek put it. Backfills and replays
+            re-read old offsets and never move it.
+    """
+
+    last_batch: int
+    committed: dict[tuple[str, int], int]
+
+
+@dataclass(frozen=True)
+class LogIds:
+    """Which log each partition's committed offsets belong to: the brokers' topic id.
+
+    A topic deleted and created again under the same name gets a new id, and its
+    offsets are other messages. Each ledger commit that records ids holds the whole
+    map, so the newest one is the truth: a topic's id, and where a partition's
+    offsets belong to another log than its topic's recorded one (a partition sought
+    alone onto a re-created topic), that partition's own.
+
+    An operation records only facts about what it touched: an ingest vouches for
+    the whole topics it checked, a seek for the partitions it moved; every other
+    topic and partition keeps what the ledger recorded before.
+
+    Attributes:
+        batch: The batch whose commit recorded this map (0 when none did).
+        topics: `{topic: id}`.
+        partitions: `{topic: {partition: id}}`, only where it differs from `topics`.
+    """
+
+    batch: int = 0
+    topics: dict[str, str] = field(default_factory=dict)
+    partitions: dict[str, dict[int, str]] = field(default_factory=dict)
+
+    def of(self, topic: str, partition: int) -> str | None:
+        """The id of the log where reading goes on in a partition, or None if unknown."""
+        return self.partitions.get(topic, {}).get(partition, self.topics.get(topic))
+
+    def vouched(self, topics: dict[str, str], partitions: dict[tuple[str, int], str]) -> LogIds:
+        """This map, with what an operation checked or moved recorded over it.
+
+        Args:
+            topics: Whole topics the operation checked, every committed partition of
+                each found on the log of this id (an ingest).
+            partitions: Partitions the operation moved onto the log of this id (a seek).
+
+        Returns:
+            The new map (its `batch` is left to the commit that records it).
+        """
+        merged_topics = {**self.topics, **topics}
+        merged: dict[str, dict[int, str]] = {
+            t: dict(parts) for t, parts in self.partitions.items() if t not in topics
+        }
+        for (topic, partition), uid in partitions.items():
+            merged.setdefault(topic, {})[partition] = uid
+        # A partition whose log is its topic's needs no entry of its own.
+        kept = {
+            t: {p: uid for p, uid in parts.items() if uid != merged_topics.get(t)}
+            for t, parts in merged.items()
+        }
+        return LogIds(self.batch, merged_topics, {t: ps for t, ps in kept.items() if ps})
+
+    def metadata(self) -> dict[str, object]:
+        """The commit metadata that records this map."""
+        meta: dict[str, object] = {TOPIC_IDS_KEY: self.topics}
+        if self.partitions:
+            meta[PARTITION_IDS_KEY] = {
+                t: {str(p): uid for p, uid in sorted(parts.items())}
+                for t, parts in sorted(self.partitions.items())
+            }
+        return meta
+
+    @classmethod
+    def from_commit(cls, commit: dict[str, Any]) -> LogIds:
+        """The map a ledger commit recorded (its info holds `TOPIC_IDS_KEY`)."""
+        partitions = json.loads(commit.get(PARTITION_IDS_KEY, "{}"))
+        return cls(
+            int(commit.get(BATCH_KEY, 0)),
+            dict(json.loads(commit[TOPIC_IDS_KEY])),
+            {t: {int(p): str(uid) for p, uid in parts.items()} for t, parts in partitions.items()},
+        )
+
+
+RUN_COLUMNS = [
+    "batch",
+    "kind",
+    "topic",
+    "partition",
+    "end_offset",
+    "messages",
+    "bytes",
+    "max_event_time",
+    "high_watermark",
+    "committed_at",
+]
+"""The ledger's columns a run reads once: where reading goes on (`ledger_state`), and
+what an idle run's summary and metrics show (lag trend, time to retention, watermark)."""
+
+
+def read_ledger(cfg: PipelineConfig, columns: list[str] | None = None) -> pa.Table:
+    """Every ledger row of the pipeline (empty if nothing was committed yet).
+
+    Args:
+        cfg: The pipeline configuration.
+        columns: The columns to read; all of them if None.
+    """
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    if table is None:
+        empty = LEDGER_SCHEMA.empty_table()
+        return empty if columns is None else empty.select(columns)
+    return _rows(cfg, table, columns)
+
+
+def _rows(
+    cfg: PipelineConfig,
+    table: DeltaTable,
+    columns: list[str] | None = None,
+    where: ds.Expression | None = None,
+) -> pa.Table:
+    """Rows of the ledger's current files, read as plain Parquet.
+
+    The ledger has no partitions and one schema, so its files are read directly: a
+    Delta dataset costs about a millisecond per file more to build, which a ledger of
+    many small files (before `strata compact` merges them) pays on every run.
+    """
+    fs, root = filesystem(cfg.location("ledger"), cfg.storage_options)
+    paths = [f"{root}/{p}" for p in pa.table(table.get_add_actions()).column("path").to_pylist()]
+    found = ds.dataset(paths, schema=LEDGER_SCHEMA, format="parquet", filesystem=fs)
+    return found.to_table(columns=columns, filter=where)
+
+
+def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerState:
+    """The last committed batch and where reading goes on in every partition.
+
+    Only the rows that move a position are read, and only their five columns: what a
+    run reads stays small however long the pipeline has run (the log itself stays
+    short through `strata checkpoint`, its files few through `strata compact`).
+
+    Args:
+        cfg: The pipeline configuration.
+        rows: The ledger, if already read.
+    """
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    if table is None:
+        return LedgerState(0, {})
+    kinds = (*POSITION_KINDS, "abandon")
+    if rows is None:
+        rows = _rows(
+            cfg,
+            table,
+            ["batch", "kind", "topic", "partition", "end_offset"],
+            ds.field("kind").isin(list(kinds)),
+        )
+    # A batch can be committed without rows (an abandoned plan of a pipeline that has
+    # read nothing yet): its number is taken all the same.
+    last = table.transaction_version(cfg.name) or 0
+    if rows.num_rows == 0:
+        return LedgerState(last, {})
+    last = max(last, pc.max(rows.column("batch")).as_py())
+    committed: dict[tuple[str, int], int] = {}
+    positions = rows.filter(pc.is_in(rows.column("kind"), pa.array(kinds)))
+    ordered = positions.sort_by([("batch", "ascending")])
+    for kind, topic, partition, end in zip(
+        ordered.column("kind").to_pylist(),
+        ordered.column("topic").to_pylist(),
+        ordered.column("partition").to_pylist(),
+        ordered.column("end_offset").to_pylist(),
+        strict=True,
+    ):
+        # An abandoned plan read nothing, but where it would have started a partition
+        # never read before is where that partition starts: the next plan must not
+        # start it elsewhere (at a log start moved by retention, or at `latest`) and
+        # skip offsets without a record.
+        if kind == "abandon" and (topic, partition) in committed:
+            continue
+        committed[(topic, partition)] = end
+    return LedgerState(last, committed)
+
+
+def lag_after(rows: list[dict[str, Any]]) -> int | None:
+    """Messages left behind the planned high watermarks by a batch's ingest rows.
+
+    Args:
+        rows: Ledger rows, each with `high_watermark` (None when unknown) and `end_offset`.
+
+    Returns:
+        The sum over rows whose watermark is known, or None if none is.
+    """
+    known = [r for r in rows if r["high_watermark"] is not None]
+    if not known:
+        return None
+    return sum(max(int(r["high_watermark"]) - int(r["end_offset"]), 0) for r in known)
+
+
+def unread_row(
+    kind: str, topic: str, partition: int, start: int, end: int, gaps: int, note: str
+) -> dict[str, object]:
+    """A ledger row for a range nothing was read from: a loss, a seek, an abandoned plan.
+
+    Offsets that are gone or skipped count as gaps, so offsets = rows + quarantined +
+    gaps holds for it as for every row.
+    """
+    return {
+        "kind": kind,
+        "note": note,
+        "topic": topic,
+        "partition": partition,
+        "start_offset": start,
+        "end_offset": end,
+        "messages": 0,
+        "rows": 0,
+        "quarantined": 0,
+        "gaps": gaps,
+        "bytes": 0,
+        "late_rows": 0,
+        "max_lateness_ms": 0,
+        "min_event_time": None,
+        "max_event_time": None,
+        "high_watermark": None,
+    }
+
+
+def commit_ledger(
+    cfg: PipelineConfig,
+    batch: int,
+    rows: list[dict[str, object]],
+    columns: list[list[str]] | None = None,
+    topic_ids: dict[str, str] | None = None,
+    reader_schema: dict[str, Any] | None = None,
+    partition_ids: dict[tuple[str, int], str] | None = None,
+) -> bool:
+    """Append a batch's rows to the ledger in one transaction, unless already there.
+
+    Each attempt writes a file of its own name and commits it only if the ledger does
+    not hold the batch yet (checked again inside the commit), so a paused runner
+    waking up late can neither commit a batch twice nor overwrite the file another
+    runner committed. Once the batch stands, other attempts' files of the batch are
+    removed: the ledger of a plain Parquet pipeline is read as a directory too.
+
+    Args:
+        cfg: The pipeline configuration.
+        batch: The batch number.
+        rows: Ledger rows without `pipeline`, `batch` and `committed_at`.
+        columns: The data table's column signature the batch was written with; the
+            next plan checks the schema against it.
+        topic_ids: The brokers' id of each whole topic the batch checked (an ingest):
+            every committed partition of it was found on that log.
+        reader_schema: The Avro schema the batch was read with, when the table follows
+            its Schema Registry subject; the next plan starts from it.
+        partition_ids: The brokers' topic id of each partition the batch moved onto a
+            log (a seek). Ids of topics and partitions the batch did not touch stay
+            as the ledger recorded them (`LogIds.vouched`).
+
+    Returns:
+        True if this call committed the batch, False if the ledger already held it.
+    """
+    uri = cfg.location("ledger")
+    name = cfg.name + NAME_SUFFIXES["ledger"]
+    table = ensure_table(uri, LEDGER_SCHEMA, [], cfg.storage_options, name)
+    if (table.transaction_version(cfg.name) or 0) >= batch:
+        return False
+    now = datetime.now(UTC)
+    full = [
+        {"pipeline": cfg.name, "batch": batch, "committed_at": now, "note": None, **r} for r in rows
+    ]
+    meta: dict[str, object] = {} if columns is None else {COLUMNS_KEY: columns}
+    if topic_ids or partition_ids:
+        recorded = committed_log_ids(cfg) or LogIds()
+        meta.update(recorded.vouched(topic_ids or {}, partition_ids or {}).metadata())
+    if reader_schema is not None:
+        meta[READER_SCHEMA_KEY] = reader_schema
+    if not full:
+        # A batch with nothing to record (an abandoned first plan) still takes its number.
+        return commit_files(table, LEDGER_SCHEMA, [], [], cfg.name, batch, meta)
+    data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
+    fs, root = filesystem(uri, cfg.storage_options)
+    name = f"{ledger_file_prefix(batch)}{uuid.uuid4().hex[:12]}.parquet"
+    written = write_file(fs, root, name, data, {})
+    committed = commit_files(table, LEDGER_SCHEMA, [], [written], cfg.name, batch, meta)
+    _remove_other_attempts(cfg, batch, keep=written.path if committed else None)
+    return committed
+
+
+def ledger_file_prefix(batch: int) -> str:
+    """How the names of a batch's ledger files begin."""
+    return f"ledger-b{batch:010d}-"
+
+
+def _remove_other_attempts(cfg: PipelineConfig, batch: int, keep: str | None) -> None:
+    """Delete the batch's ledger files that its commit does not hold."""
+    uri = cfg.location("ledger")
+    table = open_table(uri, cfg.storage_options)
+    if table is None:
+        return
+    prefix = ledger_file_prefix(batch)
+    held = {p for p in table.file_uris() if p.rsplit("/", 1)[-1].startswith(prefix)}
+    held_names = {p.rsplit("/", 1)[-1] for p in held}
+    if keep is not None:
+        held_names.add(keep)
+    fs, root = filesystem(uri, cfg.storage_options)
+    for info in fs.get_file_info(pafs.FileSelector(root, recursive=False)):
+        if info.base_name.startswith(prefix) and info.base_name not in held_names:
+            fs.delete_file(info.path)
+
+
+def committed_columns(cfg: PipelineConfig) -> tuple[int, list[list[str]]] | None:
+    """The data table's columns as of the newest batch that recorded them, with its number.
+
+    Returns:
+        (batch, column signature), or None before the first batch.
+    """
+    return _newest_recorded(cfg, COLUMNS_KEY)
+
+
+def committed_log_ids(cfg: PipelineConfig) -> LogIds | None:
+    """Which log each partition's committed offsets belong to, as the newest record says.
+
+    Returns:
+        The map recorded by the newest batch that recorded one, or None before any did.
+    """
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    if table is None:
+        return None
+    commit = newest_commit(table, lambda c: TOPIC_IDS_KEY in c)
+    return None if commit is None else LogIds.from_commit(commit)
+
+
+def batch_log_ids(cfg: PipelineConfig, batches: Collection[int]) -> dict[int, LogIds]:
+    """The maps of log ids as the given batches recorded them (those that recorded one).
+
+    The ledger's history is read once, whatever the number of batches asked about.
+    """
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    wanted = set(batches)
+    if table is None or not wanted:
+        return {}
+    return {
+        int(commit[BATCH_KEY]): LogIds.from_commit(commit)
+        for commit in table.history()
+        if commit.get(BATCH_KEY) in wanted and TOPIC_IDS_KEY in commit
+    }
+
+
+def committed_reader_schema(cfg: PipelineConfig) -> tuple[int, dict[str, Any]] | None:
+    """The Avro schema the newest batch that recorded one was read with, with its number.
+
+    Returns:
+        (batch, schema), or None before any batch recorded one.
+    """
+    return _newest_recorded(cfg, READER_SCHEMA_KEY)
+
+
+def _newest_recorded(cfg: PipelineConfig, key: str) -> tuple[int, Any] | None:
+    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    if table is None:
+        return None
+    commit = newest_commit(table, lambda c: key in c)
+    return None if commit is None else (int(commit[BATCH_KEY]), json.loads(commit[key]))
