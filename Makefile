@@ -17,7 +17,7 @@ CHECK_PYTHON := @$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] ==
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml $(DEV_LOCK)
+$(STAMP): setup.cfg pyproject.toml $(DEV_LOCK)
 	$(CHECK_PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
@@ -52,7 +52,7 @@ test-unit: setup ## Run the fast unit tier only (tests/unit)
 lint: setup ## ruff and mypy (settings in pyproject.toml), both must be clean
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy strata bench
+	$(BIN)/mypy strata jobs bench
 
 format: setup ## Apply ruff's formatting and import order
 	$(BIN)/ruff check --fix .
@@ -79,7 +79,9 @@ report-screenshot: setup chromium ## Run the demo over several batches, then scr
 DIST ?= dist
 EXECUTOR_ENV ?= build/executor-env
 dist: setup $(EXECUTOR_LOCK) ## Build the wheel and the executors' packed environment (spark-submit --archives)
-	rm -rf $(EXECUTOR_ENV) $(DIST)/strata-*.whl $(DIST)/strata-executor-env.tar.gz
+	# setuptools builds through build/lib and never empties it: a module moved or removed
+	# since the last build would still ship in the wheel.
+	rm -rf build/lib build/bdist.* $(EXECUTOR_ENV) $(DIST)/strata-*.whl $(DIST)/strata-executor-env.tar.gz
 	mkdir -p $(DIST)
 	$(BIN)/pip wheel --quiet --no-deps --wheel-dir $(DIST) .
 	$(BIN)/python -m venv $(EXECUTOR_ENV)
@@ -91,10 +93,10 @@ dist: setup $(EXECUTOR_LOCK) ## Build the wheel and the executors' packed enviro
 # Extra pip options for the dev resolve: LOCK_FLAGS='-c requirements.lock' re-splits
 # the locks without upgrading anything.
 LOCK_FLAGS ?=
-# The executor extra's requirements, read from pyproject.toml: the executors'
-# environment holds them alone, not Strata's own dependencies.
-EXECUTOR_REQS := $(PYTHON) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["executor"]))'
-lock: ## Regenerate the lock files from pyproject.toml, each in a throwaway venv (needs the registry)
+# The executor extra's requirements, read from setup.cfg: the executors' environment
+# holds them alone, not Strata's own dependencies. configparser drops the comments.
+EXECUTOR_REQS := $(PYTHON) -c 'import configparser; c = configparser.ConfigParser(interpolation=None); c.read("setup.cfg"); print(c["options.extras_require"]["executor"].strip())'
+lock: ## Regenerate the lock files from setup.cfg, each in a throwaway venv (needs the registry)
 	$(CHECK_PYTHON)
 	@set -euo pipefail; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	freeze() { "$$1/bin/pip" freeze --exclude strata | LC_ALL=C sort -f; }; \

@@ -328,7 +328,7 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
     outcome = run_batch(cfg, max_offsets=args.max_offsets, accept_loss=accepted)
     result = None
     if outcome.batch is not None and cfg.quality.gate != "off" and not args.no_quality:
-        from strata.quality import run_quality
+        from strata.quality.run import run_quality
 
         result = run_quality(cfg, outcome.batch)
     # After the commit and the quality suite, whose result the metrics count.
@@ -336,7 +336,7 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
     after_run(cfg, outcome, gate_failed)
     text, body = render_summary(outcome), summary_dict(outcome)
     if result is not None:
-        from strata.quality import render_quality
+        from strata.quality.checks import render_quality
 
         text += "\n" + render_quality(result)
         body["quality"] = {
@@ -421,7 +421,8 @@ def _replay(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 def _quality(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from dataclasses import asdict
 
-    from strata.quality import render_quality, run_quality
+    from strata.quality.checks import render_quality
+    from strata.quality.run import run_quality
 
     result = run_quality(cfg, args.batch)
     body = asdict(result)
@@ -447,14 +448,14 @@ def _compact(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[s
 def _checkpoint(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from strata.maintenance.vacuum import checkpoint, render_maintenance
 
-    report = checkpoint(cfg)
+    report = checkpoint(cfg.places())
     return render_maintenance("checkpoint", report), report
 
 
 def _vacuum(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from strata.maintenance.vacuum import render_maintenance, vacuum
 
-    report = vacuum(cfg, args.dry_run)
+    report = vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore, args.dry_run)
     return render_maintenance("vacuum" + (" (dry run)" if args.dry_run else ""), report), report
 
 

@@ -1,54 +1,133 @@
-"""Faults the crash tests inject into real processes, switched on by environment variables.
+"""The named points where a test may break a process, and the seam it installs into.
 
-Each is a no-op unless its variable names the step the code is at. The process kills
-itself with SIGKILL (as an OOM killer or a lost node would), freezes with SIGSTOP (as
-a long pause of its host or VM would, until something sends SIGCONT), or raises once
-(a marker file remembers), as a task attempt that fails and is retried. They live in
-the product so that the tests break the real code paths, not stand-ins for them.
+Exactly once rests on the order of a batch's steps: files, then each table's commit,
+then the ledger. The crash tests prove it by breaking real processes (the `strata`
+command, Spark's Python workers, a cluster's executors) between those steps. The
+product only names the points and calls `reached` at each; what happens there (a
+SIGKILL, a freeze, a failure) is the test's to `install`. The read also hands each
+chunk of consumed messages to `delivered`, so that a test can lose one on the way, as
+a faulty consumer would, and see gap verification catch it.
+
+With nothing installed, which is always the case outside the tests, a call returns at
+once: no environment, file or setting is read.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final
 
-CRASH_ENV = "STRATA_CRASH_AT"
-STOP_ENV = "STRATA_STOP_AT"
-FAIL_ONCE_ENV = "STRATA_FAIL_ONCE_AT"
-# A marker file that makes a fault happen once: the first process to create it is hit,
-# later ones (a retried task, a re-run) pass. Required by FAIL_ONCE_ENV, optional for
-# the others.
-FAIL_ONCE_MARKER_ENV = "STRATA_FAIL_ONCE_MARKER"
-# `topic:partition:offset` of one message the read drops as if the consumer had never
-# delivered it, which gap verification must catch.
-SKIP_ENV = "STRATA_READ_SKIP"
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# A task (`strata.batch`): its first messages read, the rest of its ranges still on the
+# broker; then its files complete, before it returns them to the driver.
+MID_READ: Final = "mid_read"
+TASK_FILES_CLOSED: Final = "task_files_closed"
+
+# The run (`strata.run`): every task's files written, nothing committed; each table
+# just before and just after its commit of the batch; the ledger's commit, which ends it.
+AFTER_FILES: Final = "after_files"
+BEFORE_RAW_COMMIT: Final = "before_raw_commit"
+AFTER_RAW_COMMIT: Final = "after_raw_commit"
+BEFORE_QUARANTINE_COMMIT: Final = "before_quarantine_commit"
+AFTER_QUARANTINE_COMMIT: Final = "after_quarantine_commit"
+BEFORE_DATA_COMMIT: Final = "before_data_commit"
+AFTER_DATA_COMMIT: Final = "after_data_commit"
+AFTER_LEDGER: Final = "after_ledger"
+
+# The same points, by the table committed (`raw`, `quarantine`, `table`).
+BEFORE_COMMIT: Final[Mapping[str, str]] = MappingProxyType(
+    {"raw": BEFORE_RAW_COMMIT, "quarantine": BEFORE_QUARANTINE_COMMIT, "table": BEFORE_DATA_COMMIT}
+)
+AFTER_COMMIT: Final[Mapping[str, str]] = MappingProxyType(
+    {"raw": AFTER_RAW_COMMIT, "quarantine": AFTER_QUARANTINE_COMMIT, "table": AFTER_DATA_COMMIT}
+)
+
+# A compaction (`strata.maintenance.compact`): merged files written, none committed; a
+# partition's commit (Delta) or move (plain Parquet); its last lease check before it acts.
+AFTER_COMPACT_FILES: Final = "after_compact_files"
+AFTER_COMPACT_COMMIT: Final = "after_compact_commit"
+AFTER_COMPACT_MOVE: Final = "after_compact_move"
+AFTER_COMPACT_CHECK: Final = "after_compact_check"
+
+POINTS: Final = frozenset(
+    {
+        MID_READ,
+        TASK_FILES_CLOSED,
+        AFTER_FILES,
+        *BEFORE_COMMIT.values(),
+        *AFTER_COMMIT.values(),
+        AFTER_LEDGER,
+        AFTER_COMPACT_FILES,
+        AFTER_COMPACT_COMMIT,
+        AFTER_COMPACT_MOVE,
+        AFTER_COMPACT_CHECK,
+    }
+)
 
 
-def _first(step: str) -> bool:
-    """Whether this process is the first to reach a once-only fault (or it is not one)."""
-    marker = os.environ.get(FAIL_ONCE_MARKER_ENV, "")
-    if not marker:
-        return True
-    # O_EXCL: of several task attempts reaching the step at once, exactly one is hit.
-    try:
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as out:
-        out.write(f"{step} {os.getpid()}")  # the pid: which process a test must break
-    return True
+class Handler:
+    """What a test does at the seams. This one does nothing; a test overrides what it needs."""
+
+    def reached(self, point: str) -> None:
+        """Act when the process reaches a named point (one of `POINTS`).
+
+        Args:
+            point: The point reached.
+        """
+
+    def delivered(self, messages: pa.Table) -> pa.Array | pa.ChunkedArray | None:
+        """Choose which of a chunk of consumed messages the read goes on with.
+
+        Args:
+            messages: The chunk, in the raw table's schema (`_topic`, `_partition`,
+                `_offset`, ...).
+
+        Returns:
+            A boolean mask of the messages to keep, or None to keep them all.
+        """
+        return None
 
 
-def crash_point(step: str) -> None:
-    """Die by SIGKILL here, freeze, or fail once, if the crash tests asked for it."""
-    crash = os.environ.get(CRASH_ENV) == step
-    stop = os.environ.get(STOP_ENV) == step
-    fail = os.environ.get(FAIL_ONCE_ENV) == step and bool(os.environ.get(FAIL_ONCE_MARKER_ENV))
-    if not (crash or stop or fail) or not _first(step):
-        return
-    if crash:
-        os.kill(os.getpid(), signal.SIGKILL)
-    if stop:
-        os.kill(os.getpid(), signal.SIGSTOP)
-    if fail:
-        raise RuntimeError(f"injected failure at {step}")
+_installed: Handler | None = None
+
+
+def install(handler: Handler | None) -> Handler | None:
+    """Install the handler of this process's seams, replacing any; None removes it.
+
+    Args:
+        handler: What happens at the points and to the messages read.
+
+    Returns:
+        The handler installed before, for a test to put back.
+    """
+    global _installed
+    previous, _installed = _installed, handler
+    return previous
+
+
+def reached(point: str) -> None:
+    """Say that the process is at a named point, where an installed handler may act.
+
+    Args:
+        point: One of `POINTS`.
+    """
+    if _installed is not None:
+        _installed.reached(point)
+
+
+def delivered(messages: pa.Table) -> pa.Array | pa.ChunkedArray | None:
+    """Which of a chunk of consumed messages the read goes on with.
+
+    Args:
+        messages: The chunk, in the raw table's schema.
+
+    Returns:
+        A boolean mask of the messages to keep, or None (nothing installed, or the
+        handler keeps them all).
+    """
+    if _installed is None:
+        return None
+    return _installed.delivered(messages)

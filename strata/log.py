@@ -8,7 +8,7 @@ call `configure`, which writes `strata: message` lines to stderr, today's human
 output, at the level `STRATA_LOG_LEVEL` names (INFO by default).
 
 Every module takes its logger from `get_logger`, never from `logging.getLogger`: the
-logger then redacts each record (`strata.redaction.RedactingFilter`) before any
+logger then redacts each record (`strata.config.secrets.RedactingFilter`) before any
 handler, Strata's or its host's, formats it, so no secret reaches a log.
 """
 

@@ -173,7 +173,8 @@ def quality_gate_task(
 
 
 def _quality_one(cfg: PipelineConfig, batch: int | None) -> dict[str, Any]:
-    from strata.quality import render_quality, run_quality
+    from strata.quality.checks import render_quality
+    from strata.quality.run import run_quality
 
     pipeline = cfg.name
     if cfg.quality.gate == "off":
@@ -258,7 +259,7 @@ def _complete_one(cfg: PipelineConfig, batch: int | None, since: int | None) -> 
     # A batch the run did not commit completes nothing (yet); a run that planned none
     # still announces what earlier runs completed and did not announce.
     if (batch is None and since is None) or (
-        batch is not None and ledger_state(cfg).last_batch < batch
+        batch is not None and ledger_state(cfg.places()).last_batch < batch
     ):
         return {**body, "completed": []}
     found, problems = publish_completeness(cfg, batch, since)
@@ -317,7 +318,7 @@ def replay_task(
 
 
 def compact_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
-    """Merge the small files of the pipeline's settled partitions (see `strata.compact`)."""
+    """Merge the small files of the pipeline's settled partitions (`strata.maintenance.compact`)."""
     from strata.maintenance.compact import compact
 
     return _each_table(pipeline, conf_dir, lambda cfg: redact_json(compact(cfg).as_dict()))
@@ -327,11 +328,17 @@ def checkpoint_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Checkpoint the pipeline's Delta logs and delete their expired commits."""
     from strata.maintenance.vacuum import checkpoint
 
-    return _each_table(pipeline, conf_dir, lambda cfg: redact_json(checkpoint(cfg)))
+    return _each_table(pipeline, conf_dir, lambda cfg: redact_json(checkpoint(cfg.places())))
 
 
 def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Delete removed files past the retention, and files that can never be committed."""
     from strata.maintenance.vacuum import vacuum
 
-    return _each_table(pipeline, conf_dir, lambda cfg: redact_json(vacuum(cfg)))
+    return _each_table(
+        pipeline,
+        conf_dir,
+        lambda cfg: redact_json(
+            vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)
+        ),
+    )

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake.transaction import RemoveAction
 
+from strata import faults
 from strata.batch.decode import DecodeRules
 from strata.batch.kafka import partition_states, pipeline_topics, publish_offsets, topic_ids
 from strata.batch.plan import (
@@ -57,7 +58,6 @@ from strata.batch.task import RangeResult, SplitJob, SplitResult
 from strata.batch.write import WrittenFile, is_batch_file
 from strata.config import PipelineConfig, TableName
 from strata.errors import KafkaUnavailable, LeaseLost, PlanError, ReconcileError, SchemaError
-from strata.faults import crash_point
 from strata.operations.routes import remember_table, require_one_table
 from strata.schema.avro import (
     TABLE_SUFFIXES,
@@ -93,7 +93,6 @@ from strata.store.ledger import (
 )
 from strata.store.locations import void_unfinished_moves
 from strata.store.lock import BothLocks, RunLock, run_lock
-from strata.store.tables import TableRef, table_refs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -138,7 +137,7 @@ class RunOutcome:
         stages: The driver's wall and CPU seconds per stage.
         task_stages: The tasks' wall and CPU seconds per stage, summed over tasks.
         late_after_completion: Rows the batch landed per event-time partition that was
-            already complete before it (see `strata.completeness`).
+            already complete before it (see `strata.catalog.completeness`).
         seen: What an idle run read of the ledger and the brokers, which its summary's
             view takes instead of asking again.
     """
@@ -196,7 +195,7 @@ def run_batch(
     planning = Stages()
     require_one_table(cfg, "run_batch")
     remember_table(cfg)
-    with run_lock(cfg) as lock:
+    with run_lock(cfg.places()) as lock:
         if cfg.table_format == "parquet":
             # A compaction that held the run lock before this run (and lost it, paused
             # or killed) may have moves announced and not made: they are voided before
@@ -207,9 +206,9 @@ def run_batch(
             )
         with planning.timed("plan"):
             # One read of the ledger serves the plan and, for an idle run, what its
-            # summary shows (`strata.metrics.after_run`).
-            rows = read_ledger(cfg, RUN_COLUMNS)
-            state = ledger_state(cfg, rows)
+            # summary shows (`strata.operations.metrics.after_run`).
+            rows = read_ledger(cfg.places(), RUN_COLUMNS)
+            state = ledger_state(cfg.places(), rows)
             plan, resumed, states = _load_or_plan(cfg, state, max_offsets, accept_loss)
         if plan is not None:
             # A plan reads with the schema it was saved with; one saved without (a
@@ -284,14 +283,14 @@ def _ingest(
     with own_files_on_loss(cfg, plan.batch, written.run_id), outcome.stages.timed("ledger"):
         lock.check()
         landed = commit_ledger(
-            cfg,
+            cfg.places(),
             plan.batch,
             ledger_rows,
             data_columns(cfg),
             plan.topic_ids,
             json.loads(plan.reader_schema) if plan.reader_schema else None,
         )
-    crash_point("after_ledger")
+    faults.reached(faults.AFTER_LEDGER)
     if not landed:
         # Another runner committed the batch first; this run's commits were no-ops.
         if cfg.table_format == "parquet":
@@ -311,7 +310,7 @@ def _ingest(
         cfg, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome
     )
     try:
-        after = partition_states(cfg, {(r.topic, r.partition): r.end for r in results})
+        after = partition_states(cfg.source(), {(r.topic, r.partition): r.end for r in results})
         committed = dict(state.committed)
         committed.update({(r.topic, r.partition): r.end for r in results})
         outcome.lag = _lag(after, committed)
@@ -348,18 +347,18 @@ def execute_reprocess(
         )
     tables = ("quarantine", "table") if plan.source == "raw" else TABLES
     # It rewrites files a compaction may be merging: the two never run at once.
-    with run_lock(cfg, "maintenance") as maintenance:
+    with run_lock(cfg.places(), "maintenance") as maintenance:
         results = outcome.ranges = write_and_commit(
             cfg, plan, tables, session, outcome, BothLocks(lock, maintenance), resumed
         ).results
     lock.check()
     commit_ledger(
-        cfg,
+        cfg.places(),
         plan.batch,
         [ledger_row(r, {}, plan.kind, plan.note) for r in results],
         data_columns(cfg),
     )
-    crash_point("after_ledger")
+    faults.reached(faults.AFTER_LEDGER)
     return outcome
 
 
@@ -369,8 +368,8 @@ def plan_next(cfg: PipelineConfig, max_offsets: int | None = None) -> BatchPlan 
     An unfinished batch's saved plan is returned as it is, so the run that follows
     reads exactly what was planned.
     """
-    with run_lock(cfg):
-        plan, _, _ = _load_or_plan(cfg, ledger_state(cfg), max_offsets, None)
+    with run_lock(cfg.places()):
+        plan, _, _ = _load_or_plan(cfg, ledger_state(cfg.places()), max_offsets, None)
         return plan
 
 
@@ -393,11 +392,11 @@ def _load_or_plan(
     shared = cfg.shared_storage_error(submitted_master() or cfg.spark.master)
     if shared:
         raise PlanError(shared)
-    store = PlanStore(cfg)
+    store = PlanStore(cfg.places())
     plan = store.load(state.last_batch + 1)
     if plan is not None:
         return plan, True, []
-    states = partition_states(cfg, state.committed)
+    states = partition_states(cfg.source(), state.committed)
     plan = new_plan(cfg, state.last_batch + 1, states, max_offsets, accept_loss, state.committed)
     if plan is None:
         return None, False, states
@@ -430,7 +429,7 @@ def check_topic_ids(
     A topic deleted and created again under the same name starts its offsets at 0;
     once it has grown past the committed offset, its watermarks look like progress
     and only its id tells the new log from the old one. The ledger records which log
-    each partition's offsets belong to (`strata.ledger.LogIds`): a topic's id, or a
+    each partition's offsets belong to (`strata.store.ledger.LogIds`): a topic's id, or a
     partition's own where an operator moved it alone onto a re-created topic.
 
     Args:
@@ -449,8 +448,8 @@ def check_topic_ids(
     if planned is not None:
         asked = sorted({r.topic for r in planned.ranges})
     else:
-        asked = sorted(pipeline_topics(cfg) if topics is None else topics)
-    current = topic_ids(cfg, asked)
+        asked = sorted(pipeline_topics(cfg.source()) if topics is None else topics)
+    current = topic_ids(cfg.source(), asked)
     drop = ""
     recorded: LogIds
     if planned is not None:
@@ -465,7 +464,7 @@ def check_topic_ids(
             f"--batch {planned.batch} --reason TEXT`). "
         )
     else:
-        newest = committed_log_ids(cfg)
+        newest = committed_log_ids(cfg.places())
         if newest is None:
             return current
         recorded, since = newest, f"batch {newest.batch} was committed"
@@ -539,10 +538,12 @@ def check_continues(cfg: PipelineConfig, plan: BatchPlan, state: LedgerState) ->
             )
     if problems:
         raise PlanError(
-            f"{PlanStore(cfg).describe(plan.batch)}: the saved plan of batch {plan.batch} does "
-            "not continue the ledger (" + "; ".join(problems) + "); the ledger changed after "
-            "the plan was saved. Nothing was read. Drop the plan with `strata plan drop "
-            f"--pipeline {cfg.name} --batch {plan.batch} --reason TEXT`, then run again."
+            f"{PlanStore(cfg.places()).describe(plan.batch)}: the saved plan of batch "
+            f"{plan.batch} does not continue the ledger ("
+            + "; ".join(problems)
+            + "); the ledger changed after the plan was saved. Nothing was read. Drop the "
+            f"plan with `strata plan drop --pipeline {cfg.name} --batch {plan.batch} --reason "
+            "TEXT`, then run again."
         )
 
 
@@ -563,7 +564,7 @@ def check_schema(cfg: PipelineConfig) -> list[str]:
     # The decode rules first, before any batch is committed too: a schema or event-time
     # setting the decoder refuses must stop the plan, not fail every task of the batch.
     topic = DecodeRules.from_config(cfg).topic
-    recorded = committed_columns(cfg)
+    recorded = committed_columns(cfg.places())
     if recorded is None:
         return []
     batch, before = recorded
@@ -668,7 +669,7 @@ def write_and_commit(
     nothing: dict[TableName, list[WrittenFile]] = {name: [] for name in TABLES}
     if all(done.values()):
         results = planned_results(plan, stored_results(cfg, plan.batch))
-        reconcile_tables(table_refs(cfg, tables), plan, results)
+        reconcile_tables({n: cfg.places().table(n) for n in tables}, plan, results)
         return BatchWrite(results, nothing, run_id)
     if plan.offsets == 0:
         return BatchWrite(planned_results(plan, []), nothing, run_id)
@@ -692,13 +693,13 @@ def write_and_commit(
     split_results = run_tasks(cfg, plan, write, session, outcome, source, raw_batch, run_id)
     for split in split_results:
         outcome.task_stages.merge(Stages.from_dict(split.stages))
-    crash_point("after_files")
+    faults.reached(faults.AFTER_FILES)
     results = batch_results(plan, split_results)
     written = {name: [f for s in split_results for f in s.files.get(name, [])] for name in TABLES}
     reconcile_files(plan, results, written, write)
     if any(done.values()):
         stood = next(n for n in TABLES if done.get(n))
-        reconcile_resumed(cfg.name, plan, results, stood, TableRef.of(cfg, stood))
+        reconcile_resumed(cfg.name, plan, results, stood, cfg.places().table(stood))
     if parquet:
         # Files of this run's failed task attempts are not the batch's: readers must not
         # see them. Only this run's: other runs' files went at resume, or go once the
@@ -713,7 +714,7 @@ def write_and_commit(
         outcome.files[name] = len(written[name])
         if not (done[name] or parquet):
             lock.check()
-            crash_point(f"before_{name}_commit")
+            faults.reached(faults.BEFORE_COMMIT[name])
             with outcome.stages.timed("commit"):
                 added = commit_table(cfg, name, written[name], plan.batch, meta, replacing)
             if added:
@@ -722,7 +723,12 @@ def write_and_commit(
                     "has the new column(s) from this batch on; earlier rows read them as null"
                 )
     with outcome.stages.timed("read_back"):
-        reconcile_tables(table_refs(cfg, tables), plan, results, written if parquet else None)
+        reconcile_tables(
+            {n: cfg.places().table(n) for n in tables},
+            plan,
+            results,
+            written if parquet else None,
+        )
     return BatchWrite(results, written, run_id)
 
 
@@ -802,7 +808,7 @@ def kafka_misses(cfg: PipelineConfig, plan: BatchPlan) -> list[str]:
     wanted = {(r.topic, r.partition): r for r in plan.ranges if r.count}
     held = {
         (s.topic, s.partition): (s.low, s.high)
-        for s in partition_states(cfg, {})
+        for s in partition_states(cfg.source(), {})
         if (s.topic, s.partition) in wanted
     }
     missing = []
@@ -821,7 +827,7 @@ def raw_covers(cfg: PipelineConfig, target: OffsetRange) -> bool:
     Ranges recorded as lost to retention count as covered: no copy holds them, and
     reading the range counts them as gaps, as the ingest did.
     """
-    rows = read_ledger(cfg).to_pylist()
+    rows = read_ledger(cfg.places()).to_pylist()
     spans = sorted(
         (r["start_offset"], r["end_offset"])
         for r in rows
@@ -834,14 +840,6 @@ def raw_covers(cfg: PipelineConfig, target: OffsetRange) -> bool:
             break
         reach = max(reach, end)
     return reach >= target.end
-
-
-# The step after which each table's commit stands, for the crash tests.
-COMMIT_STEPS = {
-    "raw": "after_raw_commit",
-    "quarantine": "after_quarantine_commit",
-    "table": "after_data_commit",
-}
 
 
 def tables_done(
@@ -905,7 +903,7 @@ def commit_table(
         removes, rewritten, _ = without_ranges(table, fs, root, partition_by, replacing, batch)
         files = files + rewritten
     commit_files(table, schema, partition_by, files, cfg.name, batch, meta, removes)
-    crash_point(COMMIT_STEPS[name])
+    faults.reached(faults.AFTER_COMMIT[name])
     return added
 
 
@@ -1124,6 +1122,6 @@ def _late_after_completion(cfg: PipelineConfig, outcome: RunOutcome) -> None:
 
 
 def _publish_offsets(cfg: PipelineConfig, ranges: list[OffsetRange], outcome: RunOutcome) -> None:
-    problem = publish_offsets(cfg, ranges)
+    problem = publish_offsets(cfg.source(), ranges)
     if problem:
         outcome.warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")

@@ -13,7 +13,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from strata.config import ENV_BOOTSTRAP, ENV_WAREHOUSE, PipelineConfig, load_pipeline
+from strata.config import PipelineConfig, load_pipeline
 from strata.local.broker import LocalBroker
 from strata.local.events import HOUR_MS, click_events, produce
 from strata.local.service import free_port
@@ -36,6 +36,26 @@ from strata.store.locations import current_files
 
 ROOT = Path(__file__).resolve().parents[1]
 START_MS = 1_763_805_600_000  # 2025-11-22T10:00:00Z
+
+# Every variable Strata reads is named STRATA_*: the configuration's overrides
+# (STRATA_WAREHOUSE, STRATA_KAFKA_BOOTSTRAP, STRATA_METASTORE_URI), the DAG files'
+# STRATA_CONF_DIR, STRATA_LOG_LEVEL and the local registry's credentials; so are the
+# variables that arm the tests' faults. A shell set up as the README advises for
+# production exports some of them, and a test must not land in that warehouse or dial
+# that broker.
+PROJECT_PREFIX = "STRATA_"
+
+
+def without_project_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """A copy of an environment without Strata's own variables."""
+    return {k: v for k, v in environ.items() if not k.startswith(PROJECT_PREFIX)}
+
+
+@pytest.fixture(autouse=True)
+def _no_project_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees only the Strata variables it sets itself, never the shell's."""
+    for name in [k for k in os.environ if k.startswith(PROJECT_PREFIX)]:
+        monkeypatch.delenv(name)
 
 
 @pytest.fixture(scope="session")
@@ -144,7 +164,9 @@ class Pipeline:
         return load_pipeline(self.name, self.conf_dir)
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in (ENV_BOOTSTRAP, ENV_WAREHOUSE)}
+        # A child process takes Strata's variables only from `extra`: the pipeline's
+        # files, not the environment, say where it runs.
+        env = without_project_variables(os.environ)
         env.update(extra)
         return env
 

@@ -1,7 +1,7 @@
 """Helpers the lock and lease tests share, in both tiers.
 
 `Runner` drives a separate Python process that takes and gives up the run lock
-through `strata.lock.run_lock`, one command per line. The create-if-absent checks run
+through `strata.store.lock.run_lock`, one command per line. The create-if-absent checks run
 on a local folder (unit tier) and on the S3 endpoint (integration tier).
 """
 
@@ -50,7 +50,7 @@ def runner_main() -> None:
         reply: dict[str, Any] = {"pid": os.getpid()}
         if command == "acquire":
             try:
-                lock = held.enter_context(run_lock(cfg))
+                lock = held.enter_context(run_lock(cfg.places()))
                 reply["won"] = True
             except LockBusy as exc:
                 reply.update(won=False, busy=str(exc))

@@ -186,7 +186,7 @@ class DecodeRules:
                     avro_reader,
                     cfg.schema_file,
                     # `schema_id` is schema_file's id: a batch read with a schema the
-                    # table evolved to (see `strata.evolve`) asks the registry for every id.
+                    # table evolved to (see `strata.schema.evolve`) asks the registry for every id.
                     cfg.schema_id if cfg.reads_schema_file else None,
                 )
         return cls(

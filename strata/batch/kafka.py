@@ -2,7 +2,7 @@
 
 Every request is bounded by `kafka.timeout_s`, so a dead broker or a missing topic is
 a clear error within that time, never a hang. Every client's log goes through the
-`strata.kafka.client` logger (see `ClientLog`), never straight to stderr.
+`strata.batch.kafka.client` logger (see `ClientLog`), never straight to stderr.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition, libversion
 
 from strata.batch.plan import OffsetRange, PartitionState
-from strata.config import PipelineConfig
+from strata.config import KafkaConfig, KafkaSource
 from strata.errors import KafkaUnavailable
 from strata.log import RateLimit, get_logger
 
@@ -28,7 +28,7 @@ _ATTEMPT = re.compile(r"\s*\(after \d+ms in state \w+(, \d+ identical error\(s\)
 
 
 class ClientLog:
-    """librdkafka's log lines, as records of the `strata.kafka.client` logger.
+    """librdkafka's log lines, as records of the `strata.batch.kafka.client` logger.
 
     Without it librdkafka writes to stderr itself: against a dead broker, a line per
     reconnection attempt, hundreds a minute, around the one error that matters. Here
@@ -87,32 +87,32 @@ def client_version() -> str:
     return f"librdkafka {libversion()[0]}"
 
 
-def client_conf(cfg: PipelineConfig, **extra: Any) -> dict[str, Any]:  # noqa: ANN401
+def client_conf(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:  # noqa: ANN401
     """librdkafka settings for a pipeline: bootstrap, pass-through properties, extras."""
-    conf: dict[str, Any] = {"bootstrap.servers": cfg.kafka.bootstrap_servers, "logger": CLIENT_LOG}
-    conf.update(cfg.kafka.properties)
+    conf: dict[str, Any] = {"bootstrap.servers": kafka.bootstrap_servers, "logger": CLIENT_LOG}
+    conf.update(kafka.properties)
     conf.update(extra)
     return conf
 
 
-def _consumer(cfg: PipelineConfig, group: str) -> Consumer:
+def _consumer(source: KafkaSource, group: str) -> Consumer:
     return Consumer(
         client_conf(
-            cfg,
+            source.kafka,
             **{
                 "group.id": group,
                 "enable.auto.commit": False,
-                "socket.timeout.ms": int(cfg.kafka.timeout_s * 1000),
+                "socket.timeout.ms": int(source.kafka.timeout_s * 1000),
             },
         )
     )
 
 
 def _unreachable(
-    cfg: PipelineConfig, exc: BaseException | None = None, client: Consumer | None = None
+    source: KafkaSource, exc: BaseException | None = None, client: Consumer | None = None
 ) -> KafkaUnavailable:
     """The one error a request the brokers did not answer ends in, naming them and why."""
-    timeout = cfg.kafka.timeout_s
+    timeout = source.kafka.timeout_s
     if client is not None:
         # A consumer hands its log lines over when polled (or closed): the failures
         # behind the timeout are among them.
@@ -124,64 +124,64 @@ def _unreachable(
     if failure:
         why.append(failure)
     return KafkaUnavailable(
-        f"cannot reach the brokers at {cfg.kafka.bootstrap_servers} within "
+        f"cannot reach the brokers at {source.kafka.bootstrap_servers} within "
         f"{timeout:.0f}s ({'; '.join(why)}); check kafka.bootstrap_servers "
         f"(or STRATA_KAFKA_BOOTSTRAP) and the network"
     )
 
 
-def _topic_partitions(cfg: PipelineConfig, consumer: Consumer) -> dict[str, list[int]]:
+def _topic_partitions(source: KafkaSource, consumer: Consumer) -> dict[str, list[int]]:
     """The partitions of each topic the pipeline reads, as the brokers list them now.
 
     Listed topics must all be there. A pattern is matched against every topic of the
     cluster (one metadata request), and may match none.
     """
-    timeout = cfg.kafka.timeout_s
+    timeout = source.kafka.timeout_s
     found: dict[str, list[int]] = {}
-    if cfg.topics_pattern is not None:
+    if source.pattern is not None:
         try:
             meta = consumer.list_topics(timeout=timeout)
         except KafkaException as exc:
-            raise _unreachable(cfg, exc, consumer) from None
+            raise _unreachable(source, exc, consumer) from None
         for topic, info in sorted(meta.topics.items()):
             # A topic being created or deleted may answer with an error; the next run
             # sees it settled.
-            if cfg.reads_topic(topic) and info.error is None and info.partitions:
+            if source.reads(topic) and info.error is None and info.partitions:
                 found[topic] = sorted(info.partitions)
         return found
-    for topic in cfg.topics:
+    for topic in source.topics:
         try:
             meta = consumer.list_topics(topic, timeout=timeout)
         except KafkaException as exc:
-            raise _unreachable(cfg, exc, consumer) from None
+            raise _unreachable(source, exc, consumer) from None
         info = meta.topics.get(topic)
         if info is None or info.error is not None or not info.partitions:
             reason = info.error if info is not None and info.error else "no partitions"
             raise KafkaUnavailable(
-                f"topic `{topic}` is not available on {cfg.kafka.bootstrap_servers} "
+                f"topic `{topic}` is not available on {source.kafka.bootstrap_servers} "
                 f"({reason}); check the topic name in the pipeline config"
             )
         found[topic] = sorted(info.partitions)
     return found
 
 
-def pipeline_topics(cfg: PipelineConfig) -> list[str]:
+def pipeline_topics(source: KafkaSource) -> list[str]:
     """The topics the pipeline reads now: its list, or the topics its pattern matches.
 
     Raises:
         KafkaUnavailable: If the brokers, or a listed topic, cannot be reached.
     """
-    if cfg.topics_pattern is None:
-        return list(cfg.topics)
-    consumer = _consumer(cfg, cfg.group_id)
+    if source.pattern is None:
+        return list(source.topics)
+    consumer = _consumer(source, source.group_id)
     try:
-        return list(_topic_partitions(cfg, consumer))
+        return list(_topic_partitions(source, consumer))
     finally:
         consumer.close()
 
 
 def partition_states(
-    cfg: PipelineConfig, committed: dict[tuple[str, int], int]
+    source: KafkaSource, committed: dict[tuple[str, int], int]
 ) -> list[PartitionState]:
     """Watermarks of every partition of the pipeline's topics, beside what is committed.
 
@@ -190,7 +190,7 @@ def partition_states(
     for the partitions of a topic new to the pipeline.
 
     Args:
-        cfg: The pipeline configuration.
+        source: The brokers, the pipeline's topics there, and its consumer group.
         committed: End offset of the last committed batch per (topic, partition).
 
     Returns:
@@ -199,11 +199,11 @@ def partition_states(
     Raises:
         KafkaUnavailable: If the brokers or a topic cannot be reached within the timeout.
     """
-    timeout = cfg.kafka.timeout_s
-    consumer = _consumer(cfg, cfg.group_id)
+    timeout = source.kafka.timeout_s
+    consumer = _consumer(source, source.group_id)
     try:
         states = []
-        for topic, partitions in _topic_partitions(cfg, consumer).items():
+        for topic, partitions in _topic_partitions(source, consumer).items():
             for partition in partitions:
                 try:
                     low, high = consumer.get_watermark_offsets(
@@ -213,16 +213,16 @@ def partition_states(
                     error = exc.args[0]
                     raise KafkaUnavailable(
                         f"partition {partition} of `{topic}`: no watermarks from the brokers at "
-                        f"{cfg.kafka.bootstrap_servers} within {timeout:.0f}s "
+                        f"{source.kafka.bootstrap_servers} within {timeout:.0f}s "
                         f"({error.str() if isinstance(error, KafkaError) else error})"
                     ) from None
                 states.append(
                     PartitionState(topic, partition, low, high, committed.get((topic, partition)))
                 )
-        moment = cfg.starting_timestamp_ms
+        moment = source.starting_ms
         unread = [s for s in states if s.committed is None]
         if moment is not None and unread:
-            found = _offsets_at(cfg, consumer, unread, moment)
+            found = _offsets_at(source, consumer, unread, moment)
             states = [
                 replace(s, at_start=found.get((s.topic, s.partition))) if s.committed is None else s
                 for s in states
@@ -233,7 +233,7 @@ def partition_states(
 
 
 def _offsets_at(
-    cfg: PipelineConfig, consumer: Consumer, states: list[PartitionState], moment_ms: int
+    source: KafkaSource, consumer: Consumer, states: list[PartitionState], moment_ms: int
 ) -> dict[tuple[str, int], int]:
     """The first offset of each partition whose Kafka timestamp is at or after a moment.
 
@@ -243,11 +243,12 @@ def _offsets_at(
     """
     asked = [TopicPartition(s.topic, s.partition, moment_ms) for s in states]
     try:
-        answered = consumer.offsets_for_times(asked, timeout=cfg.kafka.timeout_s)
+        answered = consumer.offsets_for_times(asked, timeout=source.kafka.timeout_s)
     except KafkaException as exc:
         raise KafkaUnavailable(
-            f"the brokers at {cfg.kafka.bootstrap_servers} did not say which offsets "
-            f"starting_offsets {cfg.starting_offsets} is at within {cfg.kafka.timeout_s:.0f}s "
+            f"the brokers at {source.kafka.bootstrap_servers} did not say which offsets "
+            f"starting_offsets {source.starting_offsets} is at within "
+            f"{source.kafka.timeout_s:.0f}s "
             f"({exc.args[0]}); nothing was read. Run again once they answer"
         ) from None
     high = {(s.topic, s.partition): s.high for s in states}
@@ -261,7 +262,7 @@ def _offsets_at(
     return found
 
 
-def topic_ids(cfg: PipelineConfig, topics: Iterable[str] | None = None) -> dict[str, str]:
+def topic_ids(source: KafkaSource, topics: Iterable[str] | None = None) -> dict[str, str]:
     """The brokers' id of each of the pipeline's topics, where they keep one.
 
     Kafka gives every topic an id (since 2.8) that a topic deleted and created again
@@ -270,7 +271,7 @@ def topic_ids(cfg: PipelineConfig, topics: Iterable[str] | None = None) -> dict[
     only the watermark checks guard against a re-created topic there.
 
     Args:
-        cfg: The pipeline configuration.
+        source: The brokers, the pipeline's topics there, and its consumer group.
         topics: The topics to ask about; by default those the pipeline reads now.
 
     Returns:
@@ -282,22 +283,26 @@ def topic_ids(cfg: PipelineConfig, topics: Iterable[str] | None = None) -> dict[
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
+    admin = AdminClient(
+        client_conf(source.kafka, **{"socket.timeout.ms": int(source.kafka.timeout_s * 1000)})
+    )
     found: dict[str, str] = {}
-    asked = sorted(pipeline_topics(cfg) if topics is None else topics)
+    asked = sorted(pipeline_topics(source) if topics is None else topics)
     if not asked:
         return found
     try:
-        futures = admin.describe_topics(TopicCollection(asked), request_timeout=cfg.kafka.timeout_s)
+        futures = admin.describe_topics(
+            TopicCollection(asked), request_timeout=source.kafka.timeout_s
+        )
     except (KafkaException, ValueError, TypeError):
         return found
     for topic, future in futures.items():
         try:
-            described = future.result(cfg.kafka.timeout_s)
+            described = future.result(source.kafka.timeout_s)
         except KafkaException:
             continue
         except TimeoutError:
-            raise _unreachable(cfg) from None
+            raise _unreachable(source) from None
         uid = str(described.topic_id) if described.topic_id is not None else ""
         # An all-zero id is how the protocol says "none".
         if uid and uid.strip("A=") != "":
@@ -305,14 +310,14 @@ def topic_ids(cfg: PipelineConfig, topics: Iterable[str] | None = None) -> dict[
     return found
 
 
-def publish_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str | None:
+def publish_offsets(source: KafkaSource, ranges: list[OffsetRange]) -> str | None:
     """Commit the batch's end offsets to the pipeline's consumer group.
 
     Lag tools (Burrow, kafka-consumer-groups) read the group; the ledger stays the
     truth, so a failure here is reported, not raised.
 
     Args:
-        cfg: The pipeline configuration.
+        source: The brokers, the pipeline's topics there, and its consumer group.
         ranges: The committed ranges; each partition's end offset is published.
 
     Returns:
@@ -321,23 +326,23 @@ def publish_offsets(cfg: PipelineConfig, ranges: list[OffsetRange]) -> str | Non
     offsets = [TopicPartition(r.topic, r.partition, r.end) for r in ranges]
     if not offsets:
         return None
-    consumer = _consumer(cfg, cfg.group_id)
+    consumer = _consumer(source, source.group_id)
     try:
         consumer.commit(offsets=offsets, asynchronous=False)
         return None
     except KafkaException as exc:
-        return f"could not publish offsets to consumer group {cfg.group_id!r}: {exc.args[0]}"
+        return f"could not publish offsets to consumer group {source.group_id!r}: {exc.args[0]}"
     finally:
         consumer.close()
 
 
 def retention_limits(
-    cfg: PipelineConfig, topics: Iterable[str] | None = None
+    source: KafkaSource, topics: Iterable[str] | None = None
 ) -> dict[str, dict[str, int | None]]:
     """Each topic's `retention.ms` and `retention.bytes`; None where unlimited or unknown.
 
     Args:
-        cfg: The pipeline configuration.
+        source: The brokers, the pipeline's topics there, and its consumer group.
         topics: The topics to ask about; by default those the pipeline reads now.
 
     Returns:
@@ -349,19 +354,21 @@ def retention_limits(
     # The admin module defines ConfigResource without listing it in `__all__`.
     from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
-    admin = AdminClient(client_conf(cfg, **{"socket.timeout.ms": int(cfg.kafka.timeout_s * 1000)}))
-    asked = sorted(pipeline_topics(cfg) if topics is None else topics)
+    admin = AdminClient(
+        client_conf(source.kafka, **{"socket.timeout.ms": int(source.kafka.timeout_s * 1000)})
+    )
+    asked = sorted(pipeline_topics(source) if topics is None else topics)
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in asked]
     if not resources:
         return {}
     out: dict[str, dict[str, int | None]] = {}
     for resource, future in admin.describe_configs(resources).items():
         try:
-            entries = future.result(cfg.kafka.timeout_s)
+            entries = future.result(source.kafka.timeout_s)
         except KafkaException:
             entries = {}
         except TimeoutError:
-            raise _unreachable(cfg) from None
+            raise _unreachable(source) from None
         limits: dict[str, int | None] = {}
         for key in ("ms", "bytes"):
             entry = entries.get(f"retention.{key}")
@@ -372,12 +379,12 @@ def retention_limits(
 
 
 def oldest_unread_ms(
-    cfg: PipelineConfig, positions: dict[tuple[str, int], int], wait_s: float = 5.0
+    source: KafkaSource, positions: dict[tuple[str, int], int], wait_s: float = 5.0
 ) -> dict[tuple[str, int], int]:
     """Kafka timestamp (epoch ms) of the first unread message of each partition.
 
     Args:
-        cfg: The pipeline configuration.
+        source: The brokers, the pipeline's topics there, and its consumer group.
         positions: The first unread offset per (topic, partition).
         wait_s: How long to wait for the messages.
 
@@ -387,7 +394,9 @@ def oldest_unread_ms(
     """
     if not positions:
         return {}
-    consumer = Consumer(client_conf(cfg, **{"group.id": cfg.group_id, "enable.auto.commit": False}))
+    consumer = Consumer(
+        client_conf(source.kafka, **{"group.id": source.group_id, "enable.auto.commit": False})
+    )
     found: dict[tuple[str, int], int] = {}
     try:
         consumer.assign([TopicPartition(t, p, o) for (t, p), o in positions.items()])

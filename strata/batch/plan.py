@@ -18,6 +18,7 @@ from typing import Any
 from strata.config import PipelineConfig
 from strata.errors import PlanError
 from strata.store.files import filesystem, put_if_absent, read_bytes
+from strata.store.places import Places
 
 
 @dataclass(frozen=True, order=True)
@@ -354,16 +355,16 @@ class PlanStore:
     once both end up reading the one plan that was saved first.
     """
 
-    def __init__(self, cfg: PipelineConfig) -> None:
+    def __init__(self, places: Places) -> None:
         """Open the store for a pipeline.
 
         Args:
-            cfg: The pipeline configuration.
+            places: The pipeline's places (its state location).
         """
-        self._uri = cfg.location("state")
-        self._options = cfg.storage_options
-        self._fs, self._root = filesystem(self._uri, cfg.storage_options)
-        self._pipeline = cfg.name
+        self._uri = places.state.uri
+        self._options = places.options
+        self._fs, self._root = filesystem(self._uri, self._options)
+        self._pipeline = places.pipeline
 
     def _name(self, batch: int) -> str:
         return f"plans/batch-{batch:010d}.json"

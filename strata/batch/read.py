@@ -17,7 +17,6 @@ so a task that fails on one message would fail that batch on every re-run.
 from __future__ import annotations
 
 import gc
-import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -28,9 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from strata import faults
 from strata.batch.plan import OffsetRange
 from strata.errors import ReadError
-from strata.faults import SKIP_ENV, crash_point
 from strata.log import get_logger
 from strata.schema.avro import RAW_SCHEMA
 
@@ -277,7 +276,6 @@ def read_ranges(
         consumer.close()
         return
     read = list(active.values())
-    skip = _injected_skip()
     consumer.assign([TopicPartition(t, p, r.range.start) for (t, p), r in active.items()])
     topics = {t for t, _ in active}
     only_topic = next(iter(topics)) if len(topics) == 1 else None
@@ -309,8 +307,10 @@ def read_ranges(
             # they are counted.
             if converted is not None:
                 table, unreadable = converted
-                if skip is not None:
-                    table, unreadable = _drop(table, unreadable, skip)
+                # Where a test loses messages between the consumer and the read.
+                keep = faults.delivered(table)
+                if keep is not None:
+                    table, unreadable = _filtered(table, unreadable, keep)
                 table, sizes, unreadable, finished = _keep_in_range(
                     table, unreadable, active, only_topic is not None
                 )
@@ -319,7 +319,7 @@ def read_ranges(
                     if not reading:
                         # Where the broker-restart test freezes a task: part of its
                         # ranges read, the rest still on the broker.
-                        crash_point("mid_read")
+                        faults.reached(faults.MID_READ)
                         reading = True
                     advanced = True
                 for key in finished:
@@ -630,28 +630,6 @@ def _to_table(
         schema=RAW_SCHEMA,
     )
     return table, unreadable
-
-
-def _injected_skip() -> tuple[str, int, int] | None:
-    spec = os.environ.get(SKIP_ENV)
-    if not spec:
-        return None
-    topic, partition, offset = spec.rsplit(":", 2)
-    return topic, int(partition), int(offset)
-
-
-def _drop(
-    table: pa.Table, unreadable: dict[int, str], skip: tuple[str, int, int]
-) -> tuple[pa.Table, dict[int, str]]:
-    """The fault the tests inject: one message lost between the consumer and the read."""
-    topic, partition, offset = skip
-    hit = pc.and_(
-        pc.and_(
-            pc.equal(table.column("_topic"), topic), pc.equal(table.column("_partition"), partition)
-        ),
-        pc.equal(table.column("_offset"), offset),
-    )
-    return _filtered(table, unreadable, pc.invert(hit))
 
 
 def _filtered(

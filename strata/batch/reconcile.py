@@ -16,13 +16,8 @@ from strata.batch.task import RangeResult
 from strata.config import TableName
 from strata.errors import ReconcileError
 from strata.store.delta import batch_metadata
-from strata.store.tables import (
-    Counts,
-    TableRef,
-    batch_counts,
-    file_counts,
-    range_counts,
-)
+from strata.store.places import TableRef
+from strata.store.tables import Counts, batch_counts, file_counts, range_counts
 
 if TYPE_CHECKING:
     import pyarrow as pa

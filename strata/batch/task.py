@@ -15,13 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from strata import faults
 from strata.batch.decode import Decoded, DecodeRules, decode_chunk, partition_stats
 from strata.batch.kafka import client_conf
 from strata.batch.plan import OffsetRange
 from strata.batch.read import RangeProgress, RawChunk, read_ranges, read_raw_copy
 from strata.batch.write import PartitionedWriter, WrittenFile, split_by
 from strata.config import PipelineConfig, TableName
-from strata.faults import crash_point
 from strata.log import configure as configure_logging
 from strata.schema.avro import partition_columns, table_layout
 from strata.stages import BACKGROUND, Stages
@@ -82,7 +82,7 @@ class RangeResult:
             and dropped.
         gap_runs: Runs of consecutive offsets that held no message.
         gap_runs_verified: Of those, the runs the broker confirmed hold no message
-            (at most `strata.read.GAP_RUNS_VERIFIED` per range; 0 when read from the
+            (at most `strata.batch.read.GAP_RUNS_VERIFIED` per range; 0 when read from the
             raw copy, which has no broker).
     """
 
@@ -204,7 +204,7 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
             job.raw_batch,
         )
     else:
-        conf = client_conf(cfg, **{"group.id": cfg.group_id})
+        conf = client_conf(cfg.kafka, **{"group.id": cfg.group_id})
         chunks = read_ranges(
             conf,
             job.ranges,
@@ -246,7 +246,7 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
     with stages.timed("close"):
         files = {name: w.close() for name, w in writers.items()}
         _return_freed_memory()
-    crash_point("task_files_closed")
+    faults.reached(faults.TASK_FILES_CLOSED)
     staged = sum(stages.cpu.values())
     stages.add(BACKGROUND, 0.0, max(time.process_time() - began_cpu - staged, 0.0))
     yield SplitResult(

@@ -417,7 +417,7 @@ class PartitionedWriter:
             attempt: The task's attempt number, for file names.
             run_id: The run's id, for file names.
             locations: A plain Parquet table's compacted partitions (`dt=…/hr=…`) and
-                the directory each is in now (see `strata.locations`).
+                the directory each is in now (see `strata.store.locations`).
         """
         if max_open_files < 1:
             raise ValueError("max_open_files must be at least 1")

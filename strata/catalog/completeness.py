@@ -38,6 +38,8 @@ import pyarrow.fs as pafs
 from strata.batch.write import file_batch, partition_path
 from strata.config import PipelineConfig
 from strata.durations import parse_duration_ms
+from strata.quality.checks import READ_KINDS
+from strata.quality.store import ResultStore
 from strata.schema.avro import partition_columns
 from strata.schema.partitions import partition_span
 from strata.store.delta import open_table
@@ -79,7 +81,7 @@ def watermarks(ledger: pa.Table) -> list[Watermark]:
     """The watermark after each ingest batch of the ledger, oldest batch first.
 
     Args:
-        ledger: Ledger rows (`strata.ledger.read_ledger`); kinds other than `ingest` are
+        ledger: Ledger rows (`strata.store.ledger.read_ledger`); kinds other than `ingest` are
             ignored: losses, seeks and re-reads of committed offsets bring no new event
             time.
 
@@ -429,7 +431,7 @@ def completeness(
     Returns:
         The completeness.
     """
-    rows = read_ledger(cfg) if ledger is None else ledger
+    rows = read_ledger(cfg.places()) if ledger is None else ledger
     marks = watermarks(rows)
     ingested = {m.batch for m in marks}
     if batch is None and marks:
@@ -478,9 +480,6 @@ def _held(cfg: PipelineConfig, rows: pa.Table, files: list[_File]) -> dict[str, 
     to: its check may still fail, so until it has run no partition it touched is said
     to be complete.
     """
-    from strata.quality.checks import READ_KINDS
-    from strata.quality.store import ResultStore
-
     store = ResultStore.of(cfg)
     held = store.incomplete()
     if cfg.quality.gate != "fail":

@@ -11,7 +11,7 @@ them: an external table with the location, `spark.sql.sources.provider=delta`, a
 a placeholder column; readers take the schema and the files from the Delta log, so
 no `register_table` call is needed by hand.
 
-Registration also says which event-time partitions are complete (`strata.completeness`):
+Registration also says which event-time partitions are complete (`strata.catalog.completeness`):
 as parameters of each complete partition of a Parquet table, and of the data table;
 `publish_completeness`, after a batch's quality gate, writes the `_SUCCESS` markers too.
 """
@@ -44,7 +44,8 @@ from strata.catalog.completeness import (
     write_markers,
 )
 from strata.catalog.metastore import MetastoreClient
-from strata.config import PipelineConfig
+from strata.catalog.types import sql_type
+from strata.config import MetastoreConfig, PipelineConfig
 from strata.errors import MetastoreError
 from strata.schema.avro import TABLE_SUFFIXES, partition_columns, table_layout
 from strata.store.files import filesystem
@@ -68,7 +69,7 @@ class RegistrationReport:
         partitions_unknown: Partitions the metastore lists but storage lacks (left alone).
         partitions_moved: Partitions whose location was set to their directory in use.
         partitions_completed: Partitions whose completeness parameters were set now
-            (`strata.complete` and the rest; see `strata.completeness`).
+            (`strata.complete` and the rest; see `strata.catalog.completeness`).
         partitions_reopened: Partitions whose completeness parameters were removed: a
             failed quality gate marked them incomplete.
         completeness_error: Why completeness could not be worked out; the tables and
@@ -122,37 +123,10 @@ def hive_type(kind: pa.DataType) -> str:
         MetastoreError: For a type Hive has no column type for, e.g. a decimal above
             38 digits.
     """
-    simple = {
-        pa.int8(): "tinyint",
-        pa.int16(): "smallint",
-        pa.int32(): "int",
-        pa.int64(): "bigint",
-        pa.float32(): "float",
-        pa.float64(): "double",
-        pa.bool_(): "boolean",
-        pa.string(): "string",
-        pa.large_string(): "string",
-        pa.binary(): "binary",
-        pa.date32(): "date",
-    }
-    if kind in simple:
-        return simple[kind]
-    if pa.types.is_timestamp(kind):
-        return "timestamp"
-    if pa.types.is_decimal(kind):
-        if kind.precision > 38:
-            raise MetastoreError(f"no Hive type for {kind}: Hive decimals hold at most 38 digits")
-        return f"decimal({kind.precision},{kind.scale})"
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return f"array<{hive_type(kind.value_type)}>"
-    if pa.types.is_map(kind):
-        return f"map<{hive_type(kind.key_type)},{hive_type(kind.item_type)}>"
-    if pa.types.is_struct(kind):
-        fields = ",".join(
-            f"{kind.field(i).name}:{hive_type(kind.field(i).type)}" for i in range(kind.num_fields)
-        )
-        return f"struct<{fields}>"
-    raise MetastoreError(f"no Hive type for Arrow type {kind}")
+    try:
+        return sql_type(kind, "hive")
+    except ValueError as exc:
+        raise MetastoreError(str(exc)) from None
 
 
 def _external_table(
@@ -390,13 +364,16 @@ def _registered(
         yield [(partition_path(keys, [str(v) for v in p.values]), p) for p in parts]
 
 
-def registered_locations(cfg: PipelineConfig, partitions: list[str]) -> dict[str, str]:
-    """Where the metastore points the data table's partitions, for those it lists.
+def registered_locations(
+    metastore: MetastoreConfig, table: str, partitions: list[str]
+) -> dict[str, str]:
+    """Where the metastore points a table's partitions, for those it lists.
 
     Fetched `metastore.partition_batch` names per call, as registration fetches them.
 
     Args:
-        cfg: The pipeline configuration; `metastore.uri` must be set.
+        metastore: The metastore settings; `uri` must be set.
+        table: The table's name in the metastore database.
         partitions: Partition names (`dt=…/hr=…`).
 
     Returns:
@@ -406,13 +383,12 @@ def registered_locations(cfg: PipelineConfig, partitions: list[str]) -> dict[str
     Raises:
         MetastoreError: If the metastore cannot be reached or answers with an error.
     """
-    ms = cfg.metastore
     found: dict[str, str] = {}
-    with MetastoreClient(ms.uri or "", ms.timeout_s) as client:
-        table = client.get_table(ms.database, f"{cfg.name}{TABLE_SUFFIXES['table']}")
-        if table is None:
+    with MetastoreClient(metastore.uri or "", metastore.timeout_s) as client:
+        registered = client.get_table(metastore.database, table)
+        if registered is None:
             return found
-        for parts in _registered(client, table, partitions, ms.partition_batch):
+        for parts in _registered(client, registered, partitions, metastore.partition_batch):
             found.update((name, part.sd.location) for name, part in parts)
     return found
 
@@ -557,7 +533,7 @@ def publish_completeness(
         cfg: The pipeline.
         batch: The batch just committed (and checked); None for the newest ingest batch.
         since: The last batch whose completed partitions were announced (see
-            `strata.completeness.completeness`).
+            `strata.catalog.completeness.completeness`).
 
     Returns:
         The completeness (None if it could not be worked out) and the warnings to show.

@@ -12,15 +12,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from strata.catalog.types import quote_identifier, sql_type
 from strata.config import PipelineConfig
 from strata.config.secrets import redact
 from strata.schema.avro import TABLE_SUFFIXES, table_layout
 from strata.store.ledger import LEDGER_SCHEMA
-
-
-def quote_identifier(name: str) -> str:
-    """A Trino identifier, double-quoted with inner quotes doubled."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 def quote_literal(value: str) -> str:
@@ -29,43 +25,12 @@ def quote_literal(value: str) -> str:
 
 
 def trino_type(kind: pa.DataType) -> str:
-    """The Trino type of an Arrow type, as Trino reads it from Parquet.
+    """The Trino type of an Arrow type, as Trino reads it from Parquet (`sql_type`).
 
     Raises:
-        ValueError: For a type Trino has no column type for, e.g. a decimal above 38
-            digits.
+        ValueError: For a type Trino has no column type for.
     """
-    simple = {
-        pa.int8(): "tinyint",
-        pa.int16(): "smallint",
-        pa.int32(): "integer",
-        pa.int64(): "bigint",
-        pa.float32(): "real",
-        pa.float64(): "double",
-        pa.bool_(): "boolean",
-        pa.string(): "varchar",
-        pa.binary(): "varbinary",
-        pa.date32(): "date",
-    }
-    if kind in simple:
-        return simple[kind]
-    if pa.types.is_timestamp(kind):
-        return "timestamp(6)" if kind.unit in ("us", "ns") else "timestamp(3)"
-    if pa.types.is_decimal(kind):
-        if kind.precision > 38:
-            raise ValueError(f"no Trino type for {kind}: Trino decimals hold at most 38 digits")
-        return f"decimal({kind.precision}, {kind.scale})"
-    if pa.types.is_list(kind):
-        return f"array({trino_type(kind.value_type)})"
-    if pa.types.is_map(kind):
-        return f"map({trino_type(kind.key_type)}, {trino_type(kind.item_type)})"
-    if pa.types.is_struct(kind):
-        fields = ", ".join(
-            f"{quote_identifier(kind.field(i).name)} {trino_type(kind.field(i).type)}"
-            for i in range(kind.num_fields)
-        )
-        return f"row({fields})"
-    raise ValueError(f"no Trino type for Arrow type {kind}")
+    return sql_type(kind, "trino")
 
 
 def _uri(location: str) -> str:

@@ -7,7 +7,6 @@ The package publishes what the rest of Strata uses; its modules are internal:
   Trino, the Schema Registry, the Pushgateway);
 - `_checks`: the rules values are checked by (names, topics, URLs, credentials);
 - `_load`: YAML in layers, environment variables, errors naming file, key and fix;
-- `namespace`: one owner per table, by place and by metastore name;
 - `secrets`: what is a credential, and the one redaction of all text and logs.
 """
 
@@ -26,7 +25,7 @@ from strata.config._load import (
     load_pipeline,
     load_pipelines,
 )
-from strata.config._model import Location, MetastoreTable, PipelineConfig, TableName
+from strata.config._model import Location, MetastoreTable, PipelineConfig
 from strata.config._sections import (
     VACUUM_FLOOR,
     AirflowConfig,
@@ -35,6 +34,7 @@ from strata.config._sections import (
     ExpectationConfig,
     FieldPartitionConfig,
     KafkaConfig,
+    KafkaSource,
     LimitsConfig,
     MaintenanceConfig,
     PartitioningConfig,
@@ -49,6 +49,7 @@ from strata.config._services import (
     SchemaRegistryConfig,
     TrinoConfig,
 )
+from strata.store.places import TableName
 
 __all__ = [
     "ENV_BOOTSTRAP",
@@ -62,6 +63,7 @@ __all__ = [
     "ExpectationConfig",
     "FieldPartitionConfig",
     "KafkaConfig",
+    "KafkaSource",
     "LimitsConfig",
     "Location",
     "MaintenanceConfig",

@@ -28,9 +28,9 @@ import yaml
 from pydantic import ValidationError
 
 from strata.config._model import PipelineConfig
-from strata.config.namespace import Namespace
 from strata.config.secrets import redact, remember_secrets
 from strata.errors import ConfigError
+from strata.store.places import Namespace
 
 ENV_BOOTSTRAP = "STRATA_KAFKA_BOOTSTRAP"
 ENV_WAREHOUSE = "STRATA_WAREHOUSE"
@@ -152,7 +152,7 @@ def load_pipeline(name: str, conf_dir: str | Path = "conf") -> PipelineConfig:
     """Load, merge and validate a pipeline's configuration.
 
     The pipeline's tables are checked against those of the other pipelines of the
-    directory (`strata.namespace`): a place or metastore name two of them claim is
+    directory (`strata.store.places`): a place or metastore name two of them claim is
     refused, naming both owners and the keys that part them.
 
     Args:

@@ -2,7 +2,7 @@
 
 A table of a routed pipeline is a pipeline of its own (`PipelineConfig.route`). Every
 table a pipeline owns has one owner by place and by name, checked when it loads
-(`strata.config.namespace`).
+(`strata.store.places`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from strata.config._sections import (
     CompletenessConfig,
     EventTimeConfig,
     KafkaConfig,
+    KafkaSource,
     LimitsConfig,
     MaintenanceConfig,
     PartitioningConfig,
@@ -48,12 +49,20 @@ from strata.config._services import (
     SchemaRegistryConfig,
     TrinoConfig,
 )
-from strata.config.namespace import NAME_SUFFIXES, ROLES, Namespace, OwnedTable, owned_tables
 from strata.config.secrets import redact
+from strata.durations import parse_duration_ms
 from strata.errors import ConfigError
+from strata.store.places import (
+    NAME_SUFFIXES,
+    TABLE_ROLES,
+    Namespace,
+    OwnedTable,
+    Places,
+    Role,
+    StatePlaces,
+    TableRef,
+)
 
-TableName = Literal["table", "raw", "quarantine"]
-"""The tables a batch writes: the data, the raw copy of every message, the quarantine."""
 MetastoreTable = Literal["table", "raw", "quarantine", "ledger"]
 """The tables registered in the metastore: a batch's three, and the ledger."""
 Location = Literal["table", "raw", "quarantine", "ledger", "state", "quality"]
@@ -126,6 +135,8 @@ class PipelineConfig(_Strict):
     # The tables of the other pipelines of its configuration directory, as loaded with
     # it: a table a pattern matches later must not take one of their places or names.
     _neighbours: tuple[OwnedTable, ...] = PrivateAttr(default=())
+    # Its places and names (`places`), built on first use.
+    _places: Places | None = PrivateAttr(default=None)
 
     name: str
     topics: list[str] = Field(default_factory=list)
@@ -199,29 +210,30 @@ class PipelineConfig(_Strict):
     def _start(cls, value: Any) -> str:  # noqa: ANN401 - YAML reads a moment as a datetime
         return starting_point(value)[0]
 
+    def source(self) -> KafkaSource:
+        """The brokers this pipeline (or routed table) reads, which topics, its group."""
+        return KafkaSource(
+            self.name,
+            self.kafka,
+            self.group_id,
+            tuple(self.topics),
+            self.topics_pattern,
+            self.routing if self._route_of is not None else None,
+            self.name if self._route_of is not None else None,
+            self.starting_offsets,
+        )
+
     def reads_topic(self, topic: str) -> bool:
         """Whether this pipeline reads a topic: listed in `topics`, or matched by the pattern.
 
         A table of a routed pipeline reads only the topics routed to it.
         """
-        if self.topics_pattern is None:
-            listed = topic in self.topics
-        else:
-            matcher = topic_pattern(self.topics_pattern)
-            listed = not topic.startswith("__") and matcher.fullmatch(topic) is not None
-        return listed and (self._route_of is None or self.table_for(topic) == self.name)
+        return self.source().reads(topic)
 
     @property
     def topics_description(self) -> str:
         """The pipeline's topics in words, for messages."""
-        if self.topics_pattern is None:
-            return ", ".join(self.topics)
-        return f"the topics matching {self.topics_pattern!r}"
-
-    @property
-    def starting_timestamp_ms(self) -> int | None:
-        """The moment new topics start at, in epoch ms; None for `earliest` or `latest`."""
-        return starting_point(self.starting_offsets)[1]
+        return self.source().description
 
     @model_validator(mode="after")
     def _route(self, info: ValidationInfo) -> PipelineConfig:
@@ -387,27 +399,51 @@ class PipelineConfig(_Strict):
             )
         return self
 
+    def places(self) -> Places:
+        """Every place and name of this pipeline (or routed table), built once per copy.
+
+        The one owner of where its tables and state live, what they are called and how
+        they are reached (`strata.store.places`): the modules below the conductor take
+        it instead of the configuration.
+        """
+        if self._places is None:
+            fmt = self.table_format
+            options = dict(self.storage_options)
+            refs: dict[Role, TableRef] = {
+                role: TableRef(
+                    self.location(role),
+                    "delta" if role == "ledger" else fmt,
+                    options,
+                    self.name + NAME_SUFFIXES[role],
+                )
+                for role in TABLE_ROLES
+            }
+            state = StatePlaces(
+                self.location("state"),
+                options,
+                self.lock_path,
+                parse_duration_ms(self.lock_lease) / 1000,
+                self.lock_dir,
+            )
+            uri = self.metastore.uri
+            metastore = None if uri is None else (uri, self.metastore.database)
+            self._places = Places(self.name, self._route_of, fmt, refs, state, metastore)
+        return self._places
+
     def owned_tables(self, topics: Iterable[str] = ()) -> list[OwnedTable]:
         """This pipeline's (or routed table's) five tables and state, placed and named.
 
         Args:
             topics: For a routed table, the topics routed to it (for messages).
         """
-        uri = self.metastore.uri
-        return owned_tables(
-            self._route_of or self.name,
-            self.name if self._route_of else None,
-            {role: self.location(role) for role in ROLES},
-            None if uri is None else (uri, self.metastore.database),
-            topics,
-        )
+        return self.places().owned(topics)
 
     def every_table(self) -> list[OwnedTable]:
         """Every table this configuration names now, each routed table's too.
 
         A routed pipeline's tables are those of its listed topics; a pattern's topics
         are known only on the brokers, and are checked as each run lists them
-        (`strata.routes`). A listed topic's table that is not a valid pipeline is left
+        (`strata.operations.routes`). A listed topic's table that is not a valid pipeline is left
         out: it fails alone, naming its own problem, when it runs.
         """
         if not self.routed:
@@ -496,7 +532,7 @@ class PipelineConfig(_Strict):
     def asset_uri(self) -> str:
         """The Airflow Asset of the data table, `strata://<pipeline>/<table>`.
 
-        Its events announce the partitions that became complete (`strata.completeness`);
+        Its events announce the partitions that became complete (`strata.catalog.completeness`);
         a pipeline that does not route to tables is its own table.
         """
         return f"strata://{self._route_of or self.name}/{self.name}"
@@ -532,7 +568,7 @@ class PipelineConfig(_Strict):
 
         Runners on several hosts share an object-store state location, where a local file
         guards nothing: their runs hold a lease under `<state location>/lease/` instead
-        (`strata.lease`), and `lock_dir` is not used.
+        (`strata.store.lease`), and `lock_dir` is not used.
         """
         state = self.location("state")
         if "://" in state:

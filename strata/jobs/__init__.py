@@ -1,7 +1,9 @@
-"""Entry points that Spark runs: `spark-submit "$(strata job-path ingest)" ...`.
+"""Entry points that Spark runs: `spark-submit "$(python -m strata.jobs ingest)" ...`.
 
 They ship inside the package, so the file spark-submit is given is the one installed
-with Strata (on the driver's host), never a copy beside a DAG file.
+with Strata (on the driver's host), never a copy beside a DAG file. A checkout's
+top-level `jobs/` holds thin files that hand over to these, for spark-submit from the
+project's folder; the wheel does not carry them.
 """
 
 from __future__ import annotations

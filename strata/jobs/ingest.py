@@ -1,4 +1,7 @@
-"""spark-submit entry point: run one batch of a pipeline (of each table, if it routes).
+r"""spark-submit entry point: run one batch of a pipeline (of each table, if it routes).
+
+From a checkout, submit `jobs/ingest.py`, which hands over to this module. From an
+installed package, submit this file; `python -m strata.jobs ingest` prints its path:
 
     spark-submit --master spark://master:7077 --name strata-clicks \
       --archives strata-executor-env.tar.gz#environment \
@@ -6,10 +9,9 @@
       --conf spark.pyspark.driver.python="$(which python)" \
       "$(python -m strata.jobs ingest)" --pipeline clicks --conf-dir conf --json
 
-The file is the one installed with the package (`python -m strata.jobs ingest` prints
-it). The driver runs in the Python environment where Strata is installed; the
-executors run the packed environment `make dist` builds. Settings given to
-spark-submit win over the pipeline's `spark` section.
+The driver runs in the Python environment where Strata is installed; the executors
+run the packed environment `make dist` builds. Settings given to spark-submit win
+over the pipeline's `spark` section.
 """
 
 from __future__ import annotations
@@ -29,12 +31,25 @@ from strata.spark.session import build_session, submitted_master
 
 
 def main() -> int:
-    """Parse arguments, build the session, run the batch."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--pipeline", required=True)
-    parser.add_argument("--conf-dir", default="conf")
-    parser.add_argument("--max-offsets", type=int, default=None)
-    parser.add_argument("--json", action="store_true")
+    """Parse arguments, build the session, run the batch.
+
+    Returns:
+        The exit code: 0, or that of the error that stopped the run.
+    """
+    # Raw: the docstring's spark-submit example keeps its lines in --help.
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--pipeline", required=True, help="pipeline name (conf/pipelines/NAME.yaml)"
+    )
+    parser.add_argument(
+        "--conf-dir", default="conf", help="configuration directory (default: conf)"
+    )
+    parser.add_argument(
+        "--max-offsets", type=int, default=None, help="cap on offsets per partition for this batch"
+    )
+    parser.add_argument("--json", action="store_true", help="end the output with one JSON line")
     parser.add_argument(
         "--no-register",
         action="store_true",

@@ -34,7 +34,8 @@ def main(batches: int = 1) -> int:
     from strata.local.metastore import LocalMetastore
     from strata.operations.report import render_summary
     from strata.operations.status import pipeline_status, render_status
-    from strata.quality import render_quality, run_quality
+    from strata.quality.checks import render_quality
+    from strata.quality.run import run_quality
     from strata.run import run_batch
 
     warehouse = Path("demo-warehouse").resolve()
@@ -104,7 +105,7 @@ def _slow_click(at_ms: int) -> Message:
 
 def _show_registered(cfg: PipelineConfig) -> None:
     from strata.catalog.metastore import MetastoreClient
-    from strata.config.namespace import NAME_SUFFIXES
+    from strata.store.places import NAME_SUFFIXES
 
     assert cfg.metastore.uri is not None
     with MetastoreClient(cfg.metastore.uri, cfg.metastore.timeout_s) as client:

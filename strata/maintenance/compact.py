@@ -23,13 +23,13 @@ done: files it wrote but did not commit are never read, vacuum removes them, and
 next compaction picks the partitions left. One paused past its lease (on an object
 store) and woken after another maintenance run took over acts on nothing: its Delta
 commits carry its fencing token, which a later vacuum's fence outranks (see
-`strata.delta`), and its plain Parquet marker is refused once vacuum has voided the
-new directory (see `strata.locations`).
+`strata.store.delta`), and its plain Parquet marker is refused once vacuum has voided the
+new directory (see `strata.store.locations`).
 
 A plain Parquet data table has no log: a partition's directory is the partition. Its
 merged files, and copies of the files the merge leaves, go into a new directory of the
 partition's, and one marker, created only if absent, moves the partition there (see
-`strata.locations`); the metastore's partition location follows at once. The move
+`strata.store.locations`); the metastore's partition location follows at once. The move
 happens under the run lock, after copying the files a run added since the merge began,
 so late rows are never left behind; the old files stay for queries that listed them
 until vacuum's grace period.
@@ -56,6 +56,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 
+from strata import faults
 from strata.batch.write import (
     WrittenFile,
     file_batch,
@@ -63,10 +64,9 @@ from strata.batch.write import (
     partition_path,
     write_sized,
 )
-from strata.config import Location, PipelineConfig
+from strata.config import LimitsConfig, Location, MaintenanceConfig, PipelineConfig
 from strata.durations import parse_duration_ms
 from strata.errors import LeaseLost, MaintenanceError, MetastoreError
-from strata.faults import crash_point
 from strata.log import get_logger
 from strata.schema.avro import table_layout
 from strata.schema.partitions import partition_span
@@ -233,9 +233,9 @@ def partition_end(values: dict[str, str], zone: str = "UTC") -> datetime | None:
     return None if span is None else span[1]
 
 
-def small_bytes(cfg: PipelineConfig) -> int:
+def small_bytes(maintenance: MaintenanceConfig, limits: LimitsConfig) -> int:
     """Files under this many bytes count as small."""
-    mb = cfg.maintenance.small_file_mb or max(1, cfg.limits.target_file_mb // 2)
+    mb = maintenance.small_file_mb or max(1, limits.target_file_mb // 2)
     return mb << 20
 
 
@@ -273,7 +273,7 @@ def plan_table(
     """
     batch_column = "batch" if which == "ledger" else "_batch"
     partition_by = list(table.metadata().partition_columns)
-    small = small_bytes(cfg)
+    small = small_bytes(cfg.maintenance, cfg.limits)
     adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     by_key: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for add in adds:
@@ -362,7 +362,7 @@ def plan_directory(
     """
     _, partition_by = table_layout(cfg, "table")
     fs, root = filesystem(cfg.location("table"), cfg.storage_options)
-    small = small_bytes(cfg)
+    small = small_bytes(cfg.maintenance, cfg.limits)
     by_partition: dict[str, list[TableFile]] = {}
     for f in current_files(fs, root):
         by_partition.setdefault(f.partition, []).append(f)
@@ -476,7 +476,7 @@ def compact(
         _plan_all(cfg, settled_before, only, token, report)
         report.seconds = time.monotonic() - began
         return report
-    with run_lock(cfg, "maintenance") as lock:
+    with run_lock(cfg.places(), "maintenance") as lock:
         picked = _plan_all(cfg, settled_before, only, token, report)
         if picked:
             _rewrite_and_commit(cfg, picked, report, session, lock)
@@ -554,7 +554,7 @@ def _rewrite_and_commit(
     jobs = [b for p in picked for b in p.bins]
     spark = (session or build_session)(cfg)
     written = run_each(spark, rewrite_bin, jobs, f"{cfg.name} compaction of {len(jobs)} bins")
-    crash_point("after_compact_files")
+    faults.reached(faults.AFTER_COMPACT_FILES)
     by_bin = {(job.uri, job.stem): out for job, out in zip(jobs, written, strict=True)}
     entries = {(e.table, e.partition): e for e in report.partitions}
     moved: dict[str, str] = {}
@@ -592,7 +592,7 @@ def _rewrite_and_commit(
             entry.files_after,
             entry.outcome,
         )
-        crash_point("after_compact_commit")
+        faults.reached(faults.AFTER_COMPACT_COMMIT)
 
 
 def _move_partitions(cfg: PipelineConfig, picked: list[_Picked], lock: RunLock) -> dict[str, str]:
@@ -622,7 +622,7 @@ def _move_partitions(cfg: PipelineConfig, picked: list[_Picked], lock: RunLock) 
                 carried[p.name].add(f["path"])
     outcome: dict[str, str] = {}
     location = cfg.location("table")
-    with lock_when_free(cfg, "run", _RUN_LOCK_WAIT_S) as run:
+    with lock_when_free(cfg.places(), "run", _RUN_LOCK_WAIT_S) as run:
         both = BothLocks(lock, run)
         # Before any check that a marker follows: a run that takes the run lock over
         # from this one (paused past its lease) voids the moves not made yet.
@@ -645,7 +645,7 @@ def _move_partitions(cfg: PipelineConfig, picked: list[_Picked], lock: RunLock) 
                     _carry(fs, root, path, p.directory)
             # A compaction that lost its lease must not move anything: vacuum may run.
             both.check()
-            crash_point("after_compact_check")
+            faults.reached(faults.AFTER_COMPACT_CHECK)
             # The check above can be stale by the time the marker lands (a pause right
             # here): the marker is created only if vacuum has not voided the directory.
             if not mark(location, cfg.storage_options, p.name, p.stamp):
@@ -658,7 +658,7 @@ def _move_partitions(cfg: PipelineConfig, picked: list[_Picked], lock: RunLock) 
                     "the others."
                 )
             outcome[p.name] = "compacted"
-            crash_point("after_compact_move")
+            faults.reached(faults.AFTER_COMPACT_MOVE)
         for uri in announced:
             withdraw_moves(uri, cfg.storage_options)
         if any(o == "compacted" for o in outcome.values()):
@@ -721,7 +721,7 @@ def _commit_partition(
         # A compaction that lost its lease must not commit: vacuum may run by now.
         lock.check()
         fence = maintenance_transactions(table, cfg.name, lock.token)
-        crash_point("after_compact_check")
+        faults.reached(faults.AFTER_COMPACT_CHECK)
         summary = {
             "partition": picked.name,
             "removed": len(old),

@@ -13,7 +13,7 @@
   holds), or they are a compaction's. No live compaction is between writing and
   committing: vacuum holds the maintenance lock, and where that is a lease, it first
   fences each Delta table with its token, so a compaction paused past its lease can no
-  longer commit (`strata.delta`). Any other file is left and counted.
+  longer commit (`strata.store.delta`). Any other file is left and counted.
   A plain Parquet partition that compaction moved keeps its old directory for the
   same retention, counted from when the marker that moved it was written, and for as
   long as the metastore still points the partition at it; a new directory no marker
@@ -37,11 +37,11 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from strata.batch.write import file_batch, is_compaction_file
-from strata.config import Location, PipelineConfig
+from strata.config import Location, MetastoreConfig
 from strata.durations import parse_duration_ms
 from strata.errors import MetastoreError
 from strata.log import get_logger
-from strata.maintenance.compact import MAINTAINED, small_bytes
+from strata.maintenance.compact import MAINTAINED
 from strata.store.delta import committed_batch, fence_maintenance, newest_commit, open_table
 from strata.store.files import filesystem, read_bytes
 from strata.store.ledger import COLUMNS_KEY, TOPIC_IDS_KEY
@@ -55,6 +55,7 @@ from strata.store.locations import (
     visible_files,
     void,
 )
+from strata.store.places import Places
 
 if TYPE_CHECKING:
     from strata.store.lock import RunLock
@@ -67,21 +68,21 @@ _TOMBSTONE_RETENTION = timedelta(days=7)
 _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.I)
 
 
-def delta_tables(cfg: PipelineConfig) -> list[tuple[Location, DeltaTable]]:
+def delta_tables(places: Places) -> list[tuple[Location, DeltaTable]]:
     """The pipeline's Delta tables that exist: the ledger always, the rest under Delta."""
     found = []
     for which in MAINTAINED:
-        if which != "ledger" and cfg.table_format != "delta":
+        if which != "ledger" and places.format != "delta":
             continue
-        table = open_table(cfg.location(which), cfg.storage_options)
+        table = open_table(places.table(which).uri, places.options)
         if table is not None:
             found.append((which, table))
     return found
 
 
-def log_since_checkpoint(cfg: PipelineConfig, which: Location, table: DeltaTable) -> int:
+def log_since_checkpoint(places: Places, which: Location, table: DeltaTable) -> int:
     """Commits a reader replays on top of the last checkpoint (all of them without one)."""
-    fs, root = filesystem(cfg.location(which), cfg.storage_options)
+    fs, root = places.table(which).filesystem()
     last = read_bytes(fs, f"{root}/_delta_log/_last_checkpoint")
     version = table.version()
     if last is None:
@@ -105,7 +106,7 @@ def _interval(table: DeltaTable, key: str, default: timedelta) -> timedelta | No
     return timedelta(**{f"{match.group(2).lower()}s": int(match.group(1))})
 
 
-def checkpoint(cfg: PipelineConfig) -> dict[str, Any]:
+def checkpoint(places: Places) -> dict[str, Any]:
     """Checkpoint every Delta table of the pipeline and clean up its expired log.
 
     Log cleanup deletes commits' records, and some are still needed:
@@ -120,21 +121,21 @@ def checkpoint(cfg: PipelineConfig) -> dict[str, Any]:
         Per table: its version, the log files before and after, and whether the log
         was cleaned.
     """
-    ledger_batch = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
-    out: dict[str, Any] = {"pipeline": cfg.name, "tables": {}}
-    for which, table in delta_tables(cfg):
-        before = _log_files(cfg, which)
+    ledger_batch = committed_batch(places.ledger.uri, places.pipeline, places.options) or 0
+    out: dict[str, Any] = {"pipeline": places.pipeline, "tables": {}}
+    for which, table in delta_tables(places):
+        before = _log_files(places, which)
         table.create_checkpoint()
         if which == "ledger":
             cleaned = _cleanup_allowed(table)
         else:
-            cleaned = (table.transaction_version(cfg.name) or 0) <= ledger_batch
+            cleaned = (table.transaction_version(places.pipeline) or 0) <= ledger_batch
         if cleaned:
             table.cleanup_metadata()
         out["tables"][which] = {
             "version": table.version(),
             "log_files_before": before,
-            "log_files_after": _log_files(cfg, which),
+            "log_files_after": _log_files(places, which),
             "log_cleaned": cleaned,
         }
     return out
@@ -158,18 +159,23 @@ def _records(key: str, commit: dict[str, Any]) -> bool:
     return key in commit
 
 
-def _log_files(cfg: PipelineConfig, which: Location) -> int:
-    fs, root = filesystem(cfg.location(which), cfg.storage_options)
+def _log_files(places: Places, which: Location) -> int:
+    fs, root = places.table(which).filesystem()
     selector = pafs.FileSelector(f"{root}/_delta_log", allow_not_found=True)
     return sum(1 for info in fs.get_file_info(selector) if info.type == pafs.FileType.File)
 
 
-def retention_hours(cfg: PipelineConfig) -> int:
+def retention_hours(retention: str) -> int:
     """`maintenance.vacuum_retention` in whole hours, rounded up (the floor is checked at load)."""
-    return math.ceil(parse_duration_ms(cfg.maintenance.vacuum_retention) / 3_600_000)
+    return math.ceil(parse_duration_ms(retention) / 3_600_000)
 
 
-def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
+def vacuum(
+    places: Places,
+    retention: str,
+    metastore: MetastoreConfig | None = None,
+    dry_run: bool = False,
+) -> dict[str, Any]:
     """Delete removed files past the retention and files that can never be committed.
 
     Runs under the maintenance lock (no compaction in flight); ingest goes on beside it.
@@ -177,7 +183,10 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
     a compaction that lost its lease can no longer commit the files deleted here.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places.
+        retention: `maintenance.vacuum_retention`.
+        metastore: The metastore the tables are registered in, if any: a directory
+            it still points a partition at is kept.
         dry_run: List what would be deleted; delete nothing.
 
     Returns:
@@ -190,15 +199,15 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
     """
     from strata.store.lock import run_lock
 
-    hours = retention_hours(cfg)
-    out: dict[str, Any] = {"pipeline": cfg.name, "retention_hours": hours, "tables": {}}
+    hours = retention_hours(retention)
+    out: dict[str, Any] = {"pipeline": places.pipeline, "retention_hours": hours, "tables": {}}
     # A dry run deletes nothing: it needs no lock, and never waits on a compaction.
-    with nullcontext(None) if dry_run else run_lock(cfg, "maintenance") as lock:
-        for which, table in delta_tables(cfg):
+    with nullcontext(None) if dry_run else run_lock(places, "maintenance") as lock:
+        for which, table in delta_tables(places):
             if lock is not None and lock.token is not None:
                 # Before anything is listed: a file listed after the fence is one no
                 # compaction holding an older token can still commit.
-                fence_maintenance(table, cfg.name, lock.token, "vacuum")
+                fence_maintenance(table, places.pipeline, lock.token, "vacuum")
             removed = table.vacuum(
                 retention_hours=hours,
                 dry_run=dry_run,
@@ -217,9 +226,9 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
                     "which the log no longer tells a removed file from one never committed"
                 )
             else:
-                orphans, unknown = never_committed(cfg, which)
+                orphans, unknown = never_committed(places, which)
                 if lock is not None:
-                    fs, root = filesystem(cfg.location(which), cfg.storage_options)
+                    fs, root = places.table(which).filesystem()
                     for path in orphans:
                         # A vacuum that lost its lease must stop: a compaction may hold
                         # it now, with files written and not yet committed.
@@ -227,15 +236,17 @@ def vacuum(cfg: PipelineConfig, dry_run: bool = False) -> dict[str, Any]:
                         fs.delete_file(f"{root}/{path}")
                 figures |= {"never_committed": len(orphans), "unknown_left": unknown}
             out["tables"][which] = figures
-        if cfg.table_format == "parquet":
-            out["tables"]["table"] = sweep_moved(cfg, timedelta(hours=hours), lock)
+        if places.format == "parquet":
+            out["tables"]["table"] = sweep_moved(places, metastore, timedelta(hours=hours), lock)
     return out
 
 
-def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> dict[str, Any]:
+def sweep_moved(
+    places: Places, metastore: MetastoreConfig | None, grace: timedelta, lock: RunLock | None
+) -> dict[str, Any]:
     """Delete what compaction left in a plain Parquet data table, once it is safe.
 
-    - A directory a partition was moved away from (see `strata.locations`) goes once
+    - A directory a partition was moved away from (see `strata.store.locations`) goes once
       `grace` has passed since the marker that moved it away was written (the move
       became visible then, whenever the compaction planned it): a query that listed it
       before has finished. Its older markers go with it.
@@ -248,7 +259,7 @@ def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> 
       way out: `strata register`, which points the partition at its directory in use.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places.
         grace: How long a directory stays after its partition was moved away.
         lock: The maintenance lock; None for a dry run, which deletes nothing.
 
@@ -256,8 +267,8 @@ def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> 
         Files of left directories deleted, and of never-used ones; the directories kept
         because the metastore points at them; warnings.
     """
-    location = cfg.location("table")
-    fs, root = filesystem(location, cfg.storage_options)
+    location = places.table("table").uri
+    fs, root = filesystem(location, places.options)
     markers = read_markers(fs, root)
     horizon = datetime.now(UTC) - grace
 
@@ -283,7 +294,7 @@ def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> 
             left.setdefault(f.directory, []).append(f)
     warnings: list[str] = []
     partition_of = {d: files[0].partition for d, files in [*left.items(), *unused.items()]}
-    pointed = _pointed_at(cfg, partition_of)
+    pointed = _pointed_at(places, metastore, partition_of)
     if pointed is None:
         # Without the metastore's word, no directory a partition left is known unread.
         pointed = set(left)
@@ -296,7 +307,7 @@ def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> 
         shown = ", ".join(sorted(pointed)[:5])
         warnings.append(
             f"{len(pointed)} directories kept: the metastore still points partitions at "
-            f"them ({shown}); run `strata register --pipeline {cfg.name}` to point them at "
+            f"them ({shown}); run `strata register --pipeline {places.pipeline}` to point them at "
             "their directories in use, and the next vacuum deletes them"
         )
     never_used: list[str] = []
@@ -308,7 +319,7 @@ def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> 
         if lock is not None and stamp not in markers.void.get(partition, set()):
             lock.check()
             note = f"voided by vacuum at {datetime.now(UTC).isoformat(timespec='seconds')}"
-            if not void(location, cfg.storage_options, partition, stamp, note):
+            if not void(location, places.options, partition, stamp, note):
                 moved_meanwhile.append(directory)
                 continue
         never_used += [f.path for f in files]
@@ -336,7 +347,7 @@ def sweep_moved(cfg: PipelineConfig, grace: timedelta, lock: RunLock | None) -> 
             lock.check()
             fs.delete_file(path)
     for warning in warnings:
-        logger.warning("pipeline %s: vacuum: %s", cfg.name, warning)
+        logger.warning("pipeline %s: vacuum: %s", places.pipeline, warning)
     return {
         "left_by_compaction": len(left_paths),
         "never_moved_to": len(never_used),
@@ -351,7 +362,9 @@ def _stamp_of(directory: str) -> str:
     return directory.rsplit("/", 1)[-1][len(GENERATION) :]
 
 
-def _pointed_at(cfg: PipelineConfig, partitions: dict[str, str]) -> set[str] | None:
+def _pointed_at(
+    places: Places, metastore: MetastoreConfig | None, partitions: dict[str, str]
+) -> set[str] | None:
     """Which of these directories (each with its partition) the metastore points at.
 
     Returns:
@@ -362,12 +375,12 @@ def _pointed_at(cfg: PipelineConfig, partitions: dict[str, str]) -> set[str] | N
 
     # An unpartitioned table's location is the table's own, which compaction never moves.
     names = sorted({part for part in partitions.values() if part})
-    if not cfg.metastore.uri or not names:
+    if metastore is None or not metastore.uri or not names:
         return set()
     try:
-        registered = registered_locations(cfg, names)
+        registered = registered_locations(metastore, places.table("table").name, names)
     except MetastoreError as exc:
-        logger.warning("pipeline %s: vacuum could not read the metastore: %s", cfg.name, exc)
+        logger.warning("pipeline %s: vacuum could not read the metastore: %s", places.pipeline, exc)
         return None
     named = set()
     for partition, where in registered.items():
@@ -382,7 +395,7 @@ def _pointed_at(cfg: PipelineConfig, partitions: dict[str, str]) -> set[str] | N
     return named & set(partitions)
 
 
-def never_committed(cfg: PipelineConfig, which: Location) -> tuple[list[str], list[str]]:
+def never_committed(places: Places, which: Location) -> tuple[list[str], list[str]]:
     """Files in a table's folder its log does not list, split by whether that is final.
 
     The table's batch number is read before the folder is listed against the log, so a
@@ -392,10 +405,10 @@ def never_committed(cfg: PipelineConfig, which: Location) -> tuple[list[str], li
         (paths that can never be committed, other paths the log does not list), relative
         to the table root.
     """
-    table = open_table(cfg.location(which), cfg.storage_options)
+    table = open_table(places.table(which).uri, places.options)
     if table is None:
         return [], []
-    stands = table.transaction_version(cfg.name) or 0
+    stands = table.transaction_version(places.pipeline) or 0
     # Full mode at zero hours lists every file the log does not hold, and removed ones;
     # the plain mode lists the removed ones alone.
     untracked = set(table.vacuum(0, dry_run=True, enforce_retention_duration=False, full=True))
@@ -410,18 +423,17 @@ def never_committed(cfg: PipelineConfig, which: Location) -> tuple[list[str], li
     return final, unknown
 
 
-def table_health(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
+def table_health(places: Places, small: int) -> dict[str, dict[str, Any]]:
     """Per table: files, mean file size, small files, and commits since the checkpoint."""
-    small = small_bytes(cfg)
     out: dict[str, dict[str, Any]] = {}
-    delta = dict(delta_tables(cfg))
+    delta = dict(delta_tables(places))
     for which in MAINTAINED:
         if which in delta:
             table = delta[which]
             sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes").to_pylist()
-            log: int | None = log_since_checkpoint(cfg, which, table)
-        elif which != "ledger" and cfg.table_format == "parquet":
-            sizes = _parquet_sizes(cfg, which)
+            log: int | None = log_since_checkpoint(places, which, table)
+        elif which != "ledger" and places.format == "parquet":
+            sizes = _parquet_sizes(places, which)
             log = None
         else:
             continue
@@ -434,8 +446,8 @@ def table_health(cfg: PipelineConfig) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _parquet_sizes(cfg: PipelineConfig, which: Location) -> list[int]:
-    fs, root = filesystem(cfg.location(which), cfg.storage_options)
+def _parquet_sizes(places: Places, which: Location) -> list[int]:
+    fs, root = places.table(which).filesystem()
     return [f.size for f in current_files(fs, root) if f.path.endswith(".parquet")]
 
 

@@ -112,7 +112,7 @@ def batch_ranges(cfg: PipelineConfig, first: int, last: int) -> list[OffsetRange
             "--to-batch not below it"
         )
     spans: dict[tuple[str, int], tuple[int, int]] = {}
-    for r in read_ledger(cfg).to_pylist():
+    for r in read_ledger(cfg.places()).to_pylist():
         if r["kind"] != "ingest" or not first <= r["batch"] <= last:
             continue
         if r["end_offset"] == r["start_offset"]:
@@ -170,12 +170,12 @@ def _reprocess(
         _check_request(cfg, target, reason)
     if len({(t.topic, t.partition) for t in targets}) != len(targets):
         raise BackfillError("give at most one range per partition")
-    with run_lock(cfg) as lock:
-        state = ledger_state(cfg)
+    with run_lock(cfg.places()) as lock:
+        state = ledger_state(cfg.places())
         for target in targets:
             _check_committed(state, target)
         batch = state.last_batch + 1
-        store = PlanStore(cfg)
+        store = PlanStore(cfg.places())
         plan = store.load(batch)
         resumed = plan is not None
         if plan is None:
@@ -260,7 +260,7 @@ def _source(
     """
     kafka_says = ""
     try:
-        current = topic_ids(cfg)
+        current = topic_ids(cfg.source())
         was = _read_from(cfg, target)
         now = current.get(target.topic)
         if was and was != {now}:
@@ -270,7 +270,7 @@ def _source(
                 else f"the id of `{target.topic}` could not be read to check it is the same log"
             )
         else:
-            for s in partition_states(cfg, state.committed):
+            for s in partition_states(cfg.source(), state.committed):
                 if (s.topic, s.partition) == (target.topic, target.partition):
                     if s.low <= target.start and target.end <= s.high:
                         return "kafka", current
@@ -293,7 +293,9 @@ def _read_from(cfg: PipelineConfig, target: OffsetRange) -> set[str]:
     newest record would name the log reading goes on in now, which a seek may have
     moved onto a re-created topic since the range was read.
     """
-    rows = read_ledger(cfg, ["batch", "kind", "topic", "partition", "start_offset", "end_offset"])
+    rows = read_ledger(
+        cfg.places(), ["batch", "kind", "topic", "partition", "start_offset", "end_offset"]
+    )
     batches = sorted(
         {
             r["batch"]
@@ -305,14 +307,14 @@ def _read_from(cfg: PipelineConfig, target: OffsetRange) -> set[str]:
         }
     )
     found = set()
-    for recorded in batch_log_ids(cfg, batches).values():
+    for recorded in batch_log_ids(cfg.places(), batches).values():
         uid = recorded.of(target.topic, target.partition)
         if uid is not None:
             found.add(uid)
     if not found:
         # No ingest read the range, or it was read before ids were recorded: the log
         # reading goes on in now is all the ledger can say.
-        newest = committed_log_ids(cfg)
+        newest = committed_log_ids(cfg.places())
         uid = None if newest is None else newest.of(target.topic, target.partition)
         found = set() if uid is None else {uid}
     return found
@@ -330,7 +332,7 @@ def _one_log(cfg: PipelineConfig, target: OffsetRange) -> None:
     """
     spans = sorted(
         (max(r["start_offset"], target.start), min(r["end_offset"], target.end), r["batch"])
-        for r in read_ledger(cfg).to_pylist()
+        for r in read_ledger(cfg.places()).to_pylist()
         if r["kind"] == "ingest"
         and (r["topic"], r["partition"]) == (target.topic, target.partition)
         and r["start_offset"] < target.end

@@ -125,7 +125,7 @@ class _Gauges:
 
 
 def _view_metrics(gauges: _Gauges, view: dict[str, Any]) -> None:
-    """The figures of `strata.status.pipeline_view` (or `pipeline_status`)."""
+    """The figures of `strata.operations.status.pipeline_view` (or `pipeline_status`)."""
     pipeline = view["pipeline"]
     gauges.set("strata_batch", view["last_batch"], pipeline=pipeline)
     if view.get("last_committed_at"):
@@ -154,7 +154,7 @@ def status_metrics(statuses: Iterable[dict[str, Any]]) -> bytes:
     """`strata status --prometheus`: statuses in the text exposition format.
 
     Args:
-        statuses: `strata.status.pipeline_status` of the pipeline, or of each table of
+        statuses: `strata.operations.status.pipeline_status` of the pipeline, or of each table of
             a pipeline that routes to tables (one exposition holds them all).
 
     Returns:
@@ -178,7 +178,7 @@ def run_metrics(
 
     Args:
         outcome: What the run did (an idle run's figures are zeros).
-        view: `strata.status.pipeline_view` after the run, if it could be had; its lag
+        view: `strata.operations.status.pipeline_view` after the run, if it could be had; its lag
             is fresher than the run's own, which stands in where it has none.
         quality: The latest quality result (`ResultStore.load`), if any.
         finished_s: When the run ended, in Unix time.

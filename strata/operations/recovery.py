@@ -80,15 +80,15 @@ def drop_plan(
             partly committed and `force` is not given.
     """
     _need_reason(reason)
-    with run_lock(cfg) as lock:
-        state = ledger_state(cfg)
+    with run_lock(cfg.places()) as lock:
+        state = ledger_state(cfg.places())
         nxt = state.last_batch + 1
         if batch != nxt:
             raise LedgerEditError(
                 f"batch {batch} is not the unfinished batch of pipeline {cfg.name}: the "
                 f"ledger's last batch is {state.last_batch}, so only batch {nxt} can be dropped"
             )
-        store = PlanStore(cfg)
+        store = PlanStore(cfg.places())
         begun = store.dropping(batch)
         damage = ""
         try:
@@ -140,7 +140,7 @@ def drop_plan(
             note += " (the saved plan could not be read)"
             rows = [_abandon_row(t, p, e, note, None) for (t, p), e in state.committed.items()]
         lock.check()
-        commit_ledger(cfg, batch, rows)
+        commit_ledger(cfg.places(), batch, rows)
         warnings = [
             "the next `strata run` plans afresh from where the ledger goes on; if retention "
             "deleted offsets meanwhile, it stops until `strata run --accept-loss REASON`"
@@ -213,20 +213,20 @@ def seek(
         raise LedgerEditError(
             f"topic `{topic}` is not read by pipeline {cfg.name} ({cfg.topics_description})"
         )
-    with run_lock(cfg) as lock:
-        state = ledger_state(cfg)
+    with run_lock(cfg.places()) as lock:
+        state = ledger_state(cfg.places())
         nxt = state.last_batch + 1
         _refuse_unfinished(cfg, nxt)
         states = [
             s
-            for s in partition_states(cfg, state.committed)
+            for s in partition_states(cfg.source(), state.committed)
             if s.topic == topic and partition in (None, s.partition)
         ]
         if not states:
             raise LedgerEditError(f"partition {partition} of `{topic}` is not on the brokers")
         # Only the sought topic's id: the seek vouches for nothing else (`LogIds`).
-        now_id = topic_ids(cfg, [topic]).get(topic)
-        recorded = committed_log_ids(cfg) or LogIds()
+        now_id = topic_ids(cfg.source(), [topic]).get(topic)
+        recorded = committed_log_ids(cfg.places()) or LogIds()
         note_base = f"seek by {who}: {reason}"
         rows = []
         warnings = []
@@ -275,11 +275,11 @@ def seek(
         lock.check()
         # The partitions moved are now read on the topic's current log; no other.
         moved = {(topic, int(str(r["partition"]))): now_id for r in rows} if now_id else None
-        commit_ledger(cfg, nxt, rows, partition_ids=moved)
+        commit_ledger(cfg.places(), nxt, rows, partition_ids=moved)
         positions = [
             OffsetRange(topic, int(str(r["partition"])), 0, int(str(r["end_offset"]))) for r in rows
         ]
-        problem = publish_offsets(cfg, positions)
+        problem = publish_offsets(cfg.source(), positions)
         if problem:
             warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")
         return LedgerEdit(cfg.name, "seek", nxt, rows, warnings)
@@ -300,7 +300,7 @@ def _target(to: str, low: int, high: int) -> int:
 
 def _refuse_unfinished(cfg: PipelineConfig, batch: int) -> None:
     """A plan saved before an edit must never run after it."""
-    store = PlanStore(cfg)
+    store = PlanStore(cfg.places())
     try:
         plan = store.load(batch)
     except PlanError:

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from strata.config import PipelineConfig
-from strata.config.namespace import Namespace, OwnedTable, describe_clash
 from strata.errors import ConfigError, StrataError
 from strata.store.files import list_names, put_if_absent
+from strata.store.places import Namespace, OwnedTable, describe_clash
 
 _TABLES = "tables"
 
@@ -26,7 +26,7 @@ def _routes(cfg: PipelineConfig) -> tuple[set[str], dict[str, list[str]]]:
     from strata.batch.kafka import pipeline_topics
 
     known = set(list_names(f"{cfg.location('state')}/{_TABLES}", cfg.storage_options))
-    topics = cfg.topics if cfg.topics_pattern is None else pipeline_topics(cfg)
+    topics = cfg.topics if cfg.topics_pattern is None else pipeline_topics(cfg.source())
     routes: dict[str, list[str]] = {}
     for topic in topics:
         routes.setdefault(cfg.table_for(topic), []).append(topic)
@@ -52,7 +52,7 @@ def route_tables(cfg: PipelineConfig) -> list[str]:
 def table_configs(cfg: PipelineConfig) -> list[tuple[str, PipelineConfig | StrataError]]:
     """Each table of a routed pipeline, configured, or why it cannot run.
 
-    A table that would take another's place or metastore name (`strata.namespace`),
+    A table that would take another's place or metastore name (`strata.store.places`),
     of this pipeline or of another of its configuration directory, cannot run: with
     listed topics that is refused when the configuration loads, but a pattern matches
     topics as they come. A table that has run before keeps its place against one
@@ -156,7 +156,7 @@ def each_table(
     """Run a command on a pipeline, or on each table of a pipeline that routes to tables.
 
     A table that follows its Schema Registry subject is given with the schema it
-    evolved to (`strata.evolve.table_schema`). Each table has its turn whatever
+    evolved to (`strata.schema.evolve.table_schema`). Each table has its turn whatever
     another's did: a table that failed is named in the text and in the body's
     `tables_error`, which makes the command exit non-zero once every table had its turn.
 

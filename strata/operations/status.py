@@ -21,6 +21,7 @@ from strata.catalog.completeness import watermark_now
 from strata.config import PipelineConfig
 from strata.durations import human_duration
 from strata.errors import KafkaUnavailable, PlanError
+from strata.maintenance.compact import small_bytes
 from strata.maintenance.vacuum import table_health
 from strata.store.ledger import RUN_COLUMNS, LedgerState, lag_after, ledger_state, read_ledger
 
@@ -39,8 +40,8 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
         JSON-ready status. `lag` is absent, and `broker_error` says why, when the
         brokers cannot be reached: the ledger alone still answers.
     """
-    rows = read_ledger(cfg)
-    state = ledger_state(cfg, rows)
+    rows = read_ledger(cfg.places())
+    state = ledger_state(cfg.places(), rows)
     out = _view(cfg, rows, state, listed=True)
     out["batches"] = _history(rows, history)
     losses = rows.filter(pc.equal(rows.column("kind"), "loss")) if rows.num_rows else rows
@@ -72,7 +73,7 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
     ]
     out["unfinished"] = _unfinished(cfg, state.last_batch + 1)
     out["watermark"] = watermark_now(cfg, rows)
-    out["tables"] = table_health(cfg)
+    out["tables"] = table_health(cfg.places(), small_bytes(cfg.maintenance, cfg.limits))
     small = sum(t["small_files"] for name, t in out["tables"].items() if name != "ledger")
     if small >= 100:
         out["warnings"].append(
@@ -103,8 +104,8 @@ def pipeline_view(
         rows = seen.rows
         out = _view(cfg, rows, seen.state, listed=False, states=seen.states)
     else:
-        rows = read_ledger(cfg, RUN_COLUMNS)
-        out = _view(cfg, rows, ledger_state(cfg, rows), listed=False)
+        rows = read_ledger(cfg.places(), RUN_COLUMNS)
+        out = _view(cfg, rows, ledger_state(cfg.places(), rows), listed=False)
     if watermark:
         out["watermark"] = watermark_now(cfg, rows)
     return out
@@ -139,7 +140,7 @@ def _view(
     try:
         unread: dict[tuple[str, int], int] = {}
         if states is None:
-            states = partition_states(cfg, state.committed)
+            states = partition_states(cfg.source(), state.committed)
         for s in states:
             committed = state.committed.get((s.topic, s.partition))
             position = committed if committed is not None else s.low
@@ -196,7 +197,7 @@ def ingest_lags(rows: pa.Table) -> list[int | None]:
 
     Returns:
         One figure per ingest batch of the newest `LAG_HISTORY`
-        (`strata.ledger.lag_after`), None where its watermarks were not recorded.
+        (`strata.store.ledger.lag_after`), None where its watermarks were not recorded.
     """
     if rows.num_rows == 0:
         return []
@@ -235,7 +236,7 @@ def lag_growth(lags: Sequence[int | None]) -> int:
 
 def _unfinished(cfg: PipelineConfig, batch: int) -> dict[str, Any] | None:
     """The saved plan of the batch that is planned but not committed, if any."""
-    store = PlanStore(cfg)
+    store = PlanStore(cfg.places())
     try:
         plan = store.load(batch)
     except PlanError as exc:
@@ -339,8 +340,8 @@ def _retention(
     it is an estimate, and the warning comes early (at three quarters of the limit).
     """
     # The topics status listed already: a pattern's are not asked of the brokers again.
-    limits = retention_limits(cfg, {topic for topic, _ in lag})
-    oldest = oldest_unread_ms(cfg, unread) if unread else {}
+    limits = retention_limits(cfg.source(), {topic for topic, _ in lag})
+    oldest = oldest_unread_ms(cfg.source(), unread) if unread else {}
     now_ms = int(time.time() * 1000)
     for (topic, partition), info in lag.items():
         keep_ms = limits.get(topic, {}).get("ms")

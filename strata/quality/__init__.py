@@ -2,8 +2,7 @@
 
 Each check of a committed batch writes one JSON result, the batch's Data Docs page,
 its rows of the quality table and the pipeline's summary page, all under
-`quality.location`. The package is split
-by what its parts touch:
+`quality.location`. The package is split by what its parts touch:
 
 - `checks`: the results and every computation over figures already read (the
   reconciliation checks, lateness and partition counts, the text report); no I/O.
@@ -12,29 +11,11 @@ by what its parts touch:
 - `store`: the quality location: results, the page and the docs.
 - `table`: the quality table, each batch's checks and partitions for SQL, and its
   registration in the metastore.
-- `run`: `run_quality`, which reads the batch through `strata.tables` and ties the
-  parts together.
+- `run`: `run_quality`, which reads the batch through `strata.store.tables` and ties
+  the parts together.
+
+Callers import each name from its module. The package itself imports nothing:
+completeness reads the quality marks through `checks` and `store`, while `run`
+reaches the catalog (through `table`) and Great Expectations, so a package that
+loaded `run` would close an import cycle and make every reader of a mark pay for it.
 """
-
-from strata.quality.checks import (
-    LATENESS_LABELS,
-    Check,
-    QualityResult,
-    incomplete_marks,
-    reconcile_checks,
-    render_quality,
-)
-from strata.quality.run import run_quality, write_summary_page
-from strata.quality.store import ResultStore
-
-__all__ = [
-    "LATENESS_LABELS",
-    "Check",
-    "QualityResult",
-    "ResultStore",
-    "incomplete_marks",
-    "reconcile_checks",
-    "render_quality",
-    "run_quality",
-    "write_summary_page",
-]

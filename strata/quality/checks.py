@@ -1,6 +1,6 @@
 """What a batch's quality is made of, computed from figures already read: no I/O.
 
-The reconciliation checks restate, after the fact, the rules `strata.reconcile` holds
+The reconciliation checks restate, after the fact, the rules `strata.batch.reconcile` holds
 a batch to before its commit, over the ledger's rows and the rows counted in each
 table. The rest summarizes a batch's rows (per event-time partition, per late-arrival
 bucket) and renders a result for the terminal. Everything here takes plain values
@@ -206,8 +206,8 @@ def reconcile_checks(
     """A committed batch's offsets, tables and ledger still account for each other.
 
     Per partition read by the batch: offsets = messages + gaps and messages = rows +
-    quarantined (`strata.reconcile.span_problems`), and each table holds as many of
-    the batch's rows as the ledger says (`strata.reconcile.count_problems`). Over the
+    quarantined (`strata.batch.reconcile.span_problems`), and each table holds as many of
+    the batch's rows as the ledger says (`strata.batch.reconcile.count_problems`). Over the
     whole ledger: no batch overlaps another, and no hole lies between them unless a
     loss or a seek explains it.
 

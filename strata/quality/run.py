@@ -1,7 +1,7 @@
 """Checking one committed batch: read what it wrote, check it, store the outcome.
 
 This is the one module of the package that reads the pipeline's tables (through
-`strata.tables`, like every other reader) and ties the parts together: the pure
+`strata.store.tables`, like every other reader) and ties the parts together: the pure
 checks (`checks`), the Great Expectations suite (`suite`), the page (`page`) and
 the quality location (`store`). A batch over `quality.max_rows` is validated by the
 suite on an evenly spread sample, and the result says so; reconciliation needs no
@@ -43,7 +43,8 @@ from strata.store import tables
 from strata.store.delta import open_table, range_filter
 from strata.store.files import filesystem
 from strata.store.ledger import lag_after, read_ledger
-from strata.store.tables import Counts, TableRef
+from strata.store.places import TableRef
+from strata.store.tables import Counts
 
 _TOTALS = ("messages", "rows", "quarantined", "gaps", "bytes", "late_rows")
 """The ledger's counters summed into a result."""
@@ -65,7 +66,7 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
         QualityError: If there is no such batch, or an expectation in the config is
             unknown to Great Expectations.
     """
-    ledger = read_ledger(cfg)
+    ledger = read_ledger(cfg.places())
     batch, records = _batch_records(cfg.name, ledger, batch)
     committed_at = max(r["committed_at"] for r in records)
     data, missing = _batch_rows(cfg, batch)
@@ -164,17 +165,17 @@ def _counted(cfg: PipelineConfig, batch: int, data: pa.Table) -> dict[TableName,
     """
     counted: dict[TableName, Counts] = {
         "table": tables.count_by_partition(data),
-        "quarantine": tables.batch_counts(TableRef.of(cfg, "quarantine"), batch),
+        "quarantine": tables.batch_counts(cfg.places().table("quarantine"), batch),
     }
-    plan = PlanStore(cfg).load(batch)
+    plan = PlanStore(cfg.places()).load(batch)
     if plan is None or plan.source != "raw":
-        counted["raw"] = tables.batch_counts(TableRef.of(cfg, "raw"), batch)
+        counted["raw"] = tables.batch_counts(cfg.places().table("raw"), batch)
     return counted
 
 
 def _batch_rows(cfg: PipelineConfig, batch: int) -> tuple[pa.Table, list[str]]:
     """The batch's rows in the data table, and data files the table lists but lost."""
-    ref = TableRef.of(cfg, "table")
+    ref = cfg.places().table("table")
     schema = table_layout(cfg, "table")[0]
     if ref.format == "delta":
         survived = _rows_beside_lost_files(ref, batch, partition_columns(cfg.partitioning))
@@ -243,7 +244,7 @@ def _neighbours(cfg: PipelineConfig, data: pa.Table) -> pa.Table:
         one = range_filter(OffsetRange(t, p, lo, hi + 1))
         wanted = one if wanted is None else wanted | one
     try:
-        return tables.read(TableRef.of(cfg, "table"), COORDINATES, wanted)
+        return tables.read(cfg.places().table("table"), COORDINATES, wanted)
     except OSError:
         # A lost data file is reported by reconciliation; check what can be read.
         return data.select(COORDINATES)
@@ -253,7 +254,7 @@ def _quarantine_reasons(cfg: PipelineConfig, first_batch: int) -> dict[str, int]
     """Quarantined rows per reason class (`checks.reason_class`) since `first_batch`."""
     try:
         found = tables.read(
-            TableRef.of(cfg, "quarantine"), ["reason"], ds.field("_batch") >= first_batch
+            cfg.places().table("quarantine"), ["reason"], ds.field("_batch") >= first_batch
         )
     except OSError:
         # A lost data file is reconciliation's to report; the page shows what it can.

@@ -2,7 +2,7 @@
 
 A Delta table at `<quality location>/checks`, written through delta-rs like the
 pipeline's own tables, and registered in the metastore as `<pipeline>_quality` the
-way they are (`strata.register`): a Delta table for a Delta pipeline, a plain Parquet
+way they are (`strata.catalog.register`): a Delta table for a Delta pipeline, a plain Parquet
 table for a plain Parquet one. Checking a batch again replaces its rows in one
 transaction, so the table holds each batch once, as last checked.
 
@@ -39,12 +39,12 @@ from strata.catalog.register import (
     parquet_table,
 )
 from strata.config import PipelineConfig
-from strata.config.namespace import NAME_SUFFIXES
 from strata.errors import MetastoreError
 from strata.log import get_logger
 from strata.quality.checks import QUALITY_SCHEMA, QualityResult, quality_rows
 from strata.store.delta import BATCH_KEY, ensure_table, open_table
 from strata.store.files import filesystem
+from strata.store.places import NAME_SUFFIXES
 
 logger = get_logger(__name__)
 

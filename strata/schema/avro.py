@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from strata.config.namespace import NAME_SUFFIXES
 from strata.errors import SchemaError
+from strata.store.places import NAME_SUFFIXES
 
 if TYPE_CHECKING:
     from strata.config import MetastoreTable, PartitioningConfig, PipelineConfig, TableName

@@ -4,7 +4,7 @@ With `schema_registry.evolve`, the table's schema is `schema_file`'s fields, the
 field that the table took on since, in the order it took them on. When a batch is
 planned, the newest schema of each of its topics' subjects is read, and each field it
 has and the table lacks is added if it is optional (`["null", ...]` with default null):
-the one change a table takes without rewriting its files (`strata.schema.schema_changes`).
+the one change a table takes without rewriting its files (`strata.schema.avro.schema_changes`).
 Every other field is left out with a warning naming the subject and the field, and
 messages written with it still land, without it, by Avro's resolution: a field that is
 not optional, one whose type is named elsewhere in the schema, one named as Strata's
@@ -67,7 +67,7 @@ def table_schema(cfg: PipelineConfig) -> PipelineConfig:
         return cfg
     from strata.store.ledger import committed_reader_schema
 
-    recorded = committed_reader_schema(cfg)
+    recorded = committed_reader_schema(cfg.places())
     base = _document(cfg.schema_text)
     if recorded is None or base is None:
         # Nothing recorded yet; or `schema_file` is no record, which the schema check

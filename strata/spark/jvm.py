@@ -3,7 +3,7 @@
 Starting Spark's driver loads some ten thousand classes from the jars, parsing and
 verifying each: half of a local session's start-up and of the JVM's CPU in a
 one-batch run. Java's class-data sharing can map them from an archive instead. The
-archive is built once per Java and PySpark (`python -m strata.jvm`, which `make`
+archive is built once per Java and PySpark (`python -m strata.spark.jvm`, which `make`
 runs), by a session that does what a run's driver does and dumps the classes it
 loaded when it exits. A session uses it when one exists for its Java and PySpark;
 the JVM checks it still matches (same Java build, same class path) and silently
@@ -163,7 +163,7 @@ def build_class_archive(force: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m strata.jvm [--force]`: build the class archive unless it exists."""
+    """`python -m strata.spark.jvm [--force]`: build the class archive unless it exists."""
     args = sys.argv[1:] if argv is None else argv
     try:
         if not usable_archive(require_java()) or "--force" in args:

@@ -151,16 +151,16 @@ def session_defaults(driver_java_options: str) -> dict[str, str]:
     """Strata's Spark properties for a session it starts; a pipeline's `spark.conf` wins.
 
     Args:
-        driver_java_options: The driver JVM's options (`strata.jvm.driver_options`).
+        driver_java_options: The driver JVM's options (`strata.spark.jvm.driver_options`).
     """
     return {
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "4",
         "spark.python.worker.reuse": "true",
         # Spark's daemon, with PySpark imported from its installed package rather than
-        # compiled from Spark's zip in every worker (see strata.daemon).
+        # compiled from Spark's zip in every worker (see strata.spark.daemon).
         "spark.python.daemon.module": "strata.spark.daemon",
-        # The quick compiler and the serial collector (see strata.jvm); the driver maps
+        # The quick compiler and the serial collector (see strata.spark.jvm); the driver maps
         # its classes from the class archive when one is built.
         "spark.driver.extraJavaOptions": driver_java_options,
         "spark.executor.extraJavaOptions": JVM_OPTIONS,
@@ -190,7 +190,7 @@ def local_session(master: str, settings: dict[str, str], name: str) -> SparkSess
 def train_class_archive(dump_to: str) -> None:
     """Run what a batch's driver runs in a fresh JVM, which writes its classes on exit.
 
-    Started in a child process by `strata.jvm.build_class_archive`, with the settings
+    Started in a child process by `strata.spark.jvm.build_class_archive`, with the settings
     of a real run's session so that the archive holds the classes a run loads.
     """
     from pyspark import SparkContext

@@ -28,7 +28,7 @@ seconds: when it was written plus `lock_lease`), and whether it is a release.
   Renewals leave it as it is, and every later holder acquires at a higher epoch (the
   newest epoch is never deleted, and a claim that filled a hole is refused), so a
   store that records the token of each act can refuse the acts of a holder that was
-  taken over, however long it was paused (see `strata.lock`).
+  taken over, however long it was paused (see `strata.store.lock`).
 
 **Clock skew.** Expiries are compared across hosts on their wall clocks, so the
 lease tolerates hosts' clocks disagreeing by up to a quarter of `lock_lease` (30 s

@@ -27,10 +27,9 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from strata.batch.write import write_file
-from strata.config import PipelineConfig
-from strata.config.namespace import NAME_SUFFIXES
 from strata.store.delta import BATCH_KEY, commit_files, ensure_table, newest_commit, open_table
 from strata.store.files import filesystem
+from strata.store.places import Places
 
 # Commit metadata of the ledger: the data table's columns as each batch wrote them,
 # and the broker's id of each topic, so a topic re-created under the same name is
@@ -172,22 +171,22 @@ RUN_COLUMNS = [
 what an idle run's summary and metrics show (lag trend, time to retention, watermark)."""
 
 
-def read_ledger(cfg: PipelineConfig, columns: list[str] | None = None) -> pa.Table:
+def read_ledger(places: Places, columns: list[str] | None = None) -> pa.Table:
     """Every ledger row of the pipeline (empty if nothing was committed yet).
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places (its ledger, its name).
         columns: The columns to read; all of them if None.
     """
-    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    table = open_table(places.ledger.uri, places.options)
     if table is None:
         empty = LEDGER_SCHEMA.empty_table()
         return empty if columns is None else empty.select(columns)
-    return _rows(cfg, table, columns)
+    return _rows(places, table, columns)
 
 
 def _rows(
-    cfg: PipelineConfig,
+    places: Places,
     table: DeltaTable,
     columns: list[str] | None = None,
     where: ds.Expression | None = None,
@@ -198,13 +197,13 @@ def _rows(
     Delta dataset costs about a millisecond per file more to build, which a ledger of
     many small files (before `strata compact` merges them) pays on every run.
     """
-    fs, root = filesystem(cfg.location("ledger"), cfg.storage_options)
+    fs, root = places.ledger.filesystem()
     paths = [f"{root}/{p}" for p in pa.table(table.get_add_actions()).column("path").to_pylist()]
     found = ds.dataset(paths, schema=LEDGER_SCHEMA, format="parquet", filesystem=fs)
     return found.to_table(columns=columns, filter=where)
 
 
-def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerState:
+def ledger_state(places: Places, rows: pa.Table | None = None) -> LedgerState:
     """The last committed batch and where reading goes on in every partition.
 
     Only the rows that move a position are read, and only their five columns: what a
@@ -212,23 +211,23 @@ def ledger_state(cfg: PipelineConfig, rows: pa.Table | None = None) -> LedgerSta
     short through `strata checkpoint`, its files few through `strata compact`).
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places (its ledger, its name).
         rows: The ledger, if already read.
     """
-    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    table = open_table(places.ledger.uri, places.options)
     if table is None:
         return LedgerState(0, {})
     kinds = (*POSITION_KINDS, "abandon")
     if rows is None:
         rows = _rows(
-            cfg,
+            places,
             table,
             ["batch", "kind", "topic", "partition", "end_offset"],
             ds.field("kind").isin(list(kinds)),
         )
     # A batch can be committed without rows (an abandoned plan of a pipeline that has
     # read nothing yet): its number is taken all the same.
-    last = table.transaction_version(cfg.name) or 0
+    last = table.transaction_version(places.pipeline) or 0
     if rows.num_rows == 0:
         return LedgerState(last, {})
     last = max(last, pc.max(rows.column("batch")).as_py())
@@ -296,7 +295,7 @@ def unread_row(
 
 
 def commit_ledger(
-    cfg: PipelineConfig,
+    places: Places,
     batch: int,
     rows: list[dict[str, object]],
     columns: list[list[str]] | None = None,
@@ -313,7 +312,7 @@ def commit_ledger(
     removed: the ledger of a plain Parquet pipeline is read as a directory too.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places (its ledger, its name).
         batch: The batch number.
         rows: Ledger rows without `pipeline`, `batch` and `committed_at`.
         columns: The data table's column signature the batch was written with; the
@@ -329,30 +328,30 @@ def commit_ledger(
     Returns:
         True if this call committed the batch, False if the ledger already held it.
     """
-    uri = cfg.location("ledger")
-    name = cfg.name + NAME_SUFFIXES["ledger"]
-    table = ensure_table(uri, LEDGER_SCHEMA, [], cfg.storage_options, name)
-    if (table.transaction_version(cfg.name) or 0) >= batch:
+    uri = places.ledger.uri
+    table = ensure_table(uri, LEDGER_SCHEMA, [], places.options, places.ledger.name)
+    if (table.transaction_version(places.pipeline) or 0) >= batch:
         return False
     now = datetime.now(UTC)
     full = [
-        {"pipeline": cfg.name, "batch": batch, "committed_at": now, "note": None, **r} for r in rows
+        {"pipeline": places.pipeline, "batch": batch, "committed_at": now, "note": None, **r}
+        for r in rows
     ]
     meta: dict[str, object] = {} if columns is None else {COLUMNS_KEY: columns}
     if topic_ids or partition_ids:
-        recorded = committed_log_ids(cfg) or LogIds()
+        recorded = committed_log_ids(places) or LogIds()
         meta.update(recorded.vouched(topic_ids or {}, partition_ids or {}).metadata())
     if reader_schema is not None:
         meta[READER_SCHEMA_KEY] = reader_schema
     if not full:
         # A batch with nothing to record (an abandoned first plan) still takes its number.
-        return commit_files(table, LEDGER_SCHEMA, [], [], cfg.name, batch, meta)
+        return commit_files(table, LEDGER_SCHEMA, [], [], places.pipeline, batch, meta)
     data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
-    fs, root = filesystem(uri, cfg.storage_options)
+    fs, root = filesystem(uri, places.options)
     name = f"{ledger_file_prefix(batch)}{uuid.uuid4().hex[:12]}.parquet"
     written = write_file(fs, root, name, data, {})
-    committed = commit_files(table, LEDGER_SCHEMA, [], [written], cfg.name, batch, meta)
-    _remove_other_attempts(cfg, batch, keep=written.path if committed else None)
+    committed = commit_files(table, LEDGER_SCHEMA, [], [written], places.pipeline, batch, meta)
+    _remove_other_attempts(places, batch, keep=written.path if committed else None)
     return committed
 
 
@@ -361,10 +360,10 @@ def ledger_file_prefix(batch: int) -> str:
     return f"ledger-b{batch:010d}-"
 
 
-def _remove_other_attempts(cfg: PipelineConfig, batch: int, keep: str | None) -> None:
+def _remove_other_attempts(places: Places, batch: int, keep: str | None) -> None:
     """Delete the batch's ledger files that its commit does not hold."""
-    uri = cfg.location("ledger")
-    table = open_table(uri, cfg.storage_options)
+    uri = places.ledger.uri
+    table = open_table(uri, places.options)
     if table is None:
         return
     prefix = ledger_file_prefix(batch)
@@ -372,40 +371,40 @@ def _remove_other_attempts(cfg: PipelineConfig, batch: int, keep: str | None) ->
     held_names = {p.rsplit("/", 1)[-1] for p in held}
     if keep is not None:
         held_names.add(keep)
-    fs, root = filesystem(uri, cfg.storage_options)
+    fs, root = filesystem(uri, places.options)
     for info in fs.get_file_info(pafs.FileSelector(root, recursive=False)):
         if info.base_name.startswith(prefix) and info.base_name not in held_names:
             fs.delete_file(info.path)
 
 
-def committed_columns(cfg: PipelineConfig) -> tuple[int, list[list[str]]] | None:
+def committed_columns(places: Places) -> tuple[int, list[list[str]]] | None:
     """The data table's columns as of the newest batch that recorded them, with its number.
 
     Returns:
         (batch, column signature), or None before the first batch.
     """
-    return _newest_recorded(cfg, COLUMNS_KEY)
+    return _newest_recorded(places, COLUMNS_KEY)
 
 
-def committed_log_ids(cfg: PipelineConfig) -> LogIds | None:
+def committed_log_ids(places: Places) -> LogIds | None:
     """Which log each partition's committed offsets belong to, as the newest record says.
 
     Returns:
         The map recorded by the newest batch that recorded one, or None before any did.
     """
-    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    table = open_table(places.ledger.uri, places.options)
     if table is None:
         return None
     commit = newest_commit(table, lambda c: TOPIC_IDS_KEY in c)
     return None if commit is None else LogIds.from_commit(commit)
 
 
-def batch_log_ids(cfg: PipelineConfig, batches: Collection[int]) -> dict[int, LogIds]:
+def batch_log_ids(places: Places, batches: Collection[int]) -> dict[int, LogIds]:
     """The maps of log ids as the given batches recorded them (those that recorded one).
 
     The ledger's history is read once, whatever the number of batches asked about.
     """
-    table = open_table(cfg.location("ledger"), cfg.storage_options)
+    table = open_table(places.ledger.uri, places.options)
     wanted = set(batches)
     if table is None or not wanted:
         return {}
@@ -416,17 +415,17 @@ def batch_log_ids(cfg: PipelineConfig, batches: Collection[int]) -> dict[int, Lo
     }
 
 
-def committed_reader_schema(cfg: PipelineConfig) -> tuple[int, dict[str, Any]] | None:
+def committed_reader_schema(places: Places) -> tuple[int, dict[str, Any]] | None:
     """The Avro schema the newest batch that recorded one was read with, with its number.
 
     Returns:
         (batch, schema), or None before any batch recorded one.
     """
-    return _newest_recorded(cfg, READER_SCHEMA_KEY)
+    return _newest_recorded(places, READER_SCHEMA_KEY)
 
 
-def _newest_recorded(cfg: PipelineConfig, key: str) -> tuple[int, Any] | None:
-    table = open_table(cfg.location("ledger"), cfg.storage_options)
+def _newest_recorded(places: Places, key: str) -> tuple[int, Any] | None:
+    table = open_table(places.ledger.uri, places.options)
     if table is None:
         return None
     commit = newest_commit(table, lambda c: key in c)

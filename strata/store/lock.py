@@ -15,14 +15,14 @@ crashed run never leaves a stale lock behind.
 
 Where the state location is an object store (s3://), runners on different hosts share
 it, and a local file guards nothing: a run holds a lease kept in the store itself
-(`strata.lease`), renewed while it runs and taken over once its holder is gone. A run
+(`strata.store.lease`), renewed while it runs and taken over once its holder is gone. A run
 that lost its lease finds out from `RunLock.check()`, which callers run before each
 commit.
 
 A check before an act leaves a gap: a holder paused right after its check acts when
 it wakes, whoever holds the lease by then. Where that would destroy data, the act
 itself is made conditional on `RunLock.token`, a fencing token every later holder
-exceeds (compaction's commits and vacuum's fences, `strata.delta`); an flock cannot be
+exceeds (compaction's commits and vacuum's fences, `strata.store.delta`); an flock cannot be
 taken from a paused holder, so it has none.
 """
 
@@ -39,10 +39,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
-from strata.config import PipelineConfig
-from strata.durations import parse_duration_ms
 from strata.errors import LockBusy
 from strata.log import get_logger
+from strata.store.places import Places
 
 logger = get_logger(__name__)
 
@@ -102,15 +101,15 @@ class BothLocks:
 
 
 @contextmanager
-def run_lock(cfg: PipelineConfig, what: str = "run") -> Iterator[RunLock]:
+def run_lock(places: Places, what: str = "run") -> Iterator[RunLock]:
     """Hold the pipeline's run lock, or fail at once if another run holds it.
 
-    A local state location gets an flock on `cfg.lock_path`; an object-store state
-    location gets a lease under `<state location>/lease/` (see `strata.lease`), and
-    `lock_dir` is not used.
+    A local state location gets an flock on its lock file; an object-store state
+    location gets a lease under `<state location>/lease/` (see `strata.store.lease`),
+    and `lock_dir` is not used.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places (its state location and lock).
         what: `run`, or `maintenance` for the maintenance lock (beside the run lock's
             file, `<name>.maintenance.lock`; under `<state location>/maintenance-lease/`).
 
@@ -121,30 +120,30 @@ def run_lock(cfg: PipelineConfig, what: str = "run") -> Iterator[RunLock]:
         LockBusy: Naming the holder, if another run holds the lock.
         LeaseUnavailable: If the object store could not be reached to take the lease.
     """
-    path = cfg.lock_path
+    state = places.state
+    path = state.lock_path
     if path is not None:
         if what != "run":
             path = path.with_suffix(f".{what}.lock")
-        with _flock(path, cfg.name, what) as lock:
+        with _flock(path, places.pipeline, what) as lock:
             yield lock
         return
     from strata.store.lease import hold_lease
 
-    location = f"{cfg.location('state')}/{'lease' if what == 'run' else what + '-lease'}"
-    if cfg.lock_dir:
+    location = f"{state.uri}/{'lease' if what == 'run' else what + '-lease'}"
+    if state.lock_dir:
         logger.warning(
             "pipeline %s: lock_dir is not used, because the state location is an object "
             "store where runs hold a lease under %s; remove lock_dir",
-            cfg.name,
+            places.pipeline,
             location,
         )
-    lease_s = parse_duration_ms(cfg.lock_lease) / 1000
-    with hold_lease(location, cfg.storage_options, cfg.name, lease_s, what) as lease:
+    with hold_lease(location, state.options, places.pipeline, state.lease_s, what) as lease:
         yield lease
 
 
 @contextmanager
-def lock_when_free(cfg: PipelineConfig, what: str, wait_s: float) -> Iterator[RunLock]:
+def lock_when_free(places: Places, what: str, wait_s: float) -> Iterator[RunLock]:
     """Hold a lock as `run_lock` does, waiting up to `wait_s` for its holder to finish.
 
     Raises:
@@ -154,7 +153,7 @@ def lock_when_free(cfg: PipelineConfig, what: str, wait_s: float) -> Iterator[Ru
     while True:
         with ExitStack() as stack:
             try:
-                held = stack.enter_context(run_lock(cfg, what))
+                held = stack.enter_context(run_lock(places, what))
             except LockBusy:
                 if time.monotonic() >= deadline:
                     raise

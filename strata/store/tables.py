@@ -2,68 +2,32 @@
 
 Run, backfill, replay, quality and the summary page all read back what a batch wrote:
 to reconcile it, to check it, to count what landed where. They open a table through
-`TableRef`, which knows the table's location, its format and the storage options, so
+`TableRef` (`strata.store.places`), which knows the table's location, its format and
+the storage options, so
 the Delta-or-Parquet decision is made here once. Writing and committing stay with
-`strata.write` and `strata.delta`.
+`strata.batch.write` and `strata.store.delta`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from strata.config import TableName
 from strata.store.delta import open_table, range_filter
 from strata.store.files import filesystem
 from strata.store.locations import current_files
+from strata.store.places import TableRef
 
 if TYPE_CHECKING:
     from strata.batch.plan import OffsetRange
-    from strata.config import PipelineConfig
-
-TableFormat = Literal["delta", "parquet"]
 
 Counts = dict[tuple[str, int], int]
 """Rows per (topic, partition)."""
-
-
-@dataclass(frozen=True)
-class TableRef:
-    """Where one of a pipeline's tables lives and how to read it.
-
-    Attributes:
-        uri: The table's location: a local path or an `s3://` URI.
-        format: `delta`, or `parquet` for plain Parquet directories.
-        options: Storage options (credentials, endpoint) for the object store.
-    """
-
-    uri: str
-    format: TableFormat
-    options: dict[str, str] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def of(cls, cfg: PipelineConfig, name: TableName) -> TableRef:
-        """The reference to one of a pipeline's tables.
-
-        Args:
-            cfg: The pipeline.
-            name: Which table.
-
-        Returns:
-            The table's reference.
-        """
-        return cls(cfg.location(name), cfg.table_format, cfg.storage_options)
-
-
-def table_refs(cfg: PipelineConfig, names: tuple[TableName, ...]) -> dict[TableName, TableRef]:
-    """References to several of a pipeline's tables, by name."""
-    return {name: TableRef.of(cfg, name) for name in names}
 
 
 def dataset(ref: TableRef, schema: pa.Schema | None = None) -> ds.Dataset | None:
@@ -83,7 +47,7 @@ def dataset(ref: TableRef, schema: pa.Schema | None = None) -> ds.Dataset | None
         table = open_table(ref.uri, ref.options)
         return None if table is None else table.to_pyarrow_dataset()
     fs, root = filesystem(ref.uri, ref.options)
-    # Each partition's files are those of its directory in use (see strata.locations).
+    # Each partition's files are those of its directory in use (see strata.store.locations).
     paths = [f"{root}/{f.path}" for f in current_files(fs, root)]
     if not paths:
         # No file, no schema: read as a table not written yet.

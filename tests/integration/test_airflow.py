@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from strata.faults import FAIL_ONCE_ENV, FAIL_ONCE_MARKER_ENV
+from strata import faults
 from strata.store.ledger import read_ledger
 from tests.conftest import ROOT, START_MS, expected_offsets, produce_clicks
+from tests.faults import Injected, installed
 
 DAGS = ROOT / "airflow_dags"
 
@@ -67,7 +68,7 @@ def test_ingest_dag_runs_land_batches_and_pick_up_only_new_offsets(
     second = produce_clicks(broker, p.topic, 2, 200, seed=3, start_ms=START_MS + 3 * 3_600_000)
     run = dag.test()
     assert str(run.state) == "success", states(run)
-    ledger = read_ledger(p.cfg()).to_pylist()
+    ledger = read_ledger(p.cfg().places()).to_pylist()
     assert sorted(
         (r["batch"], r["partition"], r["start_offset"]) for r in ledger if r["batch"] == 2
     ) == [(2, q, first[q]) for q in range(2)]
@@ -80,9 +81,11 @@ def test_an_ingest_task_that_fails_once_is_retried_to_exactly_once(
     p = make_pipeline(partitions=2, overrides={"airflow": {"retry_delay": "1s"}})
     per = produce_clicks(broker, p.topic, 2, 500, late=3)
     monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
-    monkeypatch.setenv(FAIL_ONCE_ENV, "after_data_commit")
-    monkeypatch.setenv(FAIL_ONCE_MARKER_ENV, str(tmp_path / "failed-once"))
-    run = load_dags(p.conf_dir).dags.__getitem__(f"strata_ingest_{p.name}").test()
+    dag = load_dags(p.conf_dir).dags.__getitem__(f"strata_ingest_{p.name}")
+    # `dag.test()` runs the tasks in this process: the fault is installed here.
+    fails_once = Injected(fail_once_at=faults.AFTER_DATA_COMMIT, once=str(tmp_path / "failed-once"))
+    with installed(fails_once):
+        run = dag.test()
     assert (tmp_path / "failed-once").exists(), "the first attempt failed after the data commit"
     assert str(run.state) == "success", states(run)
     ingest = next(ti for ti in run.get_task_instances() if ti.task_id == "ingest")
@@ -113,7 +116,7 @@ def test_the_backfill_dag_replaces_a_range_and_reads_the_raw_copy_when_kafka_los
     assert p.landed() == expected_offsets(per)
     assert [
         (r["kind"], r["note"], r["start_offset"])
-        for r in read_ledger(p.cfg()).to_pylist()
+        for r in read_ledger(p.cfg().places()).to_pylist()
         if r["batch"] == 2
     ] == [("backfill", "INC-1", 100)]
 

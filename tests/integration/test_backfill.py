@@ -7,13 +7,14 @@ import signal
 
 import pytest
 
+from strata import faults
 from strata.batch.plan import OffsetRange
 from strata.errors import BackfillError
-from strata.faults import CRASH_ENV
 from strata.operations.backfill import backfill
 from strata.run import run_batch
 from strata.store.ledger import ledger_state, read_ledger
 from tests.conftest import expected_offsets, produce_clicks
+from tests.faults import armed
 
 
 def rows_by_offset(p) -> dict[tuple[int, int], tuple[int, str]]:
@@ -39,7 +40,7 @@ def test_a_backfill_from_kafka_replaces_exactly_the_range(make_pipeline, broker,
         inside = key[0] == 0 and 100 <= key[1] < 600
         assert batch == (2 if inside else 1), key
         assert event_id == before[key][1]
-    [row] = [r for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 2]
+    [row] = [r for r in read_ledger(p.cfg().places()).to_pylist() if r["batch"] == 2]
     assert (row["kind"], row["note"], row["partition"], row["start_offset"], row["end_offset"]) == (
         "backfill",
         "decoder fix",
@@ -48,7 +49,7 @@ def test_a_backfill_from_kafka_replaces_exactly_the_range(make_pipeline, broker,
         600,
     )
     assert row["rows"] + row["quarantined"] + row["gaps"] == 500
-    assert ledger_state(p.cfg()).committed == {(p.topic, 0): per[0], (p.topic, 1): per[1]}
+    assert ledger_state(p.cfg().places()).committed == {(p.topic, 0): per[0], (p.topic, 1): per[1]}
     assert run_batch(p.cfg(), session=lambda _: spark).status == "idle"
 
 
@@ -84,7 +85,7 @@ def test_backfills_that_cannot_be_done_say_why_and_change_nothing(make_pipeline,
     committed = first[0] + more[0]
     broker.delete_topic(p.topic)
     broker.create_topic(p.topic, 1)
-    ledger_before = read_ledger(p.cfg()).num_rows
+    ledger_before = read_ledger(p.cfg().places()).num_rows
 
     with pytest.raises(
         BackfillError,
@@ -100,7 +101,7 @@ def test_backfills_that_cannot_be_done_say_why_and_change_nothing(make_pipeline,
         backfill(p.cfg(), OffsetRange(p.topic, 0, 9, 9), "x")
     with pytest.raises(BackfillError, match="is not read by pipeline"):
         backfill(p.cfg(), OffsetRange("other", 0, 0, 9), "x")
-    assert read_ledger(p.cfg()).num_rows == ledger_before
+    assert read_ledger(p.cfg().places()).num_rows == ledger_before
 
 
 def test_a_backfill_killed_midway_finishes_exactly_once_when_run_again(
@@ -122,7 +123,7 @@ def test_a_backfill_killed_midway_finishes_exactly_once_when_run_again(
         "--reason",
         "incident 42",
     ]
-    crashed = p.cli(*args, env=p.env(**{CRASH_ENV: "after_quarantine_commit"}))
+    crashed = p.cli(*args, env=p.env(**armed(crash_at=faults.AFTER_QUARANTINE_COMMIT)))
     assert crashed.returncode == -signal.SIGKILL
     again = p.cli(*args, "--json")
     assert again.returncode == 0, again.stderr
@@ -130,7 +131,7 @@ def test_a_backfill_killed_midway_finishes_exactly_once_when_run_again(
     assert summary["status"] == "backfilled" and summary["batch"] == 2
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)
-    assert [r["note"] for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 2] == [
+    assert [r["note"] for r in read_ledger(p.cfg().places()).to_pylist() if r["batch"] == 2] == [
         "incident 42"
     ]
 
@@ -158,13 +159,13 @@ def test_an_interrupted_backfill_or_replay_is_finished_as_such_by_the_scheduled_
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 1500, malformed=3)
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
-    committed = ledger_state(p.cfg()).committed
+    committed = ledger_state(p.cfg().places()).committed
     assert group_offsets(p) == {q: per[q] for q in range(2)}
     if kind == "backfill":
         args = ["backfill", "--topic", p.topic, "--partition", "1", "--from", "10", "--to", "700"]
     else:
         args = ["replay", "--from-batch", "1"]
-    crashed = p.cli(*args, "--reason", "INC-7", env=p.env(**{CRASH_ENV: "after_files"}))
+    crashed = p.cli(*args, "--reason", "INC-7", env=p.env(**armed(crash_at=faults.AFTER_FILES)))
     assert crashed.returncode == -signal.SIGKILL
 
     scheduled = p.cli("run", "--json")
@@ -174,10 +175,10 @@ def test_an_interrupted_backfill_or_replay_is_finished_as_such_by_the_scheduled_
     assert f"batch 2 is a {kind}" in summary["warnings"][0]
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)
-    rows = read_ledger(p.cfg()).to_pylist()
+    rows = read_ledger(p.cfg().places()).to_pylist()
     assert {r["kind"] for r in rows if r["batch"] == 2} == {kind}
     assert all(r["note"] == "INC-7" for r in rows if r["batch"] == 2)
-    assert ledger_state(p.cfg()).committed == committed
+    assert ledger_state(p.cfg().places()).committed == committed
     assert group_offsets(p) == {q: per[q] for q in range(2)}
     # The schedule goes on from where the ingests ended.
     more = produce_clicks(broker, p.topic, 2, 200, seed=5)

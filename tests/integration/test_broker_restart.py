@@ -22,12 +22,13 @@ import psutil
 import pytest
 from deltalake import DeltaTable
 
+from strata import faults
 from strata.batch.plan import PlanStore
-from strata.faults import FAIL_ONCE_MARKER_ENV, STOP_ENV
 from strata.local.broker import LocalBroker
 from strata.run import run_batch
 from strata.store.ledger import read_ledger
 from tests.conftest import START_MS, expected_offsets, produce_clicks
+from tests.faults import armed
 
 # Small fetches and a small prefetch queue: when the task freezes, most of its range
 # is still on the broker, as with production ranges far larger than librdkafka's queue.
@@ -76,7 +77,7 @@ class FrozenRun:
 
     def __init__(self, p, workdir: Path) -> None:
         self.out, self.err = workdir / "run.out", workdir / "run.err"
-        env = p.env(**{STOP_ENV: "mid_read", FAIL_ONCE_MARKER_ENV: str(workdir / "frozen")})
+        env = p.env(**armed(stop_at=faults.MID_READ, once=workdir / "frozen"))
         with self.out.open("w") as out, self.err.open("w") as err:
             self.proc = subprocess.Popen(
                 [str(Path(sys.executable).parent / "strata"), "run", "--pipeline", p.name]
@@ -131,7 +132,7 @@ class FrozenRun:
 def _assert_each_message_once(p, total: dict[int, int]) -> None:
     assert p.landed() == expected_offsets(total)
     assert p.raw_copies() == expected_offsets(total)
-    ledger = read_ledger(p.cfg()).to_pylist()
+    ledger = read_ledger(p.cfg().places()).to_pylist()
     assert sorted(
         (r["batch"], r["partition"], r["start_offset"], r["end_offset"]) for r in ledger
     ) == [(1, q, 0, total[q]) for q in (0, 1)]
@@ -188,7 +189,7 @@ def test_a_broker_down_longer_than_every_attempt_stops_the_run_cleanly_and_a_rer
     assert not any(
         DeltaTable.is_deltatable(cfg.location(t)) for t in ("table", "raw", "quarantine", "ledger")
     )
-    assert PlanStore(cfg).load(1) is not None
+    assert PlanStore(cfg.places()).load(1) is not None
 
     rerun = run_batch(cfg, session=lambda _: spark)
     assert (rerun.status, rerun.batch) == ("resumed", 1)

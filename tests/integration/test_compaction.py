@@ -23,11 +23,11 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
+from strata import faults
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.register import location_uri, register_tables
 from strata.errors import LockBusy
-from strata.faults import FAIL_ONCE_MARKER_ENV, STOP_ENV
-from strata.maintenance.compact import compact
+from strata.maintenance.compact import compact, small_bytes
 from strata.maintenance.vacuum import checkpoint, never_committed, sweep_moved, table_health, vacuum
 from strata.operations.status import pipeline_status, render_status
 from strata.run import run_batch
@@ -44,6 +44,7 @@ from strata.store.locations import (
 )
 from strata.store.lock import run_lock
 from tests.conftest import expected_offsets, produce_clicks, s3_landed, s3_pipeline
+from tests.faults import armed
 from tests.locking import s3_options
 
 
@@ -102,17 +103,20 @@ def test_compaction_merges_late_hours_small_files_and_changes_no_row(make_pipeli
     # The ledger still answers: the next plan starts where the last batch ended.
     assert run_batch(cfg, session=lambda _: spark).batch is None
 
-    health = table_health(cfg)
+    health = table_health(cfg.places(), small_bytes(cfg.maintenance, cfg.limits))
     assert health["table"]["files"] == sum(len(s) for s in after_files.values())
     shown = pipeline_status(cfg)
     assert shown["tables"] == health
     header, line = [x for x in render_status(shown).splitlines() if x.split()[:1] == ["table"]]
     assert "small" in header and line.split()[1] == str(health["table"]["files"])
     assert health["ledger"]["files"] == 1 and health["ledger"]["log_since_checkpoint"] > 0
-    done = checkpoint(cfg)
+    done = checkpoint(cfg.places())
     # Every batch commits to every table, the quarantine too (with no files).
     assert set(done["tables"]) == {"table", "raw", "quarantine", "ledger"}
-    assert all(t["log_since_checkpoint"] == 0 for t in table_health(cfg).values())
+    assert all(
+        t["log_since_checkpoint"] == 0
+        for t in table_health(cfg.places(), small_bytes(cfg.maintenance, cfg.limits)).values()
+    )
 
 
 def wait_stopped(proc: subprocess.Popen[str], timeout: float = 240) -> None:
@@ -130,7 +134,9 @@ def test_an_ingest_committing_during_compaction_loses_nothing(make_pipeline, bro
     p = make_pipeline(partitions=2)
     expected = small_batches(p, broker, spark, 3)
     # Frozen after writing its merged files, before committing any of them.
-    proc = p.spawn("compact", "--older-than", "0s", env=p.env(STRATA_STOP_AT="after_compact_files"))
+    proc = p.spawn(
+        "compact", "--older-than", "0s", env=p.env(**armed(stop_at=faults.AFTER_COMPACT_FILES))
+    )
     try:
         wait_stopped(proc)
         # Late events into the very hours being compacted, committed meanwhile.
@@ -160,12 +166,12 @@ def test_a_killed_compaction_leaves_a_readable_table_a_rerun_finishes_it_and_vac
     before = rows(p)
     # Killed right after its first partition's commit: the others are written, not committed.
     proc = p.spawn(
-        "compact", "--older-than", "0s", env=p.env(STRATA_CRASH_AT="after_compact_commit")
+        "compact", "--older-than", "0s", env=p.env(**armed(crash_at=faults.AFTER_COMPACT_COMMIT))
     )
     proc.communicate(timeout=240)
     assert proc.returncode == -signal.SIGKILL
     assert rows(p) == before and p.landed() == expected_offsets(expected)
-    orphans, _ = never_committed(cfg, "table")
+    orphans, _ = never_committed(cfg.places(), "table")
     assert orphans and all("/part-c" in f"/{o}" for o in orphans), orphans
 
     report = compact(cfg, older_than="0s", session=lambda _: spark)
@@ -182,7 +188,7 @@ def test_a_killed_compaction_leaves_a_readable_table_a_rerun_finishes_it_and_vac
     for f in (stale, future, foreign):
         f.write_bytes(some.read_bytes())
     replaced = {f.name for f in table_dir.rglob("part-b*.parquet")} - {stale.name, future.name}
-    done = vacuum(cfg)
+    done = vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)
     assert done["retention_hours"] == 168
     assert not stale.exists() and future.exists() and foreign.exists()
     # The killed compaction's files are gone; the rerun's, which the log holds, stay.
@@ -205,7 +211,7 @@ def test_plain_parquet_compaction_carries_late_rows_and_survives_a_kill(
     fs, root = filesystem(cfg.location("table"), cfg.storage_options)
     # Frozen after writing the merged files, before moving any partition; then, once
     # woken, killed right after moving the first one.
-    env = p.env(STRATA_STOP_AT="after_compact_files", STRATA_CRASH_AT="after_compact_move")
+    env = p.env(**armed(stop_at=faults.AFTER_COMPACT_FILES, crash_at=faults.AFTER_COMPACT_MOVE))
     proc = p.spawn("compact", "--older-than", "0s", env=env)
     try:
         wait_stopped(proc)
@@ -237,7 +243,7 @@ def test_plain_parquet_compaction_carries_late_rows_and_survives_a_kill(
     assert p.landed() == expected_offsets(expected)
     # The killed run's new directories, never moved to, go at once; the old ones stay
     # for the grace period.
-    done = vacuum(cfg)["tables"]["table"]
+    done = vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)["tables"]["table"]
     assert done["never_moved_to"] > 0 and done["left_by_compaction"] == 0
     generations = {f.directory for f in visible_files(fs, root) if f.directory != f.partition}
     assert generations == set(current_locations(fs, root).values()) | set(moved.values())
@@ -301,7 +307,7 @@ def metastore_rows(cfg, metastore) -> Counter:
 
 def paused_at_its_last_check(p, tmp_path: Path) -> subprocess.Popen[str]:
     """`strata compact`, frozen (once) right after its last lease check before it acts."""
-    env = p.env(**{STOP_ENV: "after_compact_check", FAIL_ONCE_MARKER_ENV: str(tmp_path / "paused")})
+    env = p.env(**armed(stop_at=faults.AFTER_COMPACT_CHECK, once=tmp_path / "paused"))
     return p.spawn("compact", "--older-than", "0s", env=env)
 
 
@@ -317,7 +323,7 @@ def vacuum_once_free(cfg) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while True:
         try:
-            return vacuum(cfg)
+            return vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)
         except LockBusy as exc:
             assert "another maintenance is in flight" in str(exc)
             assert time.monotonic() < deadline, "the paused run's lease never expired"
@@ -500,8 +506,8 @@ def test_vacuum_keeps_a_directory_the_metastore_still_points_at(
         part.sd.location = f"{location_uri(cfg.location('table'))}/{stuck}"
         client.alter_partitions(database, cfg.name, [part])
 
-    with run_lock(cfg, "maintenance") as lock:
-        swept = sweep_moved(cfg, timedelta(0), lock)
+    with run_lock(cfg.places(), "maintenance") as lock:
+        swept = sweep_moved(cfg.places(), cfg.metastore, timedelta(0), lock)
     assert metastore_rows(cfg, metastore) == through_metastore
     own = {f.directory for f in visible_files(fs, root) if f.directory == f.partition}
     assert own == {stuck}

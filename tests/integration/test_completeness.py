@@ -118,7 +118,7 @@ def test_an_hour_is_complete_only_after_the_lateness_and_late_rows_are_counted(
 def test_under_a_failing_gate_an_hour_is_complete_only_once_its_batch_is_checked(
     make_pipeline, broker, spark, metastore
 ):
-    from strata.quality import run_quality
+    from strata.quality.run import run_quality
 
     p = make_pipeline(
         partitions=2,

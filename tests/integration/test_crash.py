@@ -12,24 +12,25 @@ from pathlib import Path
 
 import pytest
 
-from strata.faults import CRASH_ENV, FAIL_ONCE_ENV, FAIL_ONCE_MARKER_ENV
+from strata import faults
 from strata.run import run_batch
 from strata.store.ledger import read_ledger
 from tests.conftest import START_MS, expected_offsets, produce_clicks
+from tests.faults import armed
 
 STEPS = [
-    "after_files",
-    "after_raw_commit",
-    "after_quarantine_commit",
-    "after_data_commit",
-    "after_ledger",
+    faults.AFTER_FILES,
+    faults.AFTER_RAW_COMMIT,
+    faults.AFTER_QUARANTINE_COMMIT,
+    faults.AFTER_DATA_COMMIT,
+    faults.AFTER_LEDGER,
 ]
 
 
 @pytest.mark.parametrize(
     ("step", "layout", "table_format"),
     [(step, "per_task", "delta") for step in STEPS]
-    + [("after_raw_commit", "shuffle", "delta"), ("after_files", "shuffle", "parquet")],
+    + [(faults.AFTER_RAW_COMMIT, "shuffle", "delta"), (faults.AFTER_FILES, "shuffle", "parquet")],
 )
 def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(
     make_pipeline, broker, spark, step, layout, table_format
@@ -37,7 +38,7 @@ def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(
     p = make_pipeline(partitions=3, overrides={"layout": layout, "table_format": table_format})
     per = produce_clicks(broker, p.topic, 3, 3000, malformed=5, late=5)
 
-    crashed = p.cli("run", env=p.env(**{CRASH_ENV: step}))
+    crashed = p.cli("run", env=p.env(**armed(crash_at=step)))
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
 
     # The re-run in this process, on the shared Spark session: the kill is what must be
@@ -45,11 +46,11 @@ def test_a_kill_at_each_step_then_a_rerun_lands_each_message_once(
     rerun = run_batch(p.cfg(), session=lambda _: spark)
     # After the ledger commit the batch is done: the re-run only catches up publishing.
     assert (rerun.status, rerun.batch) == (
-        ("idle", None) if step == "after_ledger" else ("resumed", 1)
+        ("idle", None) if step == faults.AFTER_LEDGER else ("resumed", 1)
     )
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)
-    ledger = read_ledger(p.cfg()).to_pylist()
+    ledger = read_ledger(p.cfg().places()).to_pylist()
     assert sorted((r["batch"], r["partition"]) for r in ledger) == [(1, q) for q in range(3)]
     assert all(
         r["rows"] + r["quarantined"] + r["gaps"] == r["end_offset"] - r["start_offset"]
@@ -89,14 +90,14 @@ def test_kills_at_random_moments_in_a_row_still_land_each_message_once(make_pipe
             break
     assert p.landed() == expected_offsets(total)
     assert p.raw_copies() == expected_offsets(total)
-    batches = [r["batch"] for r in read_ledger(p.cfg()).to_pylist()]
+    batches = [r["batch"] for r in read_ledger(p.cfg().places()).to_pylist()]
     assert len(batches) == 2 * len(set(batches)), "each batch once per partition in the ledger"
 
 
 def test_a_plain_parquet_rerun_removes_what_the_crashed_attempt_wrote(make_pipeline, broker, spark):
     p = make_pipeline(partitions=2, overrides={"layout": "shuffle", "table_format": "parquet"})
     per = produce_clicks(broker, p.topic, 2, 2000, malformed=3)
-    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    crashed = p.cli("run", env=p.env(**armed(crash_at=faults.AFTER_FILES)))
     assert crashed.returncode == -signal.SIGKILL
     table_dir = Path(p.cfg().location("table"))
     assert list(table_dir.rglob("part-b0000000001-r*.parquet")), "the crashed attempt wrote files"
@@ -118,7 +119,7 @@ def test_a_plain_parquet_task_retried_in_a_run_leaves_no_file_of_its_failed_atte
     p = make_pipeline(partitions=2, overrides={"table_format": "parquet"})
     per = produce_clicks(broker, p.topic, 2, 2000, malformed=3)
     marker = tmp_path / "failed-once"
-    env = p.env(**{FAIL_ONCE_ENV: "task_files_closed", FAIL_ONCE_MARKER_ENV: str(marker)})
+    env = p.env(**armed(fail_once_at=faults.TASK_FILES_CLOSED, once=marker))
     done = p.cli("run", env=env)
     assert done.returncode == 0, done.stderr
     assert marker.exists(), "no task attempt failed: the test proves nothing"

@@ -32,7 +32,7 @@ def test_the_replay_dag_replays_a_batch_from_the_raw_copy(
         task_ids="replay"
     )
     assert (shown["status"], shown["batch"]) == ("replayed", 2)
-    ledger = read_ledger(p.cfg()).to_pylist()
+    ledger = read_ledger(p.cfg().places()).to_pylist()
     first = [r for r in ledger if r["batch"] == 1]
     assert shown["messages"] == sum(per.values())
     assert shown["quarantined"] == sum(r["quarantined"] for r in first) > 0

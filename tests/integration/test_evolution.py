@@ -13,11 +13,12 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from strata import faults
 from strata.batch.plan import PlanStore
-from strata.faults import CRASH_ENV
 from strata.run import run_batch
 from strata.store.ledger import read_ledger
 from tests.conftest import expected_offsets, produce_clicks
+from tests.faults import armed
 
 
 def edit_schema(p, change) -> None:
@@ -93,7 +94,7 @@ def test_an_incompatible_change_fails_at_plan_time_and_reads_nothing(make_pipeli
     )
     assert "field `user_id` changed type from int64 to string" in done.stderr
     assert "Traceback" not in done.stderr
-    assert PlanStore(p.cfg()).load(2) is None
+    assert PlanStore(p.cfg().places()).load(2) is None
 
 
 def test_a_replay_after_a_schema_fix_moves_quarantined_rows_into_the_table(make_pipeline, broker):
@@ -116,7 +117,7 @@ def test_a_replay_after_a_schema_fix_moves_quarantined_rows_into_the_table(make_
     edit_schema(p, with_field("country", ["null", "string"]))
     no_kafka = {"STRATA_KAFKA_BOOTSTRAP": "127.0.0.1:9"}
     args = ("replay", "--from-batch", "1", "--to-batch", "2", "--reason", "country optional")
-    crashed = p.cli(*args, env=p.env(**no_kafka, **{CRASH_ENV: "after_quarantine_commit"}))
+    crashed = p.cli(*args, env=p.env(**no_kafka, **armed(crash_at=faults.AFTER_QUARANTINE_COMMIT)))
     assert crashed.returncode == -signal.SIGKILL
     done = p.cli(*args, "--json", env=p.env(**no_kafka))
     assert done.returncode == 0, done.stderr
@@ -129,7 +130,7 @@ def test_a_replay_after_a_schema_fix_moves_quarantined_rows_into_the_table(make_
     assert p.table_rows("table", ["_offset"]).num_rows == rows_before + missing
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)
-    replayed = [r for r in read_ledger(p.cfg()).to_pylist() if r["kind"] == "replay"]
+    replayed = [r for r in read_ledger(p.cfg().places()).to_pylist() if r["kind"] == "replay"]
     assert sorted((r["partition"], r["start_offset"], r["end_offset"]) for r in replayed) == [
         (0, 0, per[0]),
         (1, 0, per[1]),

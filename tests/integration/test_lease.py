@@ -1,6 +1,6 @@
 """The run lease on an object store, and the create-if-absent write it stands on.
 
-Runners are real processes taking the lease through `strata.lock.run_lock` against a
+Runners are real processes taking the lease through `strata.store.lock.run_lock` against a
 real S3 endpoint (moto_server); they are killed, paused and cut off with signals. A
 runner "on another host" is a process with its own host name, in its own UTS
 namespace (`unshare --uts`, as root).
@@ -118,7 +118,7 @@ def test_a_holder_killed_on_another_host_holds_the_lease_until_it_expires(s3_end
     deadline = time.monotonic() + 60
     while True:
         try:
-            with run_lock(cfg) as lock:
+            with run_lock(cfg.places()) as lock:
                 lock.check()
                 taken_at = time.time()
                 taker = epochs(body)[-1]
@@ -142,7 +142,7 @@ def test_renewals_keep_the_lease_past_its_first_expiry(s3_endpoint, tmp_path):
         first = epochs(body)[-1]
         while time.time() < first.expires + 2:
             with pytest.raises(LockBusy, match=f'"pid": {a.pid}'):
-                with run_lock(cfg):
+                with run_lock(cfg.places()):
                     pass
             time.sleep(0.3)
         assert a.ask("check")["ok"]

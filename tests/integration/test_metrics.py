@@ -95,7 +95,7 @@ def test_a_run_writes_its_batch_as_metrics_and_status_prints_them(capped, broker
     summary = ingest_task(p.name, str(p.conf_dir))
     found = samples((textfiles / f"strata_{p.name}.prom").read_text())
 
-    ledger = {r["partition"]: r for r in read_ledger(p.cfg()).to_pylist()}
+    ledger = {r["partition"]: r for r in read_ledger(p.cfg().places()).to_pylist()}
     quarantine = p.table_rows("quarantine", ["_partition"]).column("_partition").to_pylist()
     assert quarantine == [0]  # the poison message
     assert by_partition(found, "strata_run_messages", p.name, p.topic) == {0: CAP, 1: CAP}
@@ -128,7 +128,7 @@ def test_a_run_writes_its_batch_as_metrics_and_status_prints_them(capped, broker
     assert "strata_quality_checks_failed" not in found  # the quality task has not run yet
     # Both partitions were capped, so both hold the completeness watermark back: it is
     # the older of their newest event times; a partition is complete an hour after.
-    mark = watermarks(read_ledger(p.cfg()))[-1]
+    mark = watermarks(read_ledger(p.cfg().places()))[-1]
     assert mark.at is not None and mark.holding is not None
     newest = [r["max_event_time"].timestamp() for r in ledger.values()]
     assert only(found, "strata_completeness_watermark_timestamp_seconds") == pytest.approx(
@@ -219,14 +219,14 @@ PASSWORD = "push-password-Zk7"
 def test_each_run_pushes_its_metrics_with_basic_auth_and_never_shows_the_password(
     capped, spark, pushgateway, monkeypatch
 ):
-    monkeypatch.setenv("STRATA_PUSH_PASSWORD", PASSWORD)
+    monkeypatch.setenv("PUSHGATEWAY_PASSWORD", PASSWORD)
     url = f"http://127.0.0.1:{pushgateway.server_port}"
     p, per = capped(
         {
             "pushgateway": url,
             "job": "ingest",
             "username": "strata",
-            "password": "${STRATA_PUSH_PASSWORD}",
+            "password": "${PUSHGATEWAY_PASSWORD}",
             "allow_http_on_loopback": True,
             "timeout_s": 5,
         }

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from strata.faults import SKIP_ENV
 from strata.local.events import HOUR_MS, click_events, produce
 from tests.conftest import START_MS, expected_offsets, produce_clicks
+from tests.faults import armed
 from tests.kafka_wire import WireRecord
 from tests.kafka_wire import produce as wire_produce
 
@@ -223,7 +223,7 @@ def test_a_message_the_read_skipped_fails_the_batch_and_a_clean_rerun_lands_it(
 ):
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 2_000)
-    failed = p.cli("run", "--no-quality", env=p.env(**{SKIP_ENV: f"{p.topic}:1:321"}))
+    failed = p.cli("run", "--no-quality", env=p.env(**armed(skip=(p.topic, 1, 321))))
     assert failed.returncode == 1
     error = failed.stderr.split("strata: error: ")[-1]
     assert error.startswith(

@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from strata.batch.plan import OffsetRange
 from strata.batch.read import GAP_RUNS_VERIFIED, RangeProgress, read_ranges
 from strata.errors import ReadError
-from strata.faults import SKIP_ENV
+from tests.faults import Injected, installed
 from tests.kafka_wire import WireRecord, produce
 
 
@@ -218,12 +218,14 @@ def broker_watermarks(broker, topic: str) -> tuple[int, int]:
         consumer.close()
 
 
-def test_a_message_the_read_skipped_is_not_passed_off_as_a_gap(broker, monkeypatch):
+def test_a_message_the_read_skipped_is_not_passed_off_as_a_gap(broker):
     _fill(broker, "read-skip", 2, 300)
-    monkeypatch.setenv(SKIP_ENV, "read-skip:1:57")
-    with pytest.raises(
-        ReadError,
-        match=r"partition 1 of `read-skip`: offset 57 holds a message but the read of "
-        r"\[0, 301\) skipped it",
+    with (
+        installed(Injected(skip=("read-skip", 1, 57))),
+        pytest.raises(
+            ReadError,
+            match=r"partition 1 of `read-skip`: offset 57 holds a message but the read of "
+            r"\[0, 301\) skipped it",
+        ),
     ):
         _read(broker, [OffsetRange("read-skip", p, 0, 301) for p in range(2)])

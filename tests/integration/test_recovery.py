@@ -6,11 +6,12 @@ import json
 import signal
 from collections import Counter
 
+from strata import faults
 from strata.batch.plan import PlanStore
-from strata.faults import CRASH_ENV
 from strata.run import run_batch
 from strata.store.ledger import ledger_state, read_ledger
 from tests.conftest import expected_offsets, produce_clicks
+from tests.faults import armed
 
 
 def last_json(done) -> dict:
@@ -27,7 +28,7 @@ def test_a_batch_whose_raw_copy_stands_is_finished_from_it_when_kafka_lost_its_o
 ):
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 1500, malformed=4)
-    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_raw_commit"}))
+    crashed = p.cli("run", env=p.env(**armed(crash_at=faults.AFTER_RAW_COMMIT)))
     assert crashed.returncode == -signal.SIGKILL
     # The log the plan was made from is gone before the re-run (retention, or a topic
     # deleted by mistake and created again): the committed raw copy holds the batch.
@@ -37,7 +38,7 @@ def test_a_batch_whose_raw_copy_stands_is_finished_from_it_when_kafka_lost_its_o
     assert any("read from it" in w for w in rerun.warnings), rerun.warnings
     assert p.landed() == expected_offsets(per)
     assert p.raw_copies() == expected_offsets(per)
-    assert sum(r["quarantined"] for r in read_ledger(p.cfg()).to_pylist()) == 4
+    assert sum(r["quarantined"] for r in read_ledger(p.cfg().places()).to_pylist()) == 4
 
 
 def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_frees_it(
@@ -45,7 +46,7 @@ def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_free
 ):
     p = make_pipeline(partitions=1)
     produce_clicks(broker, p.topic, 1, 500)
-    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    crashed = p.cli("run", env=p.env(**armed(crash_at=faults.AFTER_FILES)))
     assert crashed.returncode == -signal.SIGKILL
     recreate(broker, p.topic, 1)
     fresh = produce_clicks(broker, p.topic, 1, 20, seed=3)
@@ -59,7 +60,7 @@ def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_free
     assert f"strata plan drop --pipeline {p.name} --batch 1" in error
     assert "Traceback" not in stopped.stderr
     # A broker that keeps no topic ids (or an older plan) leaves the watermarks to tell.
-    path = PlanStore(p.cfg()).describe(1)
+    path = PlanStore(p.cfg().places()).describe(1)
     body = json.loads(open(path).read())
     body["topic_ids"] = {}
     with open(path, "w") as out:
@@ -72,11 +73,11 @@ def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_free
         f"`{p.topic}`: Kafka now holds [0, 21)"
     ), error
     assert f"strata plan drop --pipeline {p.name} --batch 1" in error
-    assert read_ledger(p.cfg()).num_rows == 0
+    assert read_ledger(p.cfg().places()).num_rows == 0
 
     dropped = p.cli("plan", "drop", "--batch", "1", "--reason", "INC-11 topic re-created")
     assert dropped.returncode == 0, dropped.stderr
-    [row] = read_ledger(p.cfg()).to_pylist()
+    [row] = read_ledger(p.cfg().places()).to_pylist()
     assert (row["batch"], row["kind"], row["start_offset"], row["end_offset"]) == (
         1,
         "abandon",
@@ -99,9 +100,9 @@ def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_free
 def test_a_damaged_plan_file_is_named_and_can_be_dropped(make_pipeline, broker, spark):
     p = make_pipeline(partitions=1)
     per = produce_clicks(broker, p.topic, 1, 300)
-    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    crashed = p.cli("run", env=p.env(**armed(crash_at=faults.AFTER_FILES)))
     assert crashed.returncode == -signal.SIGKILL
-    store = PlanStore(p.cfg())
+    store = PlanStore(p.cfg().places())
     path = store.describe(1)
     text = open(path).read()
     with open(path, "w") as out:
@@ -117,7 +118,7 @@ def test_a_damaged_plan_file_is_named_and_can_be_dropped(make_pipeline, broker, 
 
     dropped = p.cli("plan", "drop", "--batch", "1", "--reason", "damaged by a bad deploy")
     assert dropped.returncode == 0, dropped.stderr
-    assert ledger_state(p.cfg()).last_batch == 1
+    assert ledger_state(p.cfg().places()).last_batch == 1
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 2
     assert p.landed() == expected_offsets(per)
 
@@ -139,16 +140,16 @@ def test_a_recreated_topic_grown_past_the_committed_offset_stops_until_a_seek(
     assert error.startswith(f"topic `{p.topic}` (id "), error
     assert "was deleted and created again under the same name" in error
     assert "strata ledger seek" in error
-    assert [r["batch"] for r in read_ledger(p.cfg()).to_pylist()] == [1]
-    assert PlanStore(p.cfg()).load(2) is None
+    assert [r["batch"] for r in read_ledger(p.cfg().places()).to_pylist()] == [1]
+    assert PlanStore(p.cfg().places()).load(2) is None
 
     seek = p.cli("ledger", "seek", "--topic", p.topic, "--to", "earliest", "--reason", "INC-12")
     assert seek.returncode == 0, seek.stderr
-    [row] = [r for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 2]
+    [row] = [r for r in read_ledger(p.cfg().places()).to_pylist() if r["batch"] == 2]
     assert (row["kind"], row["start_offset"], row["end_offset"]) == ("seek", 0, 0)
     assert "moved back from 201 to 0" in row["note"] and "INC-12" in row["note"]
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 3
-    ledger = read_ledger(p.cfg()).to_pylist()
+    ledger = read_ledger(p.cfg().places()).to_pylist()
     assert [(r["start_offset"], r["end_offset"]) for r in ledger if r["batch"] == 3] == [
         (0, second[0])
     ]
@@ -177,7 +178,7 @@ def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(
     first = produce_clicks(broker, p.topic, 1, 100)
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
     produce_clicks(broker, p.topic, 1, 300, seed=2)
-    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    crashed = p.cli("run", env=p.env(**armed(crash_at=faults.AFTER_FILES)))
     assert crashed.returncode == -signal.SIGKILL
 
     # A batch is unfinished: a seek now would let its plan run after the edit.
@@ -197,7 +198,7 @@ def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(
     assert done.batch == 4
     end = first[0] + 301 + more[0]
     assert [(r.start, r.end) for r in done.ranges] == [(350, end)]
-    kinds = [(r["batch"], r["kind"]) for r in read_ledger(p.cfg()).to_pylist()]
+    kinds = [(r["batch"], r["kind"]) for r in read_ledger(p.cfg().places()).to_pylist()]
     assert sorted(kinds) == [(1, "ingest"), (2, "abandon"), (3, "seek"), (4, "ingest")]
     landed = p.landed()
     assert sorted(o for _, o in landed) == list(range(first[0])) + list(range(350, end))
@@ -219,7 +220,7 @@ def test_a_saved_plan_the_schema_now_refuses_stops_before_reading_and_resumes_on
     first = produce_clicks(broker, p.topic, 1, 100)
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
     second = produce_clicks(broker, p.topic, 1, 200, seed=3)
-    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_files"}))
+    crashed = p.cli("run", env=p.env(**armed(crash_at=faults.AFTER_FILES)))
     assert crashed.returncode == -signal.SIGKILL
     # Between the crash and the re-run, someone changes `user_id`'s type: the saved
     # plan of batch 2 cannot be written into the table any more.
@@ -236,7 +237,7 @@ def test_a_saved_plan_the_schema_now_refuses_stops_before_reading_and_resumes_on
     error = last_json(stopped)["error"]
     assert "schema changed since batch 1 in a way its tables cannot take; nothing was read" in error
     assert "field `user_id` changed type from int64 to string" in error
-    assert [r["batch"] for r in read_ledger(p.cfg()).to_pylist()] == [1]
+    assert [r["batch"] for r in read_ledger(p.cfg().places()).to_pylist()] == [1]
     # The way on: the schema the tables hold; the saved plan then finishes as planned.
     path.write_text(original)
     done = run_batch(p.cfg(), session=lambda _: spark)
@@ -253,7 +254,7 @@ def test_a_batch_whose_raw_copy_lost_a_file_stops_and_a_forced_drop_reads_it_aga
 
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 1200, malformed=3)
-    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_raw_commit"}))
+    crashed = p.cli("run", env=p.env(**armed(crash_at=faults.AFTER_RAW_COMMIT)))
     assert crashed.returncode == -signal.SIGKILL
     # A lifecycle rule (or a hand) deletes one of the committed raw files: the raw copy
     # no longer holds the batch the rest of it would be read from.
@@ -331,7 +332,7 @@ def test_a_seek_of_one_recreated_topic_never_vouches_for_another(make_pipeline, 
     error = last_json(still)["error"]
     assert f"topic `{other}` (id " in error and "partition 0)" in error, error
     assert f"`{p.topic}`" not in error.split("was deleted")[0], error
-    assert sorted({r["batch"] for r in read_ledger(p.cfg()).to_pylist()}) == [1, 2]
+    assert sorted({r["batch"] for r in read_ledger(p.cfg().places()).to_pylist()}) == [1, 2]
 
     # Sought too, both new logs land whole, each offset once.
     seek = p.cli("ledger", "seek", "--topic", other, "--to", "earliest", "--reason", "INC-7")

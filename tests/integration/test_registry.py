@@ -167,7 +167,7 @@ def test_a_table_that_follows_its_subject_takes_on_the_optional_fields_producers
     send([base(click(i, ts=START_MS + i), ctx) for i in range(6)])
     assert run_batch(p.cfg(), session=lambda _: spark).status == "committed"
     assert "campaign" not in p.table_rows("table").column_names
-    assert committed_reader_schema(p.cfg()) is not None
+    assert committed_reader_schema(p.cfg().places()) is not None
 
     second = [
         v3({**click(i, ts=START_MS + i), "campaign": f"c{i}", "score": i}, ctx)
@@ -185,7 +185,7 @@ def test_a_table_that_follows_its_subject_takes_on_the_optional_fields_producers
         f"c{i}" if i % 2 else None for i in range(10, 20)
     ]
     assert all(rows[f"e{i}"]["campaign"] is None for i in range(6))  # older files: null
-    batch, recorded = committed_reader_schema(p.cfg())
+    batch, recorded = committed_reader_schema(p.cfg().places())
     assert batch == 2 and [f["name"] for f in recorded["fields"]][-1] == "campaign"
 
     # The table keeps the column when later messages no longer carry it.

@@ -33,9 +33,9 @@ def _schema_for(p, table: str) -> None:
 
 def _rows(cfg, which: str) -> Counter[tuple[str, int, int]]:
     """Rows of one of a table's tables, Delta or plain Parquet, by coordinates."""
-    from strata.store.tables import TableRef, read
+    from strata.store.tables import read
 
-    t = read(TableRef.of(cfg, which), ["_topic", "_partition", "_offset"])
+    t = read(cfg.places().table(which), ["_topic", "_partition", "_offset"])
     return Counter(
         zip(
             t.column("_topic").to_pylist(),
@@ -74,7 +74,7 @@ def test_three_topics_land_in_three_tables_with_ledgers_of_their_own(make_pipeli
         assert _landed(child) == Counter(
             {(topic, q, o): 1 for q, n in counts[topic].items() for o in range(n)}
         )
-        ledger = read_ledger(child).to_pylist()
+        ledger = read_ledger(child.places()).to_pylist()
         assert {r["topic"] for r in ledger} == {topic}
         assert {r["pipeline"] for r in ledger} == {table} and {r["batch"] for r in ledger} == {1}
         assert sum(r["messages"] for r in ledger) == sum(counts[topic].values())
@@ -83,7 +83,9 @@ def test_three_topics_land_in_three_tables_with_ledgers_of_their_own(make_pipeli
     # One table's topic gets more messages: only its table has a second batch.
     more = produce_clicks(broker, topics[1], 2, 8, seed=9)
     assert main(["run", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)]) == 0
-    batches = {t: max(r["batch"] for r in read_ledger(cfg.route(t)).to_pylist()) for t in tables}
+    batches = {
+        t: max(r["batch"] for r in read_ledger(cfg.route(t).places()).to_pylist()) for t in tables
+    }
     assert batches == {tables[0]: 1, tables[1]: 2, tables[2]: 1}
     app = cfg.route(tables[1])
     assert sum(_landed(app).values()) == sum(counts[topics[1]].values()) + sum(more.values())

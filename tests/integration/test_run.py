@@ -60,7 +60,7 @@ def test_a_batch_lands_every_message_once_routing_late_and_quarantining_bad(
     staged = sum(s["wall"] for s in tasks.values())
     assert 0 < staged <= driver["tasks"]["wall"] * 2 + 0.5
 
-    ledger = read_ledger(p.cfg()).to_pylist()
+    ledger = read_ledger(p.cfg().places()).to_pylist()
     assert sorted((r["partition"], r["start_offset"], r["end_offset"]) for r in ledger) == [
         (q, 0, n) for q, n in sorted(per.items())
     ]
@@ -193,7 +193,7 @@ def test_a_second_run_while_one_is_in_flight_fails_cleanly(make_pipeline, broker
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert p.landed() == expected_offsets(per)
-    assert [r["batch"] for r in read_ledger(p.cfg()).to_pylist()] == [1, 1]
+    assert [r["batch"] for r in read_ledger(p.cfg().places()).to_pylist()] == [1, 1]
 
 
 def test_the_shuffle_layout_writes_one_file_per_event_hour(make_pipeline, broker, spark):
@@ -316,7 +316,7 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     per = produce_clicks(broker, p.topic, 1, 300)
     cfg = p.cfg()
     kept = OffsetRange(p.topic, 0, 120, per[0])
-    PlanStore(cfg).create(
+    PlanStore(cfg.places()).create(
         BatchPlan(
             cfg.name,
             2,
@@ -329,7 +329,7 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     )
     outcome = run_batch(cfg, session=lambda _: spark)
     assert "120 messages were deleted by retention" in outcome.warnings[0]
-    rows = {r["kind"]: r for r in read_ledger(cfg).to_pylist() if r["batch"] == 2}
+    rows = {r["kind"]: r for r in read_ledger(cfg.places()).to_pylist() if r["batch"] == 2}
     assert (rows["loss"]["start_offset"], rows["loss"]["end_offset"], rows["loss"]["gaps"]) == (
         0,
         120,
@@ -342,7 +342,8 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     assert "LOSS: batch 2: offsets [0, 120)" in render_status(status)
     assert status["partitions"][0]["committed"] == per[0]
     # The quality report shows the loss, and the loss explains the ledger's gap.
-    from strata.quality import render_quality, run_quality
+    from strata.quality.checks import render_quality
+    from strata.quality.run import run_quality
 
     result = run_quality(cfg)
     assert [(x["start_offset"], x["end_offset"]) for x in result.losses] == [(0, 120)]
@@ -394,4 +395,4 @@ def test_partitions_in_a_zone_and_by_a_field_land_every_offset_once_and_stay_put
     produce_clicks(broker, p.topic, 2, 50, seed=3)
     with pytest.raises(SchemaError, match=r"column dt was in Asia/Kolkata, is now in UTC"):
         run_batch(p.cfg(), session=lambda _: spark)
-    assert len(read_ledger(p.cfg()).to_pylist()) == 2
+    assert len(read_ledger(p.cfg().places()).to_pylist()) == 2

@@ -20,8 +20,9 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from strata.faults import STOP_ENV
+from strata import faults
 from tests.conftest import expected_offsets, produce_clicks, s3_landed, s3_pipeline
+from tests.faults import armed
 
 
 def second_host(p, tmp_path: Path):
@@ -82,7 +83,7 @@ def test_a_runner_paused_past_its_lease_commits_nothing_when_it_wakes(
     p, options = s3_pipeline(make_pipeline, s3_endpoint, tmp_path, "runners2", lock_lease="4s")
     other = second_host(p, tmp_path)
     per = produce_clicks(broker, p.topic, 2, 3000, malformed=3)
-    a = start(p, env=p.env(**{STOP_ENV: "before_raw_commit"}))
+    a = start(p, env=p.env(**armed(stop_at=faults.BEFORE_RAW_COMMIT)))
     deadline = time.monotonic() + 240
     while not stopped(a.pid):
         assert a.poll() is None, a.communicate()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import signal
 
-from strata.faults import CRASH_ENV
+from strata import faults
 from strata.run import run_batch
 from tests.conftest import expected_offsets, produce_clicks, s3_client, s3_landed, s3_pipeline
+from tests.faults import armed
 
 
 def test_a_batch_lands_in_s3_exactly_once(make_pipeline, broker, spark, s3_endpoint, tmp_path):
@@ -30,7 +31,7 @@ def test_a_crash_between_commits_on_s3_resumes_exactly_once(
 ):
     p, options = s3_pipeline(make_pipeline, s3_endpoint, tmp_path, "wh2")
     per = produce_clicks(broker, p.topic, 2, 2000)
-    crashed = p.cli("run", env=p.env(**{CRASH_ENV: "after_raw_commit"}))
+    crashed = p.cli("run", env=p.env(**armed(crash_at=faults.AFTER_RAW_COMMIT)))
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     # The killed run's lease names a process that is gone: the re-run takes it at once.
     assert run_batch(p.cfg(), session=lambda _: spark).status == "resumed"

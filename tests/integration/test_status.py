@@ -55,7 +55,7 @@ def test_status_warns_when_unread_bytes_near_retention_bytes(make_pipeline, brok
     broker.create_topic(p.topic, 1, {"retention.bytes": "40000"})
     produce_clicks(broker, p.topic, 1, 100)
     assert p.cli("run").returncode == 0
-    [row] = read_ledger(p.cfg()).to_pylist()
+    [row] = read_ledger(p.cfg().places()).to_pylist()
     per_message = row["bytes"] / row["messages"]
     time.sleep(1.1)  # the produce rate is measured from the batch's commit time
     more = produce_clicks(broker, p.topic, 1, 300, seed=9)

@@ -64,7 +64,7 @@ def test_a_pattern_reads_a_topic_created_between_runs_and_reports_one_deleted(
     expected = Counter({(p.topic, q, o): 1 for q, n in first.items() for o in range(n)})
     expected.update({(views, 0, o): 1 for o in range(later[0])})
     assert _landed_by_topic(p) == expected
-    ledger = read_ledger(p.cfg()).to_pylist()
+    ledger = read_ledger(p.cfg().places()).to_pylist()
     began = [r for r in ledger if r["topic"] == views]
     assert [(r["start_offset"], r["end_offset"], r["note"]) for r in began] == [
         (0, later[0], "began at offset 0: starting_offsets earliest: the log start")
@@ -98,7 +98,7 @@ def test_a_pattern_reads_a_topic_created_between_runs_and_reports_one_deleted(
     assert run_batch(p.cfg(), session=lambda _: spark).status == "committed"
     read = sorted(
         (r["batch"], r["kind"], r["start_offset"], r["end_offset"])
-        for r in read_ledger(p.cfg()).to_pylist()
+        for r in read_ledger(p.cfg().places()).to_pylist()
         if r["topic"] == views
     )
     assert read[-2:] == [(read[-2][0], "seek", 0, 0), (read[-2][0] + 1, "ingest", 0, again[0])]
@@ -122,7 +122,7 @@ def test_a_starting_moment_is_resolved_by_the_brokers_and_noted_in_the_ledger(
     produced = produce_clicks(broker, p.topic, 2, 30)
     outcome = run_batch(p.cfg(), session=lambda _: spark)
     assert outcome.status == "committed"
-    ledger = sorted(read_ledger(p.cfg()).to_pylist(), key=lambda r: r["partition"])
+    ledger = sorted(read_ledger(p.cfg().places()).to_pylist(), key=lambda r: r["partition"])
     # The test broker answers 0 for every moment (see the module's docstring).
     assert [(r["partition"], r["start_offset"], r["end_offset"]) for r in ledger] == [
         (q, 0, produced[q]) for q in range(2)

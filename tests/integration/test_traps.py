@@ -24,7 +24,7 @@ def test_a_recreated_topic_whose_offsets_went_backwards_stops_the_run(make_pipel
     p = make_pipeline(partitions=2)
     first = produce_clicks(broker, p.topic, 2, 400)
     assert p.cli("run").returncode == 0
-    before = read_ledger(p.cfg()).num_rows
+    before = read_ledger(p.cfg().places()).num_rows
     broker.delete_topic(p.topic)
     broker.create_topic(p.topic, 2)
     produce_clicks(broker, p.topic, 2, 40, seed=3)
@@ -38,8 +38,8 @@ def test_a_recreated_topic_whose_offsets_went_backwards_stops_the_run(make_pipel
     ), error
     assert "Nothing was read" in error and "Traceback" not in error
     # Nothing was planned, read or committed: the ledger and tables are as they were.
-    assert read_ledger(p.cfg()).num_rows == before
-    assert PlanStore(p.cfg()).load(2) is None
+    assert read_ledger(p.cfg().places()).num_rows == before
+    assert PlanStore(p.cfg().places()).load(2) is None
     assert p.landed() == expected_offsets(first)
 
 
@@ -70,7 +70,7 @@ def test_a_partition_added_between_runs_is_picked_up_from_its_log_start(
     assert done.returncode == 0, done.stderr
     assert f"new partitions, read from: {p.topic}:1 offset 0" in done.stdout
     assert p.landed() == expected_offsets(per)
-    ledger = [r for r in read_ledger(p.cfg()).to_pylist() if r["batch"] == 3]
+    ledger = [r for r in read_ledger(p.cfg().places()).to_pylist() if r["batch"] == 3]
     assert sorted((r["partition"], r["start_offset"], r["end_offset"]) for r in ledger) == [
         (0, 0, per[0]),
         (1, 0, per[1]),
@@ -109,7 +109,7 @@ def test_a_topic_added_with_latest_while_others_have_data_loses_nothing_after_it
     assert [(r.topic, r.start, r.end) for r in third.ranges if r.topic == views] == [
         (views, before[0], before[0] + produced[0])
     ]
-    landed = read_ledger(p.cfg()).to_pylist()
+    landed = read_ledger(p.cfg().places()).to_pylist()
     assert sorted(
         (r["batch"], r["start_offset"], r["end_offset"]) for r in landed if r["topic"] == views
     ) == [
@@ -138,18 +138,18 @@ def test_an_accepted_loss_on_an_emptied_partition_is_recorded_once(make_pipeline
     run_batch(p.cfg(), session=lambda _: spark)
     cfg = p.cfg()
     emptied = [PartitionState(p.topic, 0, 500, 500, per[0])]
-    committed = ledger_state(cfg).committed
+    committed = ledger_state(cfg.places()).committed
     plan = new_plan(cfg, 2, emptied, None, "oncall@host: INC-9", committed)
     assert plan is not None
-    PlanStore(cfg).create(plan)
+    PlanStore(cfg.places()).create(plan)
     outcome = run_batch(cfg, session=lambda _: spark)
     assert outcome.batch == 2 and f"{500 - per[0]} messages were deleted" in outcome.warnings[0]
-    rows = [r for r in read_ledger(cfg).to_pylist() if r["batch"] == 2]
+    rows = [r for r in read_ledger(cfg.places()).to_pylist() if r["batch"] == 2]
     assert sorted((r["kind"], r["start_offset"], r["end_offset"]) for r in rows) == [
         ("ingest", 500, 500),
         ("loss", per[0], 500),
     ]
-    state = ledger_state(cfg)
+    state = ledger_state(cfg.places())
     assert state.committed == {(p.topic, 0): 500}
     assert (
         new_plan(cfg, 3, [PartitionState(p.topic, 0, 500, 500, 500)], None, "x", state.committed)

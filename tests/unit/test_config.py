@@ -175,7 +175,7 @@ def test_starting_offsets_takes_a_moment_with_its_offset_or_epoch_ms(
     text = (conf / "pipelines" / "clicks.yaml").read_text()
     (conf / "pipelines" / "clicks.yaml").write_text(text + f"starting_offsets: {written}\n")
     cfg = load_pipeline("clicks", conf)
-    assert cfg.starting_offsets == canonical and cfg.starting_timestamp_ms == ms
+    assert cfg.starting_offsets == canonical and cfg.source().starting_ms == ms
 
 
 @pytest.mark.parametrize(

@@ -157,7 +157,7 @@ class _Kept(logging.Handler):
 
 @pytest.fixture
 def warnings():
-    """The warnings `strata.evolve` logs, whatever handlers the `strata` logger has."""
+    """The warnings `strata.schema.evolve` logs, whatever handlers the `strata` logger has."""
     logger, kept = logging.getLogger("strata.schema.evolve"), _Kept()
     logger.addHandler(kept)
     yield lambda: kept.lines

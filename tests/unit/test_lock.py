@@ -1,7 +1,7 @@
 """The run lock: an flock for local state locations, checked with real processes.
 
 `Runner` (tests/locking.py) drives a separate Python process that takes and gives up
-the run lock through `strata.lock.run_lock`, one command per line.
+the run lock through `strata.store.lock.run_lock`, one command per line.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ def test_a_second_run_on_local_state_is_refused_naming_the_holder(tmp_path):
         assert holder.ask("acquire")["won"]
         assert json.loads(cfg.lock_path.read_text())["pid"] == holder.pid
         with pytest.raises(LockBusy) as busy:
-            with run_lock(cfg):
+            with run_lock(cfg.places()):
                 pass
         assert "another run is in flight" in str(busy.value)
         assert f'"pid": {holder.pid}' in str(busy.value)
         # An flock cannot be taken from a live holder, so there is nothing to lose.
         assert holder.ask("check")["ok"]
         assert holder.ask("release")["released"]
-        with run_lock(cfg) as lock:
+        with run_lock(cfg.places()) as lock:
             assert isinstance(lock, FileLock) and lock.path == cfg.lock_path
             lock.check()
             assert json.loads(cfg.lock_path.read_text())["pid"] == os.getpid()
@@ -56,7 +56,10 @@ def test_a_second_run_on_local_state_is_refused_naming_the_holder(tmp_path):
 
 def test_two_locks_held_as_one_are_fenced_by_the_first(tmp_path):
     cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path / "wh")))
-    with run_lock(cfg) as run, hold_lease(str(tmp_path / "lease"), {}, cfg.name, 600) as lease:
+    with (
+        run_lock(cfg.places()) as run,
+        hold_lease(str(tmp_path / "lease"), {}, cfg.name, 600) as lease,
+    ):
         assert BothLocks(lease, run).token == lease.token == 1
         assert BothLocks(run, lease).token is None
         BothLocks(lease, run).check()

@@ -41,7 +41,8 @@ from strata.store.locations import (
     void,
 )
 from strata.store.lock import run_lock
-from strata.store.tables import TableRef, read
+from strata.store.places import Places, TableRef
+from strata.store.tables import read
 from tests.locking import pipeline_body
 from tests.unit.test_config import GOOD, _project
 
@@ -63,7 +64,7 @@ def test_the_old_vacuum_key_names_where_it_moved(tmp_path):
 
 def test_retention_hours_round_up_never_down(tmp_path):
     body = pipeline_body(str(tmp_path), maintenance={"vacuum_retention": "90m"})
-    assert retention_hours(PipelineConfig.model_validate(body)) == 2
+    assert retention_hours(PipelineConfig.model_validate(body).maintenance.vacuum_retention) == 2
 
 
 def test_partitions_parse_in_column_order_and_end_with_their_span():
@@ -131,7 +132,7 @@ def test_vacuum_takes_only_files_that_can_never_be_committed(tmp_path):
     pending = write("part-b0000000003-t00000-a0-r2-f000.snappy.parquet", 3).path
     foreign = write("export.parquet", 0).path
     cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), name="p", table=uri))
-    final, unknown = never_committed(cfg, "table")
+    final, unknown = never_committed(cfg.places(), "table")
     assert sorted(final) == sorted([lost, killed])
     # Batch 3 is not in the table yet: a run may still commit that file.
     assert sorted(unknown) == sorted([pending, foreign])
@@ -140,11 +141,11 @@ def test_vacuum_takes_only_files_that_can_never_be_committed(tmp_path):
 
 def test_the_maintenance_lock_is_apart_from_the_run_lock(tmp_path):
     cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path / "wh")))
-    with run_lock(cfg, "maintenance"):
-        with run_lock(cfg):
+    with run_lock(cfg.places(), "maintenance"):
+        with run_lock(cfg.places()):
             pass
         with pytest.raises(LockBusy, match="another maintenance is in flight"):
-            with run_lock(cfg, "maintenance"):
+            with run_lock(cfg.places(), "maintenance"):
                 pass
 
 
@@ -162,10 +163,10 @@ def test_a_table_holding_an_unfinished_batch_keeps_its_log(tmp_path):
     commit_files(DeltaTable(cfg.location("ledger")), LEDGER_SCHEMA, [], [], "p", 1, {})
     # Batch 2 stands in the data table and not in the ledger: finishing or dropping it
     # reads its commit, which log cleanup would delete.
-    kept = checkpoint(cfg)["tables"]["table"]
+    kept = checkpoint(cfg.places())["tables"]["table"]
     assert not kept["log_cleaned"] and kept["log_files_after"] == kept["log_files_before"] + 2
     commit_files(DeltaTable(cfg.location("ledger")), LEDGER_SCHEMA, [], [], "p", 2, {})
-    cleaned = checkpoint(cfg)["tables"]["table"]
+    cleaned = checkpoint(cfg.places())["tables"]["table"]
     assert cleaned["log_cleaned"] and cleaned["log_files_after"] < cleaned["log_files_before"]
 
 
@@ -251,11 +252,11 @@ def test_vacuum_keeps_a_left_directory_for_the_grace_period_and_never_used_ones_
         return {f.path for f in visible_files(fs, root)}
 
     before = left()
-    counted = sweep_moved(cfg, timedelta(hours=1), None)
+    counted = sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), None)
     assert counted["left_by_compaction"] == 2 and counted["never_moved_to"] == 1
     assert left() == before  # a dry run deletes nothing
-    with run_lock(cfg, "maintenance") as lock:
-        sweep_moved(cfg, timedelta(hours=1), lock)
+    with run_lock(cfg.places(), "maintenance") as lock:
+        sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)
     # Left 3h and 2h ago: gone. Left 30 min ago, or in use: kept. Never used: gone.
     assert left() == {
         f"dt=2026-01-01/hr=01/_c{middle}/part-c-{middle}.parquet",
@@ -278,14 +279,14 @@ def test_grace_counts_from_when_the_move_became_visible_not_from_the_plan(tmp_pa
     _parquet_file(Path(root, partition, f"_c{planned}", "part-c-merged.parquet"), [1])
     _marked(root, partition, planned, now)
 
-    with run_lock(cfg, "maintenance") as lock:
-        kept = sweep_moved(cfg, timedelta(hours=1), lock)
+    with run_lock(cfg.places(), "maintenance") as lock:
+        kept = sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)
     assert kept["left_by_compaction"] == 0
     assert Path(root, partition, "part-b0000000001-x.parquet").exists()
     # Once the marker itself is older than the grace period, the old directory goes.
     _marked(root, partition, planned, now - timedelta(hours=2))
-    with run_lock(cfg, "maintenance") as lock:
-        swept = sweep_moved(cfg, timedelta(hours=1), lock)
+    with run_lock(cfg.places(), "maintenance") as lock:
+        swept = sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)
     assert swept["left_by_compaction"] == 1
     assert {f.directory for f in visible_files(fs, root)} == {f"{partition}/_c{planned}"}
     assert read(TableRef(root, "parquet"), ["_offset"]).num_rows == 1
@@ -303,8 +304,8 @@ def test_a_void_generation_refuses_a_late_marker_and_a_marker_first_refuses_the_
     def offsets() -> list[int]:
         return sorted(read(TableRef(root, "parquet"), ["_offset"])["_offset"].to_pylist())
 
-    with run_lock(cfg, "maintenance") as lock:
-        swept = sweep_moved(cfg, timedelta(hours=1), lock)
+    with run_lock(cfg.places(), "maintenance") as lock:
+        swept = sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)
     assert swept["never_moved_to"] == 1
     assert not Path(root, partition, f"_c{paused}").exists() or not any(
         Path(root, partition, f"_c{paused}").iterdir()
@@ -317,8 +318,11 @@ def test_a_void_generation_refuses_a_late_marker_and_a_marker_first_refuses_the_
     # Woken earlier in its work, it may write files into the void directory again:
     # the next vacuum takes them, and the void marker stays.
     _parquet_file(Path(root, partition, f"_c{paused}", "part-c-late.parquet"), [1])
-    with run_lock(cfg, "maintenance") as lock:
-        assert sweep_moved(cfg, timedelta(hours=1), lock)["never_moved_to"] == 1
+    with run_lock(cfg.places(), "maintenance") as lock:
+        assert (
+            sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)["never_moved_to"]
+            == 1
+        )
     assert read_markers(fs, root).void == {partition: {paused}}
 
     # The other order: the marker lands first, and the move stands.
@@ -415,13 +419,13 @@ def test_a_fence_refuses_an_older_tokens_commit_built_before_it_and_lets_ingest_
 def _leased(where: Path):
     """`run_lock` for an object-store state location, with the lease on a local folder.
 
-    The lease is the real one (`strata.lease`); only its store differs from S3's, which
+    The lease is the real one (`strata.store.lease`); only its store differs from S3's, which
     the integration tier uses.
     """
 
     @contextmanager
-    def run_lock(cfg: PipelineConfig, what: str = "run"):
-        with hold_lease(str(where / what), {}, cfg.name, 600, what) as lease:
+    def run_lock(places: Places, what: str = "run"):
+        with hold_lease(str(where / what), {}, places.pipeline, 600, what) as lease:
             yield lease
 
     return run_lock
@@ -433,7 +437,7 @@ def test_vacuum_fences_a_table_before_it_deletes_a_paused_compactions_files(tmp_
     cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), name="p", table=uri))
     leased = _leased(tmp_path / "lease")
     monkeypatch.setattr("strata.store.lock.run_lock", leased)
-    with leased(cfg, "maintenance") as paused_lease:
+    with leased(cfg.places(), "maintenance") as paused_lease:
         token = paused_lease.token
     assert token is not None
     # A compaction holding that token wrote its merged file and read its snapshot,
@@ -446,7 +450,7 @@ def test_vacuum_fences_a_table_before_it_deletes_a_paused_compactions_files(tmp_
         {"dt": "d"},
     )
     snapshot = DeltaTable(uri)
-    done = vacuum(cfg)
+    done = vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)
     assert done["tables"]["table"]["never_committed"] == 1
     assert not Path(uri, merged.path).exists()
     # Woken, it commits on its old snapshot: refused, so no commit names a deleted file.

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from strata.config import load_pipeline, load_pipelines
-from strata.config.namespace import Namespace, OwnedTable
 from strata.errors import ConfigError
+from strata.store.places import Namespace, OwnedTable
 from tests.conftest import ROOT
 
 GOOD = {"topics": ["clicks"], "schema_file": "clicks.avsc", "event_time": {"field": "ts"}}

@@ -119,7 +119,7 @@ def test_a_resumed_batch_must_decide_as_the_attempt_whose_commit_stands(tmp_path
     from strata.batch.reconcile import RANGES_KEY, reconcile_resumed
     from strata.schema.avro import RAW_SCHEMA
     from strata.store.delta import commit_files, ensure_table
-    from strata.store.tables import TableRef
+    from strata.store.places import TableRef
 
     ref = TableRef(str(tmp_path / "clicks_raw"), "delta")
     plan = BatchPlan("clicks", 1, [OffsetRange("t", 0, 0, 10)], [])
@@ -144,7 +144,8 @@ def test_a_batch_is_counted_from_the_files_that_can_hold_it_alone(tmp_path, monk
     from strata.batch.write import PartitionedWriter
     from strata.schema.avro import RAW_SCHEMA
     from strata.store.delta import commit_files, ensure_table
-    from strata.store.tables import TableRef, batch_counts
+    from strata.store.places import TableRef
+    from strata.store.tables import batch_counts
 
     uri = str(tmp_path / "clicks_raw")
     table = ensure_table(uri, RAW_SCHEMA, [], {}, "clicks_raw")

@@ -18,11 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from strata import faults
 from strata.batch.plan import PlanStore
-from strata.faults import CRASH_ENV, FAIL_ONCE_MARKER_ENV, STOP_ENV
 from strata.local.cluster import LocalSparkCluster, spark_home, submit_command, submit_env
 from strata.store.ledger import read_ledger
 from tests.conftest import ROOT, expected_offsets, produce_clicks, s3_landed, s3_pipeline
+from tests.faults import armed
 
 CORES = 3  # not 2, the old fallback for any non-local master
 
@@ -93,7 +94,7 @@ def test_an_executor_killed_mid_batch_is_retried_and_the_batch_is_exact(
         cluster,
         executor_env,
         p,
-        {STOP_ENV: "task_files_closed", FAIL_ONCE_MARKER_ENV: str(marker)},
+        armed(stop_at=faults.TASK_FILES_CLOSED, once=marker),
     )
     deadline = time.monotonic() + 300
     while not marker.exists():
@@ -116,9 +117,9 @@ def test_an_executor_killed_mid_batch_is_retried_and_the_batch_is_exact(
     assert code == 0, err[-3000:]
     assert s3_landed(p, options) == expected_offsets(per)
     # The batch was spread over the cluster's cores, not a fixed default.
-    plan = PlanStore(p.cfg()).load(1)
+    plan = PlanStore(p.cfg().places()).load(1)
     assert plan is not None and len(plan.splits) == CORES
-    assert set(read_ledger(p.cfg()).column("batch").to_pylist()) == {1}
+    assert set(read_ledger(p.cfg().places()).column("batch").to_pylist()) == {1}
 
 
 def test_a_driver_killed_mid_batch_is_finished_exactly_by_the_next_submit(
@@ -126,11 +127,11 @@ def test_a_driver_killed_mid_batch_is_finished_exactly_by_the_next_submit(
 ):
     p, options = s3_pipeline(make_pipeline, s3_endpoint, tmp_path, "cluster-driver")
     per = produce_clicks(broker, p.topic, 2, 4_000)
-    crashed = submit(cluster, executor_env, p, **{CRASH_ENV: "after_files"})
+    crashed = submit(cluster, executor_env, p, **armed(crash_at=faults.AFTER_FILES))
     code, _, err = finish(crashed)
     assert code != 0
-    assert read_ledger(p.cfg()).num_rows == 0  # killed after its files, before any commit
-    planned = PlanStore(p.cfg()).load(1)
+    assert read_ledger(p.cfg().places()).num_rows == 0  # killed after its files, before any commit
+    planned = PlanStore(p.cfg().places()).load(1)
     assert planned is not None
     again = submit(cluster, executor_env, p)
     code, out, err = finish(again)
@@ -139,7 +140,7 @@ def test_a_driver_killed_mid_batch_is_finished_exactly_by_the_next_submit(
     apps = cluster.state()["activeapps"] + cluster.state()["completedapps"]
     assert [a["name"] for a in apps].count(f"strata-{p.name}") == 2
     assert s3_landed(p, options) == expected_offsets(per)
-    ledger = read_ledger(p.cfg())
+    ledger = read_ledger(p.cfg().places())
     assert set(ledger.column("batch").to_pylist()) == {1}
     # The re-run finished the saved plan, range for range.
     committed = sorted(

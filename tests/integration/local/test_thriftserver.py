@@ -49,7 +49,7 @@ def test_the_thrift_server_sees_exactly_what_the_ledger_says(
         broker, p.topic, 2, 600, seed=2, start_ms=START_MS + 4 * 3_600_000, hours=2, late=2
     )
     assert run_batch(p.cfg(), session=lambda _: spark).register_error is None
-    ledger = read_ledger(p.cfg()).to_pylist()
+    ledger = read_ledger(p.cfg().places()).to_pylist()
     assert sorted({r["batch"] for r in ledger}) == [1, 2]
 
     cursor = hive.connect("127.0.0.1", port=thriftserver.port, auth="NOSASL").cursor()
@@ -124,7 +124,7 @@ def test_compacting_plain_parquet_moves_partitions_and_no_query_sees_a_differenc
 
     every_row = f"SELECT * FROM strata.{p.name} ORDER BY _partition, _offset"
     before = query(every_row)
-    assert len(before) == sum(r["rows"] for r in read_ledger(cfg).to_pylist()) > 0
+    assert len(before) == sum(r["rows"] for r in read_ledger(cfg.places()).to_pylist()) > 0
     with MetastoreClient(metastore.uri, 30) as client:
         names = client.partition_names("strata", p.name)
     fs, root = filesystem(cfg.location("table"), cfg.storage_options)
@@ -167,9 +167,14 @@ def test_compacting_plain_parquet_moves_partitions_and_no_query_sees_a_differenc
 
     # Within the grace period vacuum keeps the old files; past it they go, and no query
     # sees a difference.
-    assert vacuum(cfg)["tables"]["table"]["left_by_compaction"] == 0
-    with run_lock(cfg, "maintenance") as lock:
-        swept = sweep_moved(cfg, timedelta(0), lock)
+    assert (
+        vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)["tables"]["table"][
+            "left_by_compaction"
+        ]
+        == 0
+    )
+    with run_lock(cfg.places(), "maintenance") as lock:
+        swept = sweep_moved(cfg.places(), cfg.metastore, timedelta(0), lock)
     assert swept["left_by_compaction"] == sum(files_before.values())
     assert all(f.directory != f.partition for f in visible_files(fs, root))
     query(f"REFRESH TABLE strata.{p.name}")

@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from strata.local.events import HOUR_MS
-from strata.quality import run_quality
+from strata.quality.run import run_quality
 from strata.run import run_batch
 from tests.conftest import produce_clicks
 

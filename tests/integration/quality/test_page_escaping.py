@@ -21,8 +21,8 @@ import pytest
 from deltalake import write_deltalake
 
 from strata.local.events import Message, click_events, produce
-from strata.quality import run_quality, write_summary_page
 from strata.quality.checks import reason_class
+from strata.quality.run import run_quality, write_summary_page
 from strata.run import run_batch
 from strata.schema.avro import QUARANTINE_SCHEMA
 from strata.store.ledger import LEDGER_SCHEMA

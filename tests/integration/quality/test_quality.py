@@ -18,7 +18,8 @@ from deltalake import DeltaTable, write_deltalake
 from strata.batch.reconcile import ledger_continuity
 from strata.errors import QualityError
 from strata.local.events import HOUR_MS
-from strata.quality import ResultStore, run_quality
+from strata.quality.run import run_quality
+from strata.quality.store import ResultStore
 from strata.run import run_batch
 from strata.store.ledger import LEDGER_SCHEMA, read_ledger
 from tests.conftest import produce_clicks
@@ -250,7 +251,7 @@ def test_the_reports_render_in_headless_chromium_with_the_ledger_figures(
     page = chromium("--dump-dom", (quality / "index.html").as_uri(), cwd=tmp_path)
     assert page.returncode == 0, page.stderr
     dom = page.stdout
-    ledger = read_ledger(p.cfg()).to_pylist()
+    ledger = read_ledger(p.cfg().places()).to_pylist()
     for batch in (1, 2):
         recs = [r for r in ledger if r["batch"] == batch]
         for key in ("messages", "rows", "quarantined"):

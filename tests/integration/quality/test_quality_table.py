@@ -9,7 +9,7 @@ from pyhive import hive
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.register import location_uri
 from strata.local.events import HOUR_MS
-from strata.quality import run_quality
+from strata.quality.run import run_quality
 from strata.quality.table import quality_table_location, register_quality_table, replace_batch
 from strata.run import run_batch
 from tests.conftest import produce_clicks

@@ -1,21 +1,26 @@
-"""One namespace of tables: every table a pipeline owns has one owner, by place and by name.
+"""Names and places: the one owner of where each of a pipeline's tables lives and its name.
 
 A pipeline owns five tables per table it writes (the data, the raw copy, the
 quarantine, the ledger and the quality results) and a state location (plans, leases,
-locks). A pipeline that routes its topics to tables owns that set for each table. Two
-owners of one place would destroy each other's data: a plain Parquet table's commit
-removes the files it takes for another attempt's, and a Delta table would hold two
-tables' rows. Two owners of one metastore name would point Trino at one of them.
+locks); a pipeline that routes its topics to tables owns that set for each table.
+`Places` holds all of them for one pipeline (or one routed table): each table's
+location, format, storage options and name in the metastore (`TableRef`), and the
+state's location and lock (`StatePlaces`). The entry points build it once from the
+configuration (`PipelineConfig.places`); the modules below the conductor take it, one
+table's reference, or the plain values they need, never the whole configuration.
 
-So a place (a location equal to, or inside, another's) and a metastore name (in the
-same metastore and database) have one owner among:
+One namespace: two owners of one place would destroy each other's data (a plain
+Parquet table's commit removes the files it takes for another attempt's, and a Delta
+table would hold two tables' rows), and two owners of one metastore name would point
+Trino at one of them. So a place (a location equal to, or inside, another's) and a
+metastore name (in the same metastore and database) have one owner among:
 
 - the tables of one pipeline, routed tables included (`topics` listed by name are
   routed when the configuration loads);
 - the pipelines of one configuration directory that share a warehouse or a metastore
   database (`strata.config.load_pipeline` checks a pipeline against the others);
-- the tables a pattern matches on the brokers as a run goes (`strata.routes`): a
-  table that would clash fails alone, named, and the other tables run.
+- the tables a pattern matches on the brokers as a run goes (`strata.operations.routes`):
+  a table that would clash fails alone, named, and the other tables run.
 
 Every table's name in the metastore is its pipeline's (or routed table's) name and
 the suffix below; its default location, relative to the warehouse, is the same.
@@ -24,12 +29,21 @@ the suffix below; its default location, relative to the warehouse, is the same.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 Role = Literal["table", "raw", "quarantine", "ledger", "quality", "state"]
 ROLES: tuple[Role, ...] = ("table", "raw", "quarantine", "ledger", "quality", "state")
+TABLE_ROLES: tuple[Role, ...] = ("table", "raw", "quarantine", "ledger", "quality")
+"""The roles that are tables (the quality's is the folder its results live in)."""
+TableFormat = Literal["delta", "parquet"]
+TableName = Literal["table", "raw", "quarantine"]
+"""The tables a batch writes: the data, the raw copy of every message, the quarantine."""
 
 NAME_SUFFIXES: dict[Role, str] = {
     "table": "",
@@ -227,3 +241,103 @@ def describe_clash(a: OwnedTable, b: OwnedTable, place: bool, name: bool) -> str
         f"{a.describe()} and {b.describe()} are {' and '.join(shared)}: each would destroy "
         f"or mix the other's data. To part them, {a.fix(place, name)}; or {b.fix(place, name)}"
     )
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """Where one of a pipeline's tables lives, how to reach it, and its name.
+
+    Attributes:
+        uri: The table's location: a local path or an `s3://` URI.
+        format: `delta`, or `parquet` for plain Parquet directories.
+        options: Storage options (credentials, endpoint) for the object store.
+        name: Its name in the metastore (and in its Delta metadata).
+    """
+
+    uri: str
+    format: TableFormat
+    options: dict[str, str] = field(default_factory=dict, repr=False)
+    name: str = ""
+
+    def filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """The table's file system, and its root path on it."""
+        from strata.store.files import filesystem
+
+        return filesystem(self.uri, self.options)
+
+
+@dataclass(frozen=True)
+class StatePlaces:
+    """Where a pipeline keeps its plans, and how its runs hold the pipeline.
+
+    Attributes:
+        uri: The state location (`state_dir`): a local path or an `s3://` URI.
+        options: Storage options for the object store.
+        lock_path: The run lock's file, where the state is local; None where runs hold
+            a lease in the store instead (under `<uri>/lease/`).
+        lease_s: How long a lease lasts without renewal (`lock_lease`).
+        lock_dir: `lock_dir` as configured, which a lease does not use (for the warning).
+    """
+
+    uri: str
+    options: dict[str, str] = field(default_factory=dict, repr=False)
+    lock_path: Path | None = None
+    lease_s: float = 120.0
+    lock_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class Places:
+    """Every place and name of one pipeline (or one table of a routed pipeline).
+
+    Attributes:
+        pipeline: The pipeline's (or routed table's) name: the Delta app id of its
+            commits, the ledger's key, the name its tables' names begin with.
+        route_of: The routed pipeline this is a table of, or None.
+        format: The data, raw and quarantine tables' format (the ledger is Delta).
+        refs: Each table's reference: `table`, `raw`, `quarantine`, `ledger`, and
+            `quality` (the folder of the quality results, Data Docs and page).
+        state: Where plans, leases and locks are.
+        metastore: `(metastore uri, database)` the tables are registered in, or None.
+    """
+
+    pipeline: str
+    route_of: str | None
+    format: TableFormat
+    refs: Mapping[Role, TableRef]
+    state: StatePlaces
+    metastore: tuple[str, str] | None = None
+
+    def table(self, which: Role) -> TableRef:
+        """One table's reference."""
+        return self.refs[which]
+
+    @property
+    def ledger(self) -> TableRef:
+        """The ledger's reference."""
+        return self.refs["ledger"]
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The storage options every table and the state share."""
+        return self.state.options
+
+    @property
+    def database(self) -> str | None:
+        """The metastore database the tables are registered in, or None."""
+        return None if self.metastore is None else self.metastore[1]
+
+    def owned(self, topics: Iterable[str] = ()) -> list[OwnedTable]:
+        """Its tables and state as the namespace sees them (see the module docstring).
+
+        Args:
+            topics: For a routed table, the topics routed to it (for messages).
+        """
+        locations = {role: ref.uri for role, ref in self.refs.items()}
+        return owned_tables(
+            self.route_of or self.pipeline,
+            self.pipeline if self.route_of else None,
+            {**locations, "state": self.state.uri},
+            self.metastore,
+            topics,
+        )
