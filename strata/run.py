@@ -549,7 +549,7 @@ def check_continues(cfg: PipelineConfig, plan: BatchPlan, state: LedgerState) ->
 
 def data_columns(cfg: PipelineConfig) -> list[list[str]]:
     """The data table's column signature under the current schema."""
-    return column_signature(table_layout(cfg, "table")[0])
+    return column_signature(table_layout(cfg.schemas(), "table")[0])
 
 
 def check_schema(cfg: PipelineConfig) -> list[str]:
@@ -888,7 +888,7 @@ def commit_table(
         The columns added to the table first, because the schema gained fields.
     """
     uri = cfg.location(name)
-    schema, partition_by = table_layout(cfg, name)
+    schema, partition_by = table_layout(cfg.schemas(), name)
     table = ensure_table(
         uri, schema, partition_by, cfg.storage_options, cfg.name + TABLE_SUFFIXES[name]
     )
@@ -918,7 +918,7 @@ def fence_table(cfg: PipelineConfig, name: TableName, batch: int, note: str) -> 
         True if this call committed the fence, False if the table held the batch.
     """
     uri = cfg.location(name)
-    schema, partition_by = table_layout(cfg, name)
+    schema, partition_by = table_layout(cfg.schemas(), name)
     table = ensure_table(
         uri, schema, partition_by, cfg.storage_options, cfg.name + TABLE_SUFFIXES[name]
     )
@@ -931,7 +931,7 @@ def remove_batch_rows(cfg: PipelineConfig, name: TableName, batch: int, note: st
     if table is None:
         return 0
     removes = batch_removes(table, batch)
-    schema, partition_by = table_layout(cfg, name)
+    schema, partition_by = table_layout(cfg.schemas(), name)
     commit_removes(table, schema, partition_by, removes, batch, {FENCE_KEY: note})
     return len(removes)
 

@@ -149,7 +149,7 @@ class DecodeRules:
         Raises:
             SchemaError: If the schema or the event-time settings cannot be decoded.
         """
-        topic = load_pipeline_schema(cfg)
+        topic = load_pipeline_schema(cfg.schemas())
         et = cfg.event_time
         if et.field not in topic.arrow.names:
             raise SchemaError(

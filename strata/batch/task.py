@@ -141,7 +141,7 @@ def _writer(
     cfg: PipelineConfig, name: TableName, batch: int, tag: str, run_id: str
 ) -> PartitionedWriter:
     """A writer for one table's files of one task attempt."""
-    schema, partition_by = table_layout(cfg, name)
+    schema, partition_by = table_layout(cfg.schemas(), name)
     fs, root = filesystem(cfg.location(name), cfg.storage_options)
     limits = cfg.limits
     # A compacted plain Parquet partition takes late rows in its directory in use; no

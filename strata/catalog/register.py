@@ -452,7 +452,7 @@ def register_tables(cfg: PipelineConfig) -> RegistrationReport:
             location = cfg.location(which)
             if cfg.table_format == "parquet":
                 schema, partition_by = (
-                    (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg, which)
+                    (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg.schemas(), which)
                 )
                 wanted = parquet_table(ms.database, name, location, schema, partition_by, cfg.name)
             else:

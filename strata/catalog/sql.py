@@ -227,7 +227,9 @@ def ddl_statements(cfg: PipelineConfig, delta_catalog: str, hive_catalog: str) -
     catalog = quote_identifier(hive_catalog)
     out.append(f"CREATE SCHEMA IF NOT EXISTS {catalog}.{schema}")
     for which, suffix in TABLE_SUFFIXES.items():
-        arrow, partition_by = (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg, which)
+        arrow, partition_by = (
+            (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg.schemas(), which)
+        )
         name = f"{catalog}.{schema}.{quote_identifier(cfg.name + suffix)}"
         columns = ",\n".join(f"  {quote_identifier(f.name)} {trino_type(f.type)}" for f in arrow)
         props = [

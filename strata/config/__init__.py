@@ -41,6 +41,7 @@ from strata.config._sections import (
     QualityConfig,
     RangeRule,
     RoutingConfig,
+    SchemaSpec,
     SparkConfig,
 )
 from strata.config._services import (
@@ -76,6 +77,7 @@ __all__ = [
     "RangeRule",
     "RoutingConfig",
     "SchemaRegistryConfig",
+    "SchemaSpec",
     "SparkConfig",
     "TableName",
     "TrinoConfig",

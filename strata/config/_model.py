@@ -40,6 +40,7 @@ from strata.config._sections import (
     PartitioningConfig,
     QualityConfig,
     RoutingConfig,
+    SchemaSpec,
     SparkConfig,
     _Strict,
 )
@@ -209,6 +210,17 @@ class PipelineConfig(_Strict):
     @classmethod
     def _start(cls, value: Any) -> str:  # noqa: ANN401 - YAML reads a moment as a datetime
         return starting_point(value)[0]
+
+    def schemas(self) -> SchemaSpec:
+        """What this pipeline's table schemas are made from (see `SchemaSpec`)."""
+        return SchemaSpec(
+            self.schema_path,
+            self.schema_text,
+            self.format,
+            self.table_format,
+            self.metastore.uri is not None,
+            self.partitioning,
+        )
 
     def source(self) -> KafkaSource:
         """The brokers this pipeline (or routed table) reads, which topics, its group."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -493,3 +494,29 @@ class KafkaSource:
     def starting_ms(self) -> int | None:
         """The moment new topics start at, in epoch ms; None for `earliest` or `latest`."""
         return starting_point(self.starting_offsets)[1]
+
+
+@dataclass(frozen=True)
+class SchemaSpec:
+    """What a pipeline's table schemas are made from, and what they must be held in.
+
+    Built per configuration (`PipelineConfig.schemas`): the Avro schema a batch reads
+    with (a plan's own, or `schema_file`'s), and the settings that decide whether its
+    fields can be read and held (`strata.schema.avro.load_pipeline_schema`).
+
+    Attributes:
+        path: The schema file, for messages.
+        text: The Avro schema, as JSON text.
+        format: `json`, `avro` or `confluent_avro`.
+        table_format: `delta` or `parquet`.
+        registered: Whether the tables are registered in a metastore (Hive's and
+            Trino's types then bound them too).
+        partitioning: The data table's partitioning.
+    """
+
+    path: Path
+    text: str
+    format: str
+    table_format: str
+    registered: bool
+    partitioning: PartitioningConfig

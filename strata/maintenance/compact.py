@@ -360,7 +360,7 @@ def plan_directory(
     file is committed once the ledger holds the batch, a compaction's once its partition
     was moved to it.
     """
-    _, partition_by = table_layout(cfg, "table")
+    _, partition_by = table_layout(cfg.schemas(), "table")
     fs, root = filesystem(cfg.location("table"), cfg.storage_options)
     small = small_bytes(cfg.maintenance, cfg.limits)
     by_partition: dict[str, list[TableFile]] = {}

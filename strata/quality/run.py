@@ -74,7 +74,7 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
     validated = spread_sample(data, cfg.quality.max_rows)
     topic = load_topic_schema(cfg.schema_path, cfg.schema_text)
     expectations = suite_expectations(
-        cfg.quality, table_layout(cfg, "table")[0].names, topic.required, committed_at
+        cfg.quality, table_layout(cfg.schemas(), "table")[0].names, topic.required, committed_at
     )
     store = ResultStore.of(cfg)
     context = Path(tempfile.mkdtemp(prefix="strata-gx-"))
@@ -176,7 +176,7 @@ def _counted(cfg: PipelineConfig, batch: int, data: pa.Table) -> dict[TableName,
 def _batch_rows(cfg: PipelineConfig, batch: int) -> tuple[pa.Table, list[str]]:
     """The batch's rows in the data table, and data files the table lists but lost."""
     ref = cfg.places().table("table")
-    schema = table_layout(cfg, "table")[0]
+    schema = table_layout(cfg.schemas(), "table")[0]
     if ref.format == "delta":
         survived = _rows_beside_lost_files(ref, batch, partition_columns(cfg.partitioning))
         if survived is not None:

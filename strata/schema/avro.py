@@ -19,7 +19,7 @@ from strata.errors import SchemaError
 from strata.store.places import NAME_SUFFIXES
 
 if TYPE_CHECKING:
-    from strata.config import MetastoreTable, PartitioningConfig, PipelineConfig, TableName
+    from strata.config import MetastoreTable, PartitioningConfig, SchemaSpec, TableName
 
 # Kafka coordinates carried by every data, raw and quarantine row.
 COORDINATES = pa.schema(
@@ -287,7 +287,7 @@ def _encodes_in_no_bytes(avro_type: Any) -> bool:  # noqa: ANN401 - Avro schemas
     return False
 
 
-def load_pipeline_schema(cfg: PipelineConfig) -> TopicSchema:
+def load_pipeline_schema(spec: SchemaSpec) -> TopicSchema:
     """A pipeline's topic schema, refused if its formats cannot hold one of its fields.
 
     On top of `load_topic_schema`, this checks what depends on the pipeline: Arrow's
@@ -296,7 +296,7 @@ def load_pipeline_schema(cfg: PipelineConfig) -> TopicSchema:
     leave off) nor for decimals above 38 digits; Hive's decimals stop at 38 digits.
 
     Args:
-        cfg: The pipeline configuration.
+        spec: The schema and what it is held in (`PipelineConfig.schemas`).
 
     Returns:
         The topic schema.
@@ -304,25 +304,25 @@ def load_pipeline_schema(cfg: PipelineConfig) -> TopicSchema:
     Raises:
         SchemaError: Naming the file, each field that cannot be held, and the fix.
     """
-    topic = load_topic_schema(cfg.schema_path, cfg.schema_text)
+    topic = load_topic_schema(spec.path, spec.text)
     problems: list[str] = []
     for f in topic.arrow:
-        problems.extend(_format_problems(f.type, f.name, cfg))
+        problems.extend(_format_problems(f.type, f.name, spec))
     if problems:
-        raise SchemaError(f"{cfg.schema_path}: " + "; ".join(problems))
+        raise SchemaError(f"{spec.path}: " + "; ".join(problems))
     return topic
 
 
-def _format_problems(kind: pa.DataType, name: str, cfg: PipelineConfig) -> list[str]:
+def _format_problems(kind: pa.DataType, name: str, spec: SchemaSpec) -> list[str]:
     if pa.types.is_struct(kind):
         return [
             p
             for i in range(kind.num_fields)
-            for p in _format_problems(kind.field(i).type, f"{name}.{kind.field(i).name}", cfg)
+            for p in _format_problems(kind.field(i).type, f"{name}.{kind.field(i).name}", spec)
         ]
     if pa.types.is_map(kind):
-        inner = _format_problems(kind.item_type, f"{name}{{}}", cfg)
-        if cfg.format == "json":
+        inner = _format_problems(kind.item_type, f"{name}{{}}", spec)
+        if spec.format == "json":
             inner.insert(
                 0,
                 f"field `{name}` is a map, and JSON objects cannot be read into a map column; "
@@ -330,8 +330,8 @@ def _format_problems(kind: pa.DataType, name: str, cfg: PipelineConfig) -> list[
             )
         return inner
     if pa.types.is_list(kind):
-        return _format_problems(kind.value_type, f"{name}[]", cfg)
-    if cfg.table_format == "delta" and pa.types.is_timestamp(kind) and kind.tz is None:
+        return _format_problems(kind.value_type, f"{name}[]", spec)
+    if spec.table_format == "delta" and pa.types.is_timestamp(kind) and kind.tz is None:
         return [
             f"field `{name}` is a local timestamp (no time zone), which a Delta table holds "
             "only with the timestampNtz table feature that Strata's plain Delta tables leave "
@@ -339,13 +339,13 @@ def _format_problems(kind: pa.DataType, name: str, cfg: PipelineConfig) -> list[
             "table_format: parquet"
         ]
     if pa.types.is_decimal(kind) and kind.precision > _MAX_SQL_DECIMAL_DIGITS:
-        if cfg.table_format == "delta":
+        if spec.table_format == "delta":
             return [
                 f"field `{name}` is decimal({kind.precision}, {kind.scale}), but Delta "
                 f"decimals hold at most {_MAX_SQL_DECIMAL_DIGITS} digits; lower the precision, "
                 "or use table_format: parquet"
             ]
-        if cfg.metastore.uri:
+        if spec.registered:
             return [
                 f"field `{name}` is decimal({kind.precision}, {kind.scale}), but Hive and "
                 f"Trino decimals hold at most {_MAX_SQL_DECIMAL_DIGITS} digits; lower the "
@@ -390,19 +390,19 @@ TABLE_SUFFIXES: dict[MetastoreTable, str] = {
 }
 
 
-def table_layout(cfg: PipelineConfig, which: TableName) -> tuple[pa.Schema, list[str]]:
+def table_layout(spec: SchemaSpec, which: TableName) -> tuple[pa.Schema, list[str]]:
     """Schema and partition columns of one of a pipeline's tables.
 
     Args:
-        cfg: The pipeline configuration.
+        spec: The schema and what it is held in (`PipelineConfig.schemas`).
         which: `table`, `raw` or `quarantine`.
 
     Returns:
         The table's Arrow schema and its partition columns.
     """
     if which == "table":
-        topic = load_pipeline_schema(cfg)
-        return data_schema(topic, cfg.partitioning), partition_columns(cfg.partitioning)
+        topic = load_pipeline_schema(spec)
+        return data_schema(topic, spec.partitioning), partition_columns(spec.partitioning)
     return (RAW_SCHEMA if which == "raw" else QUARANTINE_SCHEMA), []
 
 

@@ -129,20 +129,20 @@ def test_what_a_table_format_cannot_hold_is_refused_with_the_fix(tmp_path):
     path = schema_file(tmp_path, local, wide)
 
     with pytest.raises(SchemaError) as err:
-        load_pipeline_schema(pipeline(path))
+        load_pipeline_schema(pipeline(path).schemas())
     text = str(err.value)
     assert text.startswith(f"{path}: ")
     assert "field `seen` is a local timestamp" in text and "timestampNtz" in text
     assert "field `big` is decimal(50, 0), but Delta decimals hold at most 38 digits" in text
 
     # Plain Parquet files hold both; a metastore cannot declare the wide decimal.
-    topic = load_pipeline_schema(pipeline(path, table_format="parquet"))
+    topic = load_pipeline_schema(pipeline(path, table_format="parquet").schemas())
     assert topic.arrow.field("big").type == pa.decimal256(50, 0)
     registered = pipeline(
         path, table_format="parquet", metastore={"uri": "thrift://127.0.0.1:9083"}
     )
     with pytest.raises(SchemaError, match="but Hive and Trino decimals hold at most 38 digits"):
-        load_pipeline_schema(registered)
+        load_pipeline_schema(registered.schemas())
 
 
 def test_a_map_field_is_refused_for_json_but_read_from_avro(tmp_path):
@@ -156,8 +156,8 @@ def test_a_map_field_is_refused_for_json_but_read_from_avro(tmp_path):
     }
     path = schema_file(tmp_path, attrs)
     with pytest.raises(SchemaError, match=r"field `ctx.attrs` is a map, and JSON objects cannot"):
-        load_pipeline_schema(pipeline(path))
-    topic = load_pipeline_schema(pipeline(path, format="avro"))
+        load_pipeline_schema(pipeline(path).schemas())
+    topic = load_pipeline_schema(pipeline(path, format="avro").schemas())
     assert pa.types.is_map(topic.arrow.field("ctx").type.field("attrs").type)
 
 
