@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from bench.run_bench import (
+from bench.harness import (
     PARTITIONS,
     files_by_hour,
     files_per_hour,
@@ -187,7 +187,8 @@ def maintenance(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, A
 
     with without_strata_env():
         # The job's own session builder, as `strata run` starts it.
-        spark = build_session(load_pipeline("bench", confs[MANY]))
+        cfg = load_pipeline("bench", confs[MANY])
+        spark = build_session(cfg.spark, cfg.name)
     try:
         with without_strata_env():
             ingest(confs[FEW], FEW, spark)

@@ -20,7 +20,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from bench.run_bench import seed, strata_project
+from bench.harness import seed, strata_project
 from strata.local.broker import LocalBroker
 
 # The stages of a task, by the function that does each (inclusive time).

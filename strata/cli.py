@@ -239,8 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "register": _register,
         "publish": _register,
         "sql": _sql,
-        "backfill": _backfill,
-        "replay": _replay,
+        "backfill": _reprocess,
+        "replay": _reprocess,
         "quality": _quality,
         "plan": _plan,
         "ledger": _ledger,
@@ -248,21 +248,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "checkpoint": _checkpoint,
         "vacuum": _vacuum,
     }[args.command]
+
+    def command() -> tuple[str, dict[str, Any]]:
+        """The command on the pipeline, or on each of its tables if it routes to tables."""
+        from strata.edge import each_table
+
+        cfg = load_pipeline(args.pipeline, args.conf_dir)
+        if getattr(args, "prometheus", False):
+            return _prometheus(cfg, args)
+        return each_table(cfg, args.command, lambda one: handler(one, args))
+
     # Loading is guarded too: a bad config is a `ConfigError`, exit code 2.
-    return run_guarded(
-        lambda: _dispatch(load_pipeline(args.pipeline, args.conf_dir), args, handler), args.json
-    )
-
-
-def _dispatch(
-    cfg: PipelineConfig, args: argparse.Namespace, handler: Handler
-) -> tuple[str, dict[str, Any]]:
-    """Run a command on the pipeline, or on each of its tables if it routes to tables."""
-    from strata.operations.routes import each_table
-
-    if getattr(args, "prometheus", False):
-        return _prometheus(cfg, args)
-    return each_table(cfg, args.command, lambda one: handler(one, args))
+    return run_guarded(command, args.json)
 
 
 Handler = Callable[[PipelineConfig, argparse.Namespace], tuple[str, dict[str, Any]]]
@@ -320,6 +317,7 @@ def _fail(message: str, code: int, as_json: bool) -> int:
 
 
 def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.edge import status_settings
     from strata.operations.metrics import after_run
     from strata.operations.report import render_summary, summary_dict
     from strata.run import run_batch
@@ -330,10 +328,12 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
     if outcome.batch is not None and cfg.quality.gate != "off" and not args.no_quality:
         from strata.quality.run import run_quality
 
-        result = run_quality(cfg, outcome.batch)
+        result = run_quality(
+            cfg.places(), cfg.quality, cfg.schemas(), cfg.metastore, cfg.warehouse, outcome.batch
+        )
     # After the commit and the quality suite, whose result the metrics count.
     gate_failed = result is not None and not result.success and cfg.quality.gate == "fail"
-    after_run(cfg, outcome, gate_failed)
+    after_run(cfg.places(), status_settings(cfg), cfg.metrics, outcome, gate_failed)
     text, body = render_summary(outcome), summary_dict(outcome)
     if result is not None:
         from strata.quality.checks import render_quality
@@ -351,8 +351,9 @@ def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
     if outcome.batch is not None:
         # After the gate: a partition it holds gets no marker.
         from strata.catalog.register import publish_completeness
+        from strata.edge import registration
 
-        found, problems = publish_completeness(cfg, outcome.batch)
+        found, problems = publish_completeness(registration(cfg), outcome.batch)
         if found is not None and found.completed:
             text += f"\ncomplete now: {', '.join(found.completed)}"
             body["completed"] = found.completed
@@ -374,7 +375,7 @@ def _plan(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str,
 
     from strata.operations.recovery import drop_plan, render_edit
 
-    edit = drop_plan(cfg, args.batch, args.reason, _who(), args.force)
+    edit = drop_plan(cfg.places(), cfg.schemas(), args.batch, args.reason, _who(), args.force)
     return render_edit(edit), asdict(edit)
 
 
@@ -383,7 +384,17 @@ def _ledger(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 
     from strata.operations.recovery import render_edit, seek
 
-    edit = seek(cfg, args.topic, args.partition, args.to, args.reason, _who(), args.reread)
+    edit = seek(
+        cfg.places(),
+        cfg.source(),
+        cfg.schemas(),
+        args.topic,
+        args.partition,
+        args.to,
+        args.reason,
+        _who(),
+        args.reread,
+    )
     return render_edit(edit), asdict(edit)
 
 
@@ -391,30 +402,27 @@ def _register(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[
     from dataclasses import asdict
 
     from strata.catalog.register import register_tables, render_registration
+    from strata.edge import registration
     from strata.quality.table import register_written
 
-    report = register_tables(cfg)
-    register_written(cfg, report)
+    report = register_tables(registration(cfg))
+    register_written(cfg.places(), cfg.metastore, cfg.warehouse, report)
     return render_registration(report), asdict(report)
 
 
-def _backfill(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.batch.plan import OffsetRange
-    from strata.operations.backfill import backfill
+def _reprocess(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """`strata backfill` (one range) and `strata replay` (batches, or one range)."""
+    from strata.operations.backfill import replay_targets
     from strata.operations.report import render_summary, summary_dict
+    from strata.run import reprocess
+    from strata.store.ranges import OffsetRange
 
-    target = OffsetRange(args.topic, args.partition, args.start, args.end)
-    outcome = backfill(cfg, target, args.reason)
-    return render_summary(outcome), summary_dict(outcome)
-
-
-def _replay(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.operations.backfill import replay, replay_targets
-    from strata.operations.report import render_summary, summary_dict
-
-    by_range = (args.topic, args.partition, args.start, args.end)
-    targets = replay_targets(cfg, args.from_batch, args.to_batch, by_range)
-    outcome = replay(cfg, targets, args.reason)
+    if args.command == "backfill":
+        targets = [OffsetRange(args.topic, args.partition, args.start, args.end)]
+    else:
+        by_range = (args.topic, args.partition, args.start, args.end)
+        targets = replay_targets(cfg.places(), args.from_batch, args.to_batch, by_range)
+    outcome = reprocess(cfg, args.command, targets, args.reason)
     return render_summary(outcome), summary_dict(outcome)
 
 
@@ -424,7 +432,9 @@ def _quality(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[s
     from strata.quality.checks import render_quality
     from strata.quality.run import run_quality
 
-    result = run_quality(cfg, args.batch)
+    result = run_quality(
+        cfg.places(), cfg.quality, cfg.schemas(), cfg.metastore, cfg.warehouse, args.batch
+    )
     body = asdict(result)
     if not result.success and cfg.quality.gate == "fail":
         body["gate_error"] = f"batch {result.batch} failed its quality checks (gate: fail)"
@@ -434,14 +444,15 @@ def _quality(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[s
 def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from strata.catalog.sql import pipeline_ddl
 
-    ddl = pipeline_ddl(cfg)
+    ddl = pipeline_ddl(cfg.places(), cfg.schemas(), cfg.metastore)
     return ddl.rstrip("\n"), {"pipeline": cfg.name, "ddl": ddl}
 
 
 def _compact(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    from strata.maintenance.compact import compact, render_compaction
+    from strata.edge import compact_pipeline
+    from strata.maintenance.compact import render_compaction
 
-    report = compact(cfg, args.partition, args.older_than, args.dry_run)
+    report = compact_pipeline(cfg, args.partition, args.older_than, args.dry_run)
     return render_compaction(report), report.as_dict()
 
 
@@ -462,29 +473,32 @@ def _vacuum(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[st
 def _completeness(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from strata.catalog.completeness import completeness, render_completeness
 
-    found = completeness(cfg)
+    found = completeness(
+        cfg.places(), cfg.completeness, cfg.partitioning, cfg.quality.gate, cfg.asset_uri
+    )
     return render_completeness(found, args.limit), found.as_dict()
 
 
 def _status(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.edge import status_settings
     from strata.operations.status import pipeline_status, render_status
 
-    status = pipeline_status(cfg, args.history)
+    status = pipeline_status(cfg.places(), status_settings(cfg), args.history)
     return render_status(status), status
 
 
 def _prometheus(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """`status --prometheus`: one exposition, of the pipeline or of all its tables."""
+    from strata.edge import status_settings, table_configs
     from strata.operations.metrics import status_metrics
-    from strata.operations.routes import table_configs
     from strata.operations.status import pipeline_status
 
     if not cfg.routed:
-        status = pipeline_status(cfg, args.history)
+        status = pipeline_status(cfg.places(), status_settings(cfg), args.history)
         return status_metrics([status]).decode().rstrip("\n"), status
     # A table that cannot run (a clash) has no figures of its own to show.
     tables = {
-        name: pipeline_status(table, args.history)
+        name: pipeline_status(table.places(), status_settings(table), args.history)
         for name, table in table_configs(cfg)
         if not isinstance(table, Exception)
     }

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
-from strata.batch.plan import OffsetRange
 from strata.config import PipelineConfig, load_pipeline
 from strata.config.secrets import redact, redact_json
 from strata.errors import QualityGateFailed
+from strata.store.ranges import OffsetRange
 
 
 def _each_table(
@@ -23,27 +24,22 @@ def _each_table(
 ) -> dict[str, Any]:
     """One step on a pipeline, or on each table of a pipeline that routes to tables.
 
-    Every table has its turn whatever another's did; then the first failure is
-    raised, so Airflow retries the step, and a retry finds the tables that went
-    through idle or done.
+    Every table has its turn whatever another's did (`strata.edge.table_turns`); then
+    the first failure is raised, so Airflow retries the step, and a retry finds the
+    tables that went through idle or done.
     """
-    from strata.schema.evolve import table_schema
+    from strata.edge import as_evolved, table_turns
 
     cfg = load_pipeline(pipeline, conf_dir)
     if not cfg.routed:
-        return step(table_schema(cfg))
-    from strata.operations.routes import table_configs
-
+        return step(as_evolved(cfg))
     tables: dict[str, Any] = {}
     failures: list[tuple[str, Exception]] = []
-    for name, table in table_configs(cfg):
-        try:
-            if isinstance(table, Exception):
-                raise table
-            tables[name] = step(table_schema(table))
-        except Exception as exc:  # noqa: BLE001 - raised below, once every table had its turn
-            failures.append((name, exc))
-            tables[name] = {"status": "failed", "error": redact(str(exc))}
+    for name, got in table_turns(cfg, step):
+        if isinstance(got, Exception):
+            failures.append((name, got))
+            got = {"status": "failed", "error": redact(str(got))}
+        tables[name] = got
     if failures:
         names = ", ".join(n for n, _ in failures)
         print(f"failed tables of {pipeline}: {names}", flush=True)  # noqa: T201 - the task log
@@ -52,9 +48,9 @@ def _each_table(
 
 
 def _plan_one(cfg: PipelineConfig) -> dict[str, Any]:
-    from strata.run import plan_next
+    from strata.run import plan_next, plan_settings
 
-    plan = plan_next(cfg)
+    plan = plan_next(cfg.places(), plan_settings(cfg))
     if plan is None:
         return {"pipeline": cfg.name, "batch": None, "ranges": [], "offsets": 0}
     return {
@@ -73,13 +69,14 @@ def plan_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
 
 
 def _ingest_one(cfg: PipelineConfig) -> dict[str, Any]:
+    from strata.edge import status_settings
     from strata.operations.metrics import after_run
     from strata.operations.report import render_summary, summary_dict
     from strata.run import run_batch
 
     outcome = run_batch(cfg, register_tables=False)
     # Retention and growing-lag warnings join the summary; metrics are written.
-    after_run(cfg, outcome)
+    after_run(cfg.places(), status_settings(cfg), cfg.metrics, outcome)
     print(redact(render_summary(outcome)), flush=True)  # noqa: T201 - the task log
     return redact_json(summary_dict(outcome))
 
@@ -90,14 +87,16 @@ def ingest_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
 
 
 def _register_one(cfg: PipelineConfig, ddl: bool = False) -> dict[str, Any]:
-    from strata.run import RunOutcome, register
+    from strata.batch.outcome import RunOutcome
+    from strata.edge import registration
+    from strata.run import register
 
     conn_id = cfg.airflow.trino_conn_id
     body: dict[str, Any] = {"pipeline": cfg.name}
     if cfg.metastore.uri:
         outcome = RunOutcome(cfg.name, "register")
-        # With a connection, Trino is called below through it, not through `trino.url`.
-        register(_without_trino_url(cfg) if conn_id else cfg, outcome)
+        # Through the connection, Trino is told below: not also at `trino.url`.
+        register(registration(cfg), None if conn_id else cfg.trino, outcome)
         if outcome.register_error:
             from strata.errors import MetastoreError
 
@@ -112,17 +111,20 @@ def _register_one(cfg: PipelineConfig, ddl: bool = False) -> dict[str, Any]:
         # `register_table`, which Trino refuses unless its catalog allows it, only
         # where the pipeline says Trino's Delta catalog uses another metastore.
         whole = ddl and (cfg.table_format == "parquet" or cfg.trino.register_delta_tables)
+        places = cfg.places()
         statements = (
-            ddl_statements(cfg, cfg.trino.delta_catalog, cfg.trino.hive_catalog)
+            ddl_statements(
+                places,
+                cfg.schemas(),
+                cfg.metastore,
+                cfg.trino.delta_catalog,
+                cfg.trino.hive_catalog,
+            )
             if whole
-            else trino_statements(cfg)
+            else trino_statements(places, cfg.metastore, cfg.trino)
         )
         body["trino"] = {"conn_id": conn_id, "ran": run_through_connection(conn_id, statements)}
     return redact_json(body)
-
-
-def _without_trino_url(cfg: PipelineConfig) -> PipelineConfig:
-    return cfg.model_copy(update={"trino": cfg.trino.model_copy(update={"url": None})})
 
 
 def register_task(pipeline: str, conf_dir: str, ddl: bool = False) -> dict[str, Any]:
@@ -141,12 +143,10 @@ def register_task(pipeline: str, conf_dir: str, ddl: bool = False) -> dict[str, 
     return _each_table(pipeline, conf_dir, lambda cfg: _register_one(cfg, ddl))
 
 
-def _planned_batch(
-    planned: dict[str, Any] | None, cfg: PipelineConfig, batch: int | None
-) -> int | None:
-    """The batch this DAG run planned for `cfg`: its table's, for a routed pipeline."""
+def _planned_batch(planned: dict[str, Any] | None, table: str, batch: int | None) -> int | None:
+    """The batch this DAG run planned for a table of a routed pipeline (or the pipeline)."""
     tables = (planned or {}).get("tables", {})
-    return tables[cfg.name]["batch"] if cfg.name in tables else batch
+    return tables[table]["batch"] if table in tables else batch
 
 
 def quality_gate_task(
@@ -166,22 +166,24 @@ def quality_gate_task(
             stays committed either way: quality never loses data.
     """
 
-    def one(cfg: PipelineConfig) -> dict[str, Any]:
-        return _quality_one(cfg, _planned_batch(planned, cfg, batch))
-
-    return _each_table(pipeline, conf_dir, one)
+    return _each_table(pipeline, conf_dir, partial(_quality_one, batch=batch, planned=planned))
 
 
-def _quality_one(cfg: PipelineConfig, batch: int | None) -> dict[str, Any]:
+def _quality_one(
+    cfg: PipelineConfig, batch: int | None, planned: dict[str, Any] | None
+) -> dict[str, Any]:
     from strata.quality.checks import render_quality
     from strata.quality.run import run_quality
 
     pipeline = cfg.name
+    batch = _planned_batch(planned, pipeline, batch)
     if cfg.quality.gate == "off":
         return {"pipeline": pipeline, "gate": "off", "batch": batch}
     if batch is None:
         return {"pipeline": pipeline, "gate": cfg.quality.gate, "batch": None, "checked": False}
-    result = run_quality(cfg, batch)
+    result = run_quality(
+        cfg.places(), cfg.quality, cfg.schemas(), cfg.metastore, cfg.warehouse, batch
+    )
     text = redact(render_quality(result))
     print(text, flush=True)  # noqa: T201 - the task log is where an operator reads it
     body = {
@@ -221,13 +223,11 @@ def complete_task(
         batch, the watermark and the rows the batch landed after completion.
     """
 
-    def one(cfg: PipelineConfig) -> dict[str, Any]:
-        mine = _planned_batch(planned, cfg, batch)
-        # An Asset never announced: every partition complete so far is news.
-        since = None if announced is None else announced.get(cfg.asset_uri, 0)
-        return _complete_one(cfg, mine, since)
-
-    return _each_table(pipeline, conf_dir, one)
+    return _each_table(
+        pipeline,
+        conf_dir,
+        partial(_complete_one, batch=batch, planned=planned, announced=announced),
+    )
 
 
 def announced_batches(events: Iterable[Any], dag_id: str) -> dict[str, int]:
@@ -250,11 +250,20 @@ def announced_batches(events: Iterable[Any], dag_id: str) -> dict[str, int]:
     return last
 
 
-def _complete_one(cfg: PipelineConfig, batch: int | None, since: int | None) -> dict[str, Any]:
+def _complete_one(
+    cfg: PipelineConfig,
+    batch: int | None,
+    planned: dict[str, Any] | None,
+    announced: dict[str, int] | None,
+) -> dict[str, Any]:
     from strata.catalog.completeness import late_warnings
     from strata.catalog.register import publish_completeness
+    from strata.edge import registration
     from strata.store.ledger import ledger_state
 
+    batch = _planned_batch(planned, cfg.name, batch)
+    # An Asset never announced: every partition complete so far is news.
+    since = None if announced is None else announced.get(cfg.asset_uri, 0)
     body: dict[str, Any] = {"pipeline": cfg.name, "asset": cfg.asset_uri, "batch": batch}
     # A batch the run did not commit completes nothing (yet); a run that planned none
     # still announces what earlier runs completed and did not announce.
@@ -262,7 +271,7 @@ def _complete_one(cfg: PipelineConfig, batch: int | None, since: int | None) -> 
         batch is not None and ledger_state(cfg.places()).last_batch < batch
     ):
         return {**body, "completed": []}
-    found, problems = publish_completeness(cfg, batch, since)
+    found, problems = publish_completeness(registration(cfg), batch, since)
     if found is not None:
         body["batch"] = found.batch
     for line in problems + ([] if found is None else late_warnings(found)):
@@ -282,12 +291,11 @@ def backfill_task(
     pipeline: str, conf_dir: str, topic: str, partition: int, start: int, end: int, reason: str
 ) -> dict[str, Any]:
     """Re-ingest one committed range, replacing its rows."""
-    from strata.operations.backfill import backfill
     from strata.operations.report import summary_dict
+    from strata.run import reprocess
 
-    outcome = backfill(
-        load_pipeline(pipeline, conf_dir), OffsetRange(topic, partition, start, end), reason
-    )
+    target = OffsetRange(topic, partition, start, end)
+    outcome = reprocess(load_pipeline(pipeline, conf_dir), "backfill", [target], reason)
     return redact_json(summary_dict(outcome))
 
 
@@ -309,19 +317,21 @@ def replay_task(
         to_batch: The last batch; None is `from_batch`.
         target: Topic, partition, first offset and first offset after, for a range.
     """
-    from strata.operations.backfill import replay, replay_targets
+    from strata.operations.backfill import replay_targets
     from strata.operations.report import summary_dict
+    from strata.run import reprocess
 
     cfg = load_pipeline(pipeline, conf_dir)
-    outcome = replay(cfg, replay_targets(cfg, from_batch, to_batch, target), reason)
+    targets = replay_targets(cfg.places(), from_batch, to_batch, target)
+    outcome = reprocess(cfg, "replay", targets, reason)
     return redact_json(summary_dict(outcome))
 
 
 def compact_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Merge the small files of the pipeline's settled partitions (`strata.maintenance.compact`)."""
-    from strata.maintenance.compact import compact
+    from strata.edge import compact_pipeline
 
-    return _each_table(pipeline, conf_dir, lambda cfg: redact_json(compact(cfg).as_dict()))
+    return _each_table(pipeline, conf_dir, lambda cfg: redact_json(compact_pipeline(cfg).as_dict()))
 
 
 def checkpoint_task(pipeline: str, conf_dir: str) -> dict[str, Any]:

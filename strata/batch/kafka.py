@@ -16,10 +16,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition, libversion
 
-from strata.batch.plan import OffsetRange, PartitionState
+from strata.batch.plan import PartitionState
 from strata.config import KafkaConfig, KafkaSource
 from strata.errors import KafkaUnavailable
 from strata.log import RateLimit, get_logger
+from strata.store.ranges import OffsetRange
 
 # librdkafka prefixes a line with the thread it came from, and ends a failed
 # connection with how long it took: neither tells one failure from another.

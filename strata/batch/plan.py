@@ -13,38 +13,16 @@ import json
 import math
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from strata.config import PipelineConfig
+from strata.config import Decoding, KafkaSource
 from strata.errors import PlanError
 from strata.store.files import filesystem, put_if_absent, read_bytes
 from strata.store.places import Places
+from strata.store.ranges import OffsetRange
 
-
-@dataclass(frozen=True, order=True)
-class OffsetRange:
-    """Offsets `[start, end)` of one topic partition.
-
-    Attributes:
-        topic: Kafka topic.
-        partition: Partition number.
-        start: First offset to read.
-        end: First offset not to read.
-    """
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-    @property
-    def count(self) -> int:
-        """How many offsets the range spans (messages plus gaps)."""
-        return self.end - self.start
-
-    def describe(self) -> str:
-        """The range in words, for messages."""
-        return f"offsets [{self.start}, {self.end}) of partition {self.partition} of `{self.topic}`"
+# The operations that read committed ranges again, replacing their rows.
+Reprocess = Literal["backfill", "replay"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +62,7 @@ class BatchPlan:
         created_at: When the plan was made (informational).
         watermarks: Each partition's high watermark when planned (`topic:partition`),
             so the ledger can tell how far behind the log each batch ended.
-        kind: `ingest` (the next offsets) or `backfill` (a committed range again).
+        kind: `ingest` (the next offsets), or `backfill` or `replay` (committed ranges again).
         note: Why, for a backfill.
         source: `kafka`, or `raw` when a backfill reads the raw copy.
         losses: Ranges deleted by retention before they were read, accepted for this
@@ -237,17 +215,17 @@ def read_topics(states: list[PartitionState], committed: Collection[tuple[str, i
 
 
 def vanished_topics(
-    cfg: PipelineConfig, states: list[PartitionState], committed: dict[tuple[str, int], int]
+    source: KafkaSource, states: list[PartitionState], committed: dict[tuple[str, int], int]
 ) -> list[str]:
     """Topics a pattern matched and the ledger has offsets for, that the brokers no longer list.
 
     A listed topic that vanishes stops the plan (see `plan_ranges`); a pattern's topics
     come and go, so those that went are reported and no longer read.
     """
-    if cfg.topics_pattern is None:
+    if source.pattern is None:
         return []
     listed = {s.topic for s in states}
-    return sorted({t for t, _ in committed if cfg.reads_topic(t) and t not in listed})
+    return sorted({t for t, _ in committed if source.reads(t) and t not in listed})
 
 
 def first_start(state: PartitionState, starting_offsets: str, added: bool) -> tuple[int, str]:
@@ -325,7 +303,7 @@ def split_ranges(
     return splits
 
 
-def decode_fingerprint(cfg: PipelineConfig) -> str:
+def decode_fingerprint(decoding: Decoding) -> str:
     """Hash of everything that decides whether and where a message lands.
 
     The Schema Registry's url counts (which registry names the writer schemas), its
@@ -334,17 +312,24 @@ def decode_fingerprint(cfg: PipelineConfig) -> str:
     (its zone, its field's name, values and `other`), and is written as before when it
     is plain UTC `dt`/`hr`, for the same reason.
     """
-    partitioning = cfg.partitioning
+    schemas = decoding.schemas
+    partitioning = schemas.partitioning
     body: dict[str, Any] = {
-        "format": cfg.format,
-        "schema_id": cfg.schema_id,
-        "schema": cfg.schema_text,
-        "event_time": cfg.event_time.model_dump(),
+        "format": schemas.format,
+        "schema_id": decoding.schema_id,
+        "schema": schemas.text,
+        "event_time": decoding.event_time.model_dump(),
         "partitioning": partitioning.by if partitioning.default else partitioning.model_dump(),
     }
-    if cfg.format == "confluent_avro" and cfg.schema_registry.url is not None:
-        body["schema_registry"] = cfg.schema_registry.url
+    if schemas.format == "confluent_avro" and decoding.registry.url is not None:
+        body["schema_registry"] = decoding.registry.url
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def drop_command(pipeline: str, batch: int, force: bool = False) -> str:
+    """The command that abandons a batch's saved plan, as the way out of a stop names it."""
+    forced = " --force" if force else ""
+    return f"`strata plan drop --pipeline {pipeline} --batch {batch}{forced} --reason TEXT`"
 
 
 class PlanStore:
@@ -408,8 +393,7 @@ class PlanStore:
                 raise PlanError(
                     f"batch {batch}'s plan is being dropped ({record.get('who')}: "
                     f"{record.get('reason')}) and the drop did not finish. Nothing was read. "
-                    f"Run `strata plan drop --pipeline {self._pipeline} --batch {batch} "
-                    "--reason TEXT` again to finish it."
+                    f"Run {drop_command(self._pipeline, batch)} again to finish it."
                 )
         data = read_bytes(self._fs, f"{self._root}/{self._name(batch)}")
         if data is None:
@@ -420,16 +404,15 @@ class PlanStore:
             raise PlanError(
                 f"{self.describe(batch)}: the saved plan of batch {batch} cannot be read "
                 f"({type(exc).__name__}: {exc}); it was cut short or edited. Nothing was read. "
-                f"Restore the file, or abandon the batch with `strata plan drop --pipeline "
-                f"{self._pipeline} --batch {batch} --reason TEXT`."
+                "Restore the file, or abandon the batch with "
+                f"{drop_command(self._pipeline, batch)}."
             ) from None
         if plan.batch != batch or plan.pipeline != self._pipeline:
             raise PlanError(
                 f"{self.describe(batch)}: the file holds the plan of batch {plan.batch} of "
                 f"pipeline {plan.pipeline}, not batch {batch} of {self._pipeline}; it was "
                 "copied or edited by hand. Nothing was read. Restore the file, or abandon the "
-                f"batch with `strata plan drop --pipeline {self._pipeline} --batch {batch} "
-                "--reason TEXT`."
+                f"batch with {drop_command(self._pipeline, batch)}."
             )
         return plan
 

@@ -12,6 +12,9 @@ counted, so every offset read is kept exactly once. A message whose headers the
 Kafka client cannot convert is kept with its key and value and marked for
 quarantine, never allowed to crash the task: a batch's plan is saved and resumed,
 so a task that fails on one message would fail that batch on every re-run.
+
+The parts: the consumer (`_consumer`), consumed messages as Arrow (`_messages`),
+gap runs and their confirmation (`_gaps`), and reading the raw copy back (`_raw`).
 """
 
 from __future__ import annotations
@@ -20,18 +23,30 @@ import gc
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from strata import faults
-from strata.batch.plan import OffsetRange
+from strata.batch._consumer import BrokerTrouble, range_consumer
+from strata.batch._gaps import GAP_RUNS_VERIFIED, RangeProgress, verify_gaps
+from strata.batch._messages import RawChunk, events_apart, to_table
+from strata.batch._raw import read_raw_copy
 from strata.errors import ReadError
 from strata.log import get_logger
-from strata.schema.avro import RAW_SCHEMA
+from strata.store.ranges import OffsetRange
+
+__all__ = [
+    "CHUNK_MESSAGES",
+    "GAP_RUNS_VERIFIED",
+    "READ_TUNING",
+    "RangeProgress",
+    "RawChunk",
+    "read_ranges",
+    "read_raw_copy",
+]
 
 logger = get_logger(__name__)
 
@@ -64,171 +79,6 @@ _CONSUME_BATCH = 10_000
 # A chunk goes to decode and write once it holds this many messages (or the
 # configured MB of keys and values, whichever comes first).
 CHUNK_MESSAGES = 50_000
-
-# Most runs of missing offsets confirmed with the broker per range, spread evenly
-# over the range's runs with the first and last included. Each costs one seek and
-# one small fetch; a compacted topic has a run per removed stretch, so all of them
-# would cost as much as the read.
-GAP_RUNS_VERIFIED = 32
-
-# The verifier only needs the first message at an offset: small fetches, no prefetch,
-# and no pause after one (librdkafka waits a second by default once its queue holds
-# `queued.min.messages`), so a run costs one round trip.
-_VERIFY_TUNING: dict[str, Any] = {
-    "queued.min.messages": 1,
-    "queued.max.messages.kbytes": 1_024,
-    "fetch.max.bytes": 1_048_576,
-    "max.partition.fetch.bytes": 65_536,
-    "fetch.wait.max.ms": 10,
-    "fetch.queue.backoff.ms": 0,
-    "receive.message.max.bytes": 2_147_483_647,
-}
-
-
-# Messages are always consume()d and never built by hand; headers() is read through
-# the method itself so a failure can be pinned on one message (see `_headers`).
-_HEADERS = Message.headers
-_TIMESTAMP, _TOPIC, _PARTITION = Message.timestamp, Message.topic, Message.partition
-_OFFSET, _KEY, _VALUE, _ERROR = Message.offset, Message.key, Message.value, Message.error
-
-
-class _BrokerTrouble:
-    """What the client last reported about reaching the brokers; its `error_cb`.
-
-    librdkafka reports a refused or dropped connection here, not as a message, and
-    keeps retrying: the read only needs it to say why it is stuck if it gives up.
-    """
-
-    def __init__(self, conf: Mapping[str, Any]) -> None:
-        servers = str(conf.get("bootstrap.servers", ""))
-        self.several = "," in servers
-        self.brokers = f"the broker{'s' if self.several else ''} at {servers}"
-        self.last: str | None = None
-
-    def __call__(self, err: KafkaError) -> None:
-        # "1/1 brokers are down" follows each refusal: keep the refusal, which says why.
-        if err.code() != KafkaError._ALL_BROKERS_DOWN or self.last is None:
-            self.last = err.str()
-
-    def why_stuck(self) -> str:
-        """The brokers, named, and what is known of why they serve nothing."""
-        if self.last is None:
-            serve = "serve" if self.several else "serves"
-            return f"{self.brokers} no longer {serve} the planned offsets"
-        return f"{self.brokers} cannot be reached ({self.last})"
-
-
-@dataclass
-class RangeProgress:
-    """How far one range has been read.
-
-    Attributes:
-        range: The planned range.
-        messages: Distinct offsets read inside the range.
-        bytes: Key and value bytes of those messages.
-        done: Whether the consumer's position reached the range's end.
-        redelivered: Messages delivered again at or below the last offset kept, and
-            dropped.
-        offset_sum: Sum of the offsets kept: a checksum the written files must match.
-        first_offset: First offset kept, or None.
-        last_offset: Last offset kept, or None.
-        gap_runs: Runs of consecutive offsets inside the range that held no message.
-        gap_runs_verified: Of those, the runs the broker confirmed hold no message
-            (0 for reads that have no broker, such as the raw copy's).
-    """
-
-    range: OffsetRange
-    messages: int = 0
-    bytes: int = 0
-    done: bool = False
-    redelivered: int = 0
-    offset_sum: int = 0
-    first_offset: int | None = None
-    last_offset: int | None = None
-    gap_runs: int = 0
-    gap_runs_verified: int = 0
-    # Runs whose global index is a multiple of the stride, and the latest run: an
-    # evenly spread sample of every run seen, in bounded memory.
-    _stride: int = field(default=1, repr=False)
-    _picked: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
-    _latest: tuple[int, int, int] | None = field(default=None, repr=False)
-
-    @property
-    def gaps(self) -> int:
-        """Offsets in the range that held no message (compaction, transaction markers)."""
-        return self.range.count - self.messages
-
-    @property
-    def position(self) -> int:
-        """The next offset the read expects."""
-        return self.range.start if self.last_offset is None else self.last_offset + 1
-
-    def note_runs(self, starts: list[int], ends: list[int]) -> None:
-        """Record runs of missing offsets `[start, end)`, in offset order."""
-        count = len(starts)
-        if not count:
-            return
-        base, total = self.gap_runs, self.gap_runs + count
-        stride = self._stride
-        while total > 2 * GAP_RUNS_VERIFIED * stride:
-            stride *= 2
-        if stride != self._stride:
-            self._stride = stride
-            self._picked = [run for run in self._picked if run[0] % stride == 0]
-        for i in range((-base) % stride, count, stride):
-            self._picked.append((base + i, starts[i], ends[i]))
-        self._latest = (total - 1, starts[-1], ends[-1])
-        self.gap_runs = total
-
-    def runs_to_verify(self) -> list[tuple[int, int]]:
-        """At most `GAP_RUNS_VERIFIED` runs, spread evenly, first and last included."""
-        candidates = list(self._picked)
-        if self._latest is not None and (not candidates or candidates[-1] != self._latest):
-            candidates.append(self._latest)
-        if len(candidates) > GAP_RUNS_VERIFIED:
-            last = len(candidates) - 1
-            steps = GAP_RUNS_VERIFIED - 1
-            candidates = [candidates[round(i * last / steps)] for i in range(steps + 1)]
-        return [(start, end) for _, start, end in candidates]
-
-    def finish_runs(self) -> None:
-        """Record the run between the last offset kept and the range's end."""
-        if self.position < self.range.end:
-            self.note_runs([self.position], [self.range.end])
-
-
-@dataclass(frozen=True)
-class RawChunk:
-    """A chunk of messages handed to decode and write.
-
-    Attributes:
-        table: Messages in `RAW_SCHEMA`, in offset order per partition.
-        rejected: Row index to the reason a message must go to quarantine whatever
-            its value holds (its headers could not be read).
-    """
-
-    table: pa.Table
-    rejected: Mapping[int, str]
-
-
-def range_consumer(conf: dict[str, Any]) -> Consumer:
-    """A consumer that reads assigned offsets exactly: committed records only, no group.
-
-    The group is never joined (assign, not subscribe) and never committed to; an offset
-    out of range is an error rather than a silent jump, and each partition's end is
-    reported, so a range ends on position.
-    """
-    return Consumer(
-        {
-            **conf,
-            "group.id": conf.get("group.id", "strata-reader"),
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "error",
-        }
-    )
 
 
 def read_ranges(
@@ -263,7 +113,7 @@ def read_ranges(
         ReadError: If a range stops advancing, the broker reports an error, or a run
             of missing offsets turns out to hold a message the read skipped.
     """
-    trouble = _BrokerTrouble(conf)
+    trouble = BrokerTrouble(conf)
     consumer = range_consumer({**READ_TUNING, **conf, "error_cb": trouble})
     active: dict[tuple[str, int], RangeProgress] = {}
     for r in ranges:
@@ -296,8 +146,8 @@ def read_ranges(
             with _collector_paused():
                 # librdkafka messages are typed Optional throughout; inside a range, set.
                 messages: list[Any] = consumer.consume(max(wanted, 1), timeout=0.5)
-                data, events = _events_apart(messages)
-                converted = _to_table(data, batch, only_topic) if data else None
+                data, events = events_apart(messages)
+                converted = to_table(data, batch, only_topic) if data else None
                 # Only the Arrow copy lives on while a chunk is decoded and written: the
                 # consumed messages' own bytes are let go first.
                 del messages, data
@@ -431,68 +281,6 @@ class _Chunker:
         return RawChunk(pa.concat_tables(tables).combine_chunks(), rejected)
 
 
-def verify_gaps(conf: dict[str, Any], states: list[RangeProgress], stall_s: float) -> None:
-    """Confirm with the broker that the ranges' runs of missing offsets hold no message.
-
-    For each run (at most `GAP_RUNS_VERIFIED` per range), a consumer seeks to its
-    first offset: the first message the broker returns must lie at or past the run's
-    end. A compacted stretch, an aborted transaction or a transaction marker passes;
-    a message the read skipped does not.
-
-    Args:
-        conf: librdkafka settings (bootstrap and security).
-        states: Ranges read completely.
-        stall_s: Fail if the broker answers nothing for this long.
-
-    Raises:
-        ReadError: Naming the partition and the offset a run turned out to hold.
-    """
-    todo = [(s, run) for s in states for run in s.runs_to_verify()]
-    if not todo:
-        return
-    trouble = _BrokerTrouble(conf)
-    verifier = range_consumer({**conf, **_VERIFY_TUNING, "error_cb": trouble})
-    try:
-        for state, (start, end) in todo:
-            r = state.range
-            found = _first_offset_from(verifier, r, start, stall_s, trouble)
-            if found < end:
-                raise ReadError(
-                    f"partition {r.partition} of `{r.topic}`: offset {found} holds a message "
-                    f"but the read of [{r.start}, {r.end}) skipped it (it counted "
-                    f"[{start}, {end}) as a gap); nothing of the batch is committed. Run "
-                    "again; if it recurs, the consumer or the broker loses messages"
-                )
-            state.gap_runs_verified += 1
-    finally:
-        verifier.close()
-
-
-def _first_offset_from(
-    consumer: Consumer, r: OffsetRange, offset: int, stall_s: float, trouble: _BrokerTrouble
-) -> int:
-    """The offset of the first message (or the log end) at or after `offset`."""
-    consumer.assign([TopicPartition(r.topic, r.partition, offset)])
-    deadline = time.monotonic() + stall_s
-    while time.monotonic() < deadline:
-        found: list[Any] = consumer.consume(1, timeout=0.5)
-        for m in found:
-            err = m.error()
-            if err is None or err.code() == KafkaError._PARTITION_EOF:
-                # At the end of the log, the event's offset is the log end: nothing lies
-                # between `offset` and it.
-                return int(m.offset())
-            raise ReadError(
-                f"partition {r.partition} of `{r.topic}`: {err.str()} while confirming that "
-                f"offset {offset} of [{r.start}, {r.end}) holds no message ({trouble.brokers})"
-            )
-    raise ReadError(
-        f"no answer for {stall_s:.0f}s while confirming that offset {offset} of partition "
-        f"{r.partition} of `{r.topic}` holds no message; {trouble.why_stuck()}. Nothing of "
-        "the batch is committed, and the next run reads the same offsets"
-    )
-
-
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for the block (if it was running)."""
@@ -503,16 +291,6 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if running:
             gc.enable()
-
-
-def _events_apart(messages: list[Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
-    """A consumed batch's messages, and its events (an error, a partition's end) with theirs."""
-    errors = list(map(_ERROR, messages))
-    # By identity: a KafkaError compared with None leaves a TypeError set (list.count).
-    if all(e is None for e in errors):
-        return messages, []
-    pairs = list(zip(messages, errors, strict=True))
-    return [m for m, e in pairs if e is None], [(m, e) for m, e in pairs if e is not None]
 
 
 def _handle_errors(
@@ -541,95 +319,6 @@ def _handle_errors(
             f"[{state.range.start}, {state.range.end}) from {brokers}"
         )
     return finished
-
-
-def _headers(messages: list[Any]) -> tuple[list[Any], dict[int, str]]:
-    """Every message's headers, and why those of some could not be read.
-
-    confluent-kafka decodes header keys as UTF-8. For a key that is not, `headers()`
-    raises SystemError (from a UnicodeDecodeError) and caches a half-built list whose
-    key is a null pointer: calling it again on that message returns the list, and
-    touching the key crashes the interpreter. So each message's `headers()` is called
-    exactly once; `list.extend` keeps what was read before a failure, which pins it
-    on one message.
-    """
-    headers: list[Any] = []
-    unreadable: dict[int, str] = {}
-    while True:
-        try:
-            headers.extend(map(_HEADERS, messages[len(headers) :] if unreadable else messages))
-            return headers, unreadable
-        except Exception as exc:  # noqa: BLE001 - any failure is this one message's
-            unreadable[len(headers)] = _header_problem(exc)
-            headers.append(None)
-
-
-def _header_problem(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc.__context__ or exc
-    if isinstance(cause, UnicodeDecodeError):
-        raw = bytes(cause.object)
-        shown = repr(raw[:64]) + ("..." if len(raw) > 64 else "")
-        return (
-            f"headers unreadable by the Kafka client: header key {shown} is not UTF-8 "
-            f"({cause.reason} at byte {cause.start})"
-        )
-    return f"headers unreadable by the Kafka client: {type(cause).__name__}: {cause}"
-
-
-def _to_table(
-    messages: list[Any], batch: int, topic: str | None
-) -> tuple[pa.Table, dict[int, str]]:
-    """One consume() batch as a raw-schema table: one pass per field.
-
-    Fields are read through the methods themselves, mapped over the batch (no Python
-    frame per message), as this runs once per message read.
-
-    Args:
-        messages: The batch's messages, none of them an event.
-        batch: Batch number stamped on each row.
-        topic: The only topic the consumer reads, or None if it reads several.
-
-    Returns:
-        The table, and the rows whose headers could not be read (kept with null
-        headers) with the reason.
-    """
-    n = len(messages)
-    kinds, stamps = zip(*map(_TIMESTAMP, messages), strict=True) if n else ((), ())
-    headers, unreadable = _headers(messages)
-    ts = pa.array(stamps, pa.int64())
-    # Type 0 is "not available": such a message has no Kafka timestamp.
-    ts = pc.if_else(pc.equal(pa.array(kinds, pa.int8()), 0), pa.scalar(None, pa.int64()), ts)
-    if headers.count(None) != n:
-        header_rows: list[Any] = [
-            None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers
-        ]
-        header_column = pa.array(header_rows, RAW_SCHEMA.field("_headers").type)
-    else:
-        header_column = pa.nulls(n, RAW_SCHEMA.field("_headers").type)
-    topics = (
-        pa.array(list(map(_TOPIC, messages)), pa.string())
-        if topic is None
-        else pa.repeat(pa.scalar(topic, pa.string()), n)
-    )
-    table = pa.table(
-        [
-            topics,
-            pa.array(list(map(_PARTITION, messages)), pa.int32()),
-            pa.array(list(map(_OFFSET, messages)), pa.int64()),
-            ts.cast(pa.timestamp("ms", tz="UTC")),
-            # Over 2 GiB of keys or values (a few huge messages at once), pyarrow
-            # returns a chunked array rather than overflow; chunks are cut below that.
-            pa.array(list(map(_KEY, messages)), pa.binary()),
-            pa.array(list(map(_VALUE, messages)), pa.binary()),
-            header_column,
-            pa.repeat(pa.scalar(batch, pa.int64()), n),
-            pa.array([unreadable.get(i) for i in range(n)], pa.string())
-            if unreadable
-            else pa.nulls(n, pa.string()),
-        ],
-        schema=RAW_SCHEMA,
-    )
-    return table, unreadable
 
 
 def _filtered(
@@ -761,10 +450,6 @@ def _note_gaps(state: RangeProgress, kept: pa.Array, floor: int) -> None:
     state.note_runs(starts, pc.filter(kept, missing).to_pylist())
 
 
-def _length(column: pa.ChunkedArray) -> int:
-    return int(pc.sum(pc.binary_length(column)).as_py() or 0)
-
-
 def _finish(
     consumer: Consumer, active: dict[tuple[str, int], RangeProgress], key: tuple[str, int]
 ) -> None:
@@ -773,90 +458,3 @@ def _finish(
     state.finish_runs()
     # Stop fetching past the range; the remaining partitions keep the consumer busy.
     consumer.pause([TopicPartition(key[0], key[1])])
-
-
-def read_raw_copy(
-    raw_uri: str,
-    storage_options: dict[str, str] | None,
-    ranges: list[OffsetRange],
-    batch: int,
-    progress: dict[tuple[str, int, int], RangeProgress],
-    only_batch: int | None = None,
-) -> Iterator[RawChunk]:
-    """Yield the raw copy's messages of the ranges, as `read_ranges` yields Kafka's.
-
-    A backfill of offsets that Kafka's retention has deleted reads them here: the raw
-    copy holds every message ever read, with its key, value, headers, timestamp and
-    whatever the client could not read of it. Its files come in no particular order,
-    so offsets are summed but neither checked for order nor split into gap runs, and
-    there is no broker to confirm gaps with. Each offset must appear once: after a
-    topic was re-created and read again from its start, the raw copy holds two
-    messages at one offset, and reading both would land both.
-
-    Args:
-        raw_uri: The raw copy's Delta table.
-        storage_options: Object-store options for deltalake.
-        ranges: Ranges to read.
-        batch: Batch number stamped on each row.
-        progress: Filled in place, keyed by (topic, partition, start).
-        only_batch: Read only the rows this batch wrote (a batch resumed from its own
-            committed raw copy).
-
-    Yields:
-        Chunks in `RAW_SCHEMA`.
-
-    Raises:
-        ReadError: If the raw copy holds an offset of a range more than once.
-    """
-    # Imported here: pyarrow.dataset brings pandas along, seconds of CPU in every Spark
-    # worker that only reads from Kafka.
-    import pyarrow.dataset as ds
-    from deltalake import DeltaTable
-
-    from strata.store.delta import range_filter
-
-    dataset = DeltaTable(raw_uri, storage_options=storage_options).to_pyarrow_dataset()
-    present = [name for name in RAW_SCHEMA.names if name in dataset.schema.names]
-    for r in ranges:
-        state = progress.setdefault((r.topic, r.partition, r.start), RangeProgress(r))
-        wanted = range_filter(r)
-        if only_batch is not None:
-            wanted = wanted & (ds.field("_batch") == only_batch)
-        seen: list[pa.Array] = []
-        for chunk in dataset.to_batches(filter=wanted, columns=present):
-            if chunk.num_rows == 0:
-                continue
-            table = pa.Table.from_batches([chunk])
-            for name in RAW_SCHEMA.names:
-                if name not in present:  # a raw copy written before the column existed
-                    table = table.append_column(name, pa.nulls(table.num_rows, pa.string()))
-            table = table.select(RAW_SCHEMA.names).cast(RAW_SCHEMA)
-            table = table.set_column(
-                RAW_SCHEMA.get_field_index("_batch"),
-                RAW_SCHEMA.field("_batch"),
-                pa.repeat(pa.scalar(batch, pa.int64()), table.num_rows),
-            )
-            offsets = table.column("_offset")
-            seen.append(offsets.combine_chunks())
-            state.messages += table.num_rows
-            state.bytes += _length(table.column("_value")) + _length(table.column("_key"))
-            state.offset_sum += pc.sum(offsets).as_py()
-            low, high = pc.min(offsets).as_py(), pc.max(offsets).as_py()
-            state.first_offset = low if state.first_offset is None else min(state.first_offset, low)
-            state.last_offset = high if state.last_offset is None else max(state.last_offset, high)
-            errors = table.column("_read_error")
-            rejected = {
-                int(i): errors[int(i)].as_py()
-                for i in pc.indices_nonzero(pc.is_valid(errors)).to_pylist()
-            }
-            yield RawChunk(table, rejected)
-        if seen and pc.count_distinct(pa.chunked_array(seen)).as_py() != state.messages:
-            counts = pa.chunked_array(seen).value_counts()
-            twice = pc.filter(counts.field("values"), pc.greater(counts.field("counts"), 1))
-            raise ReadError(
-                f"{r.describe()}: the raw copy holds offset {twice[0].as_py()} (and "
-                f"{len(twice) - 1} more) more than once: two logs were read under these "
-                "offsets (a topic deleted and created again, then read from its start). "
-                "Nothing was committed; give a range only one log covers."
-            )
-        state.done = True

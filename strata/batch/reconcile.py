@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
+from strata.batch.plan import drop_command
 from strata.batch.task import RangeResult
 from strata.config import TableName
 from strata.errors import ReconcileError
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from strata.batch.plan import BatchPlan
     from strata.batch.task import SplitResult
-    from strata.batch.write import WrittenFile
+    from strata.store.parquet import WrittenFile
 
 RANGES_KEY = "strata.ranges"
 """Commit metadata of each table's batch commit: what the batch read and decoded."""
@@ -249,8 +250,8 @@ def reconcile_resumed(
             "nothing more was committed:\n  " + "\n  ".join(problems) + "\nThe decode "
             "settings or Strata's decoder changed since that commit, or the raw copy does not "
             "hold the batch. Finish the batch with the settings and Strata version it began "
-            f"with, or drop it with `strata plan drop --pipeline {pipeline} --batch "
-            f"{plan.batch} --force --reason TEXT` (its committed rows are removed and its "
+            f"with, or drop it with {drop_command(pipeline, plan.batch, force=True)} (its "
+            "committed rows are removed and its "
             "offsets read again by the next batch)."
         )
 

@@ -1,8 +1,8 @@
 """One Spark task: read a split's ranges, decode, and write the three tables' files.
 
-The task runs in a Python worker. Its rows never pass through the JVM: bytes go
-from the consumer to Arrow to the Parquet writer, and only file metadata and counts
-go back to the driver.
+`execute` runs a batch's tasks on the session. A task runs in a Python worker. Its
+rows never pass through the JVM: bytes go from the consumer to Arrow to the Parquet
+writer, and only file metadata and counts go back to the driver.
 """
 
 from __future__ import annotations
@@ -11,22 +11,47 @@ import ctypes
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from strata import faults
 from strata.batch.decode import Decoded, DecodeRules, decode_chunk, partition_stats
 from strata.batch.kafka import client_conf
-from strata.batch.plan import OffsetRange
 from strata.batch.read import RangeProgress, RawChunk, read_ranges, read_raw_copy
-from strata.batch.write import PartitionedWriter, WrittenFile, split_by
-from strata.config import PipelineConfig, TableName
+from strata.batch.write import PartitionedWriter, split_by
+from strata.config import Decoding, KafkaConfig, LimitsConfig, TableName
 from strata.log import configure as configure_logging
 from strata.schema.avro import partition_columns, table_layout
 from strata.stages import BACKGROUND, Stages
-from strata.store.files import delta_options, filesystem
+from strata.store.files import delta_options
 from strata.store.locations import current_locations
+from strata.store.parquet import WrittenFile
+from strata.store.places import Places
+from strata.store.ranges import OffsetRange
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What every task of a pipeline's batches needs; built once by the conductor.
+
+    Attributes:
+        places: Where the tables are written.
+        decoding: How messages are decoded, the schema read with included.
+        kafka: How to reach the brokers.
+        group_id: The consumer group the task's consumer names (it commits nothing).
+        limits: The bounds on reading and writing.
+    """
+
+    places: Places
+    decoding: Decoding
+    kafka: KafkaConfig
+    group_id: str
+    limits: LimitsConfig
 
 
 @dataclass(frozen=True)
@@ -34,7 +59,7 @@ class SplitJob:
     """What a task needs; pickled to the worker.
 
     Attributes:
-        cfg: Pipeline configuration.
+        spec: What every task of the pipeline's batches needs.
         batch: Batch number.
         task: Task number within the batch (part of every file name).
         ranges: Ranges this task reads.
@@ -48,7 +73,7 @@ class SplitJob:
             resumed from its own committed raw copy); None reads every batch's.
     """
 
-    cfg: PipelineConfig
+    spec: TaskSpec
     batch: int
     task: int
     ranges: list[OffsetRange]
@@ -138,15 +163,15 @@ def task_attempt() -> int:
 
 
 def _writer(
-    cfg: PipelineConfig, name: TableName, batch: int, tag: str, run_id: str
+    spec: TaskSpec, name: TableName, batch: int, tag: str, run_id: str
 ) -> PartitionedWriter:
     """A writer for one table's files of one task attempt."""
-    schema, partition_by = table_layout(cfg.schemas(), name)
-    fs, root = filesystem(cfg.location(name), cfg.storage_options)
-    limits = cfg.limits
+    schema, partition_by = table_layout(spec.decoding.schemas, name)
+    fs, root = spec.places.table(name).filesystem()
+    limits = spec.limits
     # A compacted plain Parquet partition takes late rows in its directory in use; no
     # compaction moves one while a run holds the run lock, so one look per task is enough.
-    current = current_locations(fs, root) if cfg.table_format == "parquet" else {}
+    current = current_locations(fs, root) if spec.places.format == "parquet" else {}
     return PartitionedWriter(
         fs,
         root,
@@ -175,12 +200,12 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
     configure_logging()
     began, began_cpu = time.monotonic(), time.process_time()
     stages = Stages()
-    cfg = job.cfg
-    rules = DecodeRules.from_config(cfg)
+    spec = job.spec
+    rules = DecodeRules.of_decoding(spec.decoding)
     tag = f"t{job.task:05d}"
     with stages.timed("open"):
         writers = {
-            name: _writer(cfg, name, job.batch, tag, job.run_id)
+            name: _writer(spec, name, job.batch, tag, job.run_id)
             for name in sorted(job.write)
             if not (shuffle_rows and name == "table")
         }
@@ -194,24 +219,24 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
     progress: dict[tuple[str, int, int], RangeProgress] = {}
     chunks: Iterator[RawChunk]
     if job.source == "raw":
-        raw_uri = cfg.location("raw")
+        raw = spec.places.table("raw")
         chunks = read_raw_copy(
-            raw_uri,
-            delta_options(raw_uri, cfg.storage_options),
+            raw.uri,
+            delta_options(raw.uri, raw.options),
             job.ranges,
             job.batch,
             progress,
             job.raw_batch,
         )
     else:
-        conf = client_conf(cfg.kafka, **{"group.id": cfg.group_id})
+        conf = client_conf(spec.kafka, **{"group.id": spec.group_id})
         chunks = read_ranges(
             conf,
             job.ranges,
             job.batch,
             progress,
-            stall_s=cfg.limits.read_stall_s,
-            chunk_bytes=cfg.limits.read_chunk_mb << 20,
+            stall_s=spec.limits.read_stall_s,
+            chunk_bytes=spec.limits.read_chunk_mb << 20,
         )
     while True:
         # Fetching from Kafka and building the chunk's Arrow columns.
@@ -316,7 +341,7 @@ def map_split(job: SplitJob) -> Iterator[tuple[str, Any]]:
         (partition key, (run id, IPC bytes)) per chunk and event-time partition;
         last, (META, the split's result).
     """
-    columns = partition_columns(job.cfg.partitioning)
+    columns = partition_columns(job.spec.decoding.schemas.partitioning)
     for item in _process(job, shuffle_rows=True):
         if isinstance(item, SplitResult):
             yield META, item
@@ -329,7 +354,7 @@ def map_split(job: SplitJob) -> Iterator[tuple[str, Any]]:
 
 
 def reduce_rows(
-    cfg: PipelineConfig, batch: int, index: int, records: Iterator[tuple[str, Any]]
+    spec: TaskSpec, batch: int, index: int, records: Iterator[tuple[str, Any]]
 ) -> Iterator[tuple[str, Any]]:
     """The reduce side of the `shuffle` layout: one writer for the partitions it owns.
 
@@ -344,7 +369,7 @@ def reduce_rows(
             continue
         run_id, rows = payload
         if writer is None:
-            writer = _writer(cfg, "table", batch, f"r{index:05d}", run_id)
+            writer = _writer(spec, "table", batch, f"r{index:05d}", run_id)
         writer.write(pa.ipc.open_stream(rows).read_all())
     if writer is not None:
         yield "files", writer.close()
@@ -356,3 +381,39 @@ def _min(a: int | None, b: int | None) -> int | None:
 
 def _max(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
+
+
+def execute(
+    spark: SparkSession, jobs: list[SplitJob], label: str, reducers: int = 0
+) -> list[SplitResult]:
+    """Run one task per split and collect their metadata.
+
+    Args:
+        spark: The session.
+        jobs: The splits.
+        label: Printed with progress lines.
+        reducers: 0 for the `per_task` layout; otherwise the `shuffle` layout with
+            this many writing tasks.
+
+    Returns:
+        Each task's result (with `shuffle`, plus one holding the reducers' files).
+    """
+    from strata.spark.session import progress, run_each
+
+    if not reducers:
+        return run_each(spark, run_split, jobs, label)
+    sc = spark.sparkContext
+    sc.setJobDescription(label)
+    with progress(sc, label, len(jobs)):
+        spec, batch = jobs[0].spec, jobs[0].batch
+        out = (
+            sc.parallelize(jobs, len(jobs))
+            .flatMap(map_split)
+            .partitionBy(reducers)
+            .mapPartitionsWithIndex(partial(reduce_rows, spec, batch))
+            .collect()
+        )
+    results: list[SplitResult] = [payload for kind, payload in out if kind == "meta"]
+    files = [f for kind, payload in out if kind == "files" for f in payload]
+    results.append(SplitResult(task=-1, ranges=[], files={"table": files}, seconds=0.0))
+    return results

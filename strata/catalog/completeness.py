@@ -35,17 +35,17 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from strata.batch.write import file_batch, partition_path
-from strata.config import PipelineConfig
+from strata.config import CompletenessConfig, PartitioningConfig
 from strata.durations import parse_duration_ms
-from strata.quality.checks import READ_KINDS
 from strata.quality.store import ResultStore
 from strata.schema.avro import partition_columns
 from strata.schema.partitions import partition_span
 from strata.store.delta import open_table
-from strata.store.files import filesystem, write_bytes_atomically
-from strata.store.ledger import read_ledger
+from strata.store.files import write_bytes_atomically
+from strata.store.ledger import READ_KINDS, read_ledger
 from strata.store.locations import current_files, current_locations, place
+from strata.store.parquet import file_batch, partition_path
+from strata.store.places import Places, TableRef
 
 MARKER = "_SUCCESS"
 # Metastore parameters of a complete partition (and of the data table, for Delta
@@ -252,17 +252,16 @@ class _File:
     high: int | None
 
 
-def _table_files(cfg: PipelineConfig) -> list[_File]:
+def _table_files(ref: TableRef, partitioning: PartitioningConfig) -> list[_File]:
     """The data table's current files, each with its partition and batch bounds.
 
     Delta: from the log's add actions (partition values, `_batch` statistics). Plain
     Parquet: each partition's directory in use; a file's name carries its batch, and a
     compaction's file (rows of many batches) has no bounds.
     """
-    columns = partition_columns(cfg.partitioning)
-    uri = cfg.location("table")
-    if cfg.table_format == "delta":
-        table = open_table(uri, cfg.storage_options)
+    columns = partition_columns(partitioning)
+    if ref.format == "delta":
+        table = open_table(ref.uri, ref.options)
         if table is None:
             return []
         adds = pa.table(table.get_add_actions(flatten=True))
@@ -281,7 +280,7 @@ def _table_files(cfg: PipelineConfig) -> list[_File]:
             )
             for i, path in enumerate(adds.column("path").to_pylist())
         ]
-    fs, root = filesystem(uri, cfg.storage_options)
+    fs, root = ref.filesystem()
     out = []
     for f in current_files(fs, root):
         batch = file_batch(f.path)
@@ -290,7 +289,7 @@ def _table_files(cfg: PipelineConfig) -> list[_File]:
 
 
 def late_rows(
-    cfg: PipelineConfig,
+    ref: TableRef,
     files: list[_File],
     since: dict[str, int],
     ingested: set[int],
@@ -301,7 +300,7 @@ def late_rows(
     Only files that can hold such rows are read, and only their `_batch` column.
 
     Args:
-        cfg: The pipeline.
+        ref: The data table.
         files: The data table's files (`_table_files`).
         since: Per partition, the batch that completed it.
         ingested: The ingest batches of the ledger (backfills and replays re-write
@@ -311,7 +310,7 @@ def late_rows(
     Returns:
         Partitions with late rows, and how many.
     """
-    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    fs, root = ref.filesystem()
     by_partition: dict[str, list[str]] = defaultdict(list)
     for f in files:
         after = since.get(f.partition)
@@ -366,18 +365,18 @@ class Completeness:
         """JSON-ready."""
         return asdict(self)
 
-    def complete_before(self, cfg: PipelineConfig) -> str | None:
+    def complete_before(self) -> str | None:
         """The instant before which every partition's span is complete (held ones aside)."""
         if self.watermark is None:
             return None
-        return _iso(datetime.fromisoformat(self.watermark) - _lateness(cfg))
+        return _iso(datetime.fromisoformat(self.watermark) - _lateness(self.lateness))
 
 
-def watermark_now(cfg: PipelineConfig, ledger: pa.Table) -> dict[str, str | None] | None:
+def watermark_now(settings: CompletenessConfig, ledger: pa.Table) -> dict[str, str | None] | None:
     """The watermark after the newest ingest batch, for `strata status` and the metrics.
 
     Args:
-        cfg: The pipeline configuration.
+        settings: The pipeline's `completeness` settings.
         ledger: The ledger rows.
 
     Returns:
@@ -385,7 +384,7 @@ def watermark_now(cfg: PipelineConfig, ledger: pa.Table) -> dict[str, str | None
         partition ending by then is complete, unless the quality gate holds it); None
         when completeness is off or no event time was read yet.
     """
-    if not cfg.completeness.enabled:
+    if not settings.enabled:
         return None
     marks = watermarks(ledger)
     if not marks or marks[-1].at is None:
@@ -394,16 +393,20 @@ def watermark_now(cfg: PipelineConfig, ledger: pa.Table) -> dict[str, str | None
     return {
         "at": _iso(at),
         "holding": marks[-1].holding,
-        "complete_before": _iso(at - _lateness(cfg)),
+        "complete_before": _iso(at - _lateness(settings.lateness)),
     }
 
 
-def _lateness(cfg: PipelineConfig) -> timedelta:
-    return timedelta(milliseconds=parse_duration_ms(cfg.completeness.lateness))
+def _lateness(lateness: str) -> timedelta:
+    return timedelta(milliseconds=parse_duration_ms(lateness))
 
 
 def completeness(
-    cfg: PipelineConfig,
+    places: Places,
+    settings: CompletenessConfig,
+    partitioning: PartitioningConfig,
+    gate: str,
+    asset: str,
     batch: int | None = None,
     ledger: pa.Table | None = None,
     *,
@@ -414,7 +417,14 @@ def completeness(
     """Each partition's completeness, and what one ingest batch completed.
 
     Args:
-        cfg: The pipeline.
+        places: The pipeline's (or routed table's) places: its ledger, data table and
+            quality results.
+        settings: Its `completeness` settings (the lateness).
+        partitioning: Its `partitioning` (the columns, and the zone `dt` and `hr` are
+            local to).
+        gate: Its `quality.gate`: under `fail`, a batch not checked yet holds the
+            partitions it wrote.
+        asset: The URI of the data table's Airflow Asset (`PipelineConfig.asset_uri`).
         batch: The batch whose newly complete partitions and late rows are wanted;
             None for the newest ingest batch. The partitions' states are as the ledger
             and the quality marks stand now.
@@ -431,30 +441,31 @@ def completeness(
     Returns:
         The completeness.
     """
-    rows = read_ledger(cfg.places()) if ledger is None else ledger
+    rows = read_ledger(places) if ledger is None else ledger
     marks = watermarks(rows)
     ingested = {m.batch for m in marks}
     if batch is None and marks:
         batch = marks[-1].batch
-    files = _table_files(cfg)
-    held = _held(cfg, rows, files) if quality else {}
+    table = places.table("table")
+    files = _table_files(table, partitioning)
+    held = _held(ResultStore.of(places), gate, rows, files) if quality else {}
     states = partition_states(
         sorted({f.partition for f in files}),
         marks,
-        _lateness(cfg),
-        cfg.partitioning.timezone,
+        _lateness(settings.lateness),
+        partitioning.timezone,
         held,
     )
     since_batch = {s.partition: s.completed_batch for s in states if s.completed_batch is not None}
     if totals:
         by_name = {s.partition: s for s in states}
-        for partition, count in late_rows(cfg, files, since_batch, ingested).items():
+        for partition, count in late_rows(table, files, since_batch, ingested).items():
             by_name[partition].late_rows = count
     now = next((m for m in marks if m.batch == batch), None)
     found = Completeness(
-        cfg.name,
-        cfg.asset_uri,
-        cfg.completeness.lateness,
+        places.pipeline,
+        asset,
+        settings.lateness,
         batch,
         None if now is None or now.at is None else _iso(now.at),
         None if now is None else now.holding,
@@ -468,11 +479,13 @@ def completeness(
             if s.complete and s.completed_batch is not None and after < s.completed_batch <= batch
         ]
     if now is not None:
-        found.late = late_rows(cfg, files, since_batch, ingested, only=batch)
+        found.late = late_rows(table, files, since_batch, ingested, only=batch)
     return found
 
 
-def _held(cfg: PipelineConfig, rows: pa.Table, files: list[_File]) -> dict[str, list[int]]:
+def _held(
+    store: ResultStore, gate: str, rows: pa.Table, files: list[_File]
+) -> dict[str, list[int]]:
     """Partitions the quality gate holds, with the batches holding them.
 
     Those a failed check marked incomplete (under `quality.gate: fail`, when it was
@@ -480,9 +493,8 @@ def _held(cfg: PipelineConfig, rows: pa.Table, files: list[_File]) -> dict[str, 
     to: its check may still fail, so until it has run no partition it touched is said
     to be complete.
     """
-    store = ResultStore.of(cfg)
     held = store.incomplete()
-    if cfg.quality.gate != "fail":
+    if gate != "fail":
         return held
     wrote = rows.filter(
         pc.and_(pc.is_in(rows.column("kind"), pa.array(READ_KINDS)), pc.greater(rows["rows"], 0))
@@ -513,7 +525,9 @@ def late_warnings(found: Completeness) -> list[str]:
     ]
 
 
-def write_markers(cfg: PipelineConfig, found: Completeness) -> tuple[list[str], list[str]]:
+def write_markers(
+    ref: TableRef, settings: CompletenessConfig, found: Completeness
+) -> tuple[list[str], list[str]]:
     """Write `_SUCCESS` into each complete partition's directory; remove it from held ones.
 
     The directory is the one readers read: a plain Parquet partition's directory in use
@@ -522,16 +536,18 @@ def write_markers(cfg: PipelineConfig, found: Completeness) -> tuple[list[str], 
     marker already there is left as it is.
 
     Args:
-        cfg: The pipeline; nothing is written unless `completeness.marker` is on.
+        ref: The data table.
+        settings: The pipeline's `completeness` settings; nothing is written unless
+            `marker` is on.
         found: Its completeness.
 
     Returns:
         The partitions marked now, and those whose marker was removed.
     """
-    if not cfg.completeness.marker:
+    if not settings.marker:
         return [], []
-    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
-    where = current_locations(fs, root) if cfg.table_format == "parquet" else {}
+    fs, root = ref.filesystem()
+    where = current_locations(fs, root) if ref.format == "parquet" else {}
     paths = {s.partition: f"{root}/{place(s.partition, where)}/{MARKER}" for s in found.partitions}
     infos = {
         p: i.type != pafs.FileType.NotFound

@@ -34,7 +34,6 @@ from pymetastore.hive_metastore.ttypes import (
     Table,
 )
 
-from strata.batch.write import partition_path
 from strata.catalog.completeness import (
     COMPLETE_BEFORE_KEY,
     PARTITION_KEYS,
@@ -45,14 +44,44 @@ from strata.catalog.completeness import (
 )
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.types import sql_type
-from strata.config import MetastoreConfig, PipelineConfig
+from strata.config import CompletenessConfig, MetastoreConfig, PartitioningConfig, SchemaSpec
 from strata.errors import MetastoreError
 from strata.schema.avro import TABLE_SUFFIXES, partition_columns, table_layout
-from strata.store.files import filesystem
 from strata.store.ledger import LEDGER_SCHEMA
 from strata.store.locations import current_locations, place
+from strata.store.parquet import partition_path
+from strata.store.places import Places, TableRef
 
 DELTA_PROVIDER = "delta"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What registering a pipeline's (or routed table's) tables reads, gathered once.
+
+    The entry points build it from the configuration (`strata.edge.registration`) and
+    hand it down: nothing below them reads the configuration to register.
+
+    Attributes:
+        places: The tables' places and names.
+        schemas: What the Parquet tables' columns are made from, and the data table's
+            partitioning (`PipelineConfig.schemas`).
+        metastore: The metastore settings; `uri` must be set to register.
+        warehouse: The warehouse root: the metastore database's location.
+        completeness: The `completeness` settings: whether the tables say which
+            partitions are complete, the lateness, the markers.
+        gate: `quality.gate`: under `fail`, a batch not checked yet holds the partitions
+            it wrote from being complete.
+        asset: The URI of the data table's Airflow Asset (`PipelineConfig.asset_uri`).
+    """
+
+    places: Places
+    schemas: SchemaSpec
+    metastore: MetastoreConfig
+    warehouse: str
+    completeness: CompletenessConfig
+    gate: str
+    asset: str
 
 
 @dataclass
@@ -236,24 +265,28 @@ def _same(current: Table, wanted: Table) -> bool:
 _TIME_VALUE = {"dt": re.compile(r"^\d{4}-\d{2}-\d{2}$"), "hr": re.compile(r"^\d{2}$")}
 
 
-def _written(cfg: PipelineConfig, column: str, value: str) -> bool:
+def _written(partitioning: PartitioningConfig, column: str, value: str) -> bool:
     """Whether Strata itself writes `value` into the data table's partition column."""
-    spec = cfg.partitioning.field
+    spec = partitioning.field
     if spec is not None and column == spec.column:
         return value in spec.values or value == spec.other
     rule = _TIME_VALUE.get(column)
     return rule is not None and rule.match(value) is not None
 
 
-def storage_partitions(cfg: PipelineConfig) -> list[tuple[str, ...]]:
+def storage_partitions(ref: TableRef, partitioning: PartitioningConfig) -> list[tuple[str, ...]]:
     """Partitions present on storage, from the directory names.
 
     Only names Strata itself writes (`dt=YYYY-MM-DD`, `hr=HH`, a field partition's
     listed values and `other`) are taken, so a stray directory can never become a
     partition that points outside the table.
+
+    Args:
+        ref: The data table.
+        partitioning: Its partitioning.
     """
-    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
-    columns = partition_columns(cfg.partitioning)
+    fs, root = ref.filesystem()
+    columns = partition_columns(partitioning)
     found: list[tuple[str, ...]] = [()]
     for column in columns:
         deeper = []
@@ -266,7 +299,7 @@ def storage_partitions(cfg: PipelineConfig) -> list[tuple[str, ...]]:
                 if (
                     info.type == pafs.FileType.Directory
                     and key == column
-                    and _written(cfg, column, value)
+                    and _written(partitioning, column, value)
                 ):
                     deeper.append((*prefix, value))
         found = deeper
@@ -275,15 +308,17 @@ def storage_partitions(cfg: PipelineConfig) -> list[tuple[str, ...]]:
 
 def _reconcile_partitions(
     client: MetastoreClient,
-    cfg: PipelineConfig,
+    ref: TableRef,
+    partitioning: PartitioningConfig,
+    batch: int,
     table: Table,
     report: RegistrationReport,
     found: Completeness | None,
 ) -> None:
-    columns = partition_columns(cfg.partitioning)
-    on_storage = storage_partitions(cfg)
+    columns = partition_columns(partitioning)
+    on_storage = storage_partitions(ref, partitioning)
     report.partitions = len(on_storage)
-    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
+    fs, root = ref.filesystem()
     current = current_locations(fs, root)
 
     def name(values: tuple[str, ...]) -> str:
@@ -293,7 +328,6 @@ def _reconcile_partitions(
         return f"{table.sd.location}/{place(partition, current)}"
 
     registered = set(client.partition_names(table.dbName, table.tableName))
-    batch = cfg.metastore.partition_batch
     _move_partitions(client, table, sorted(registered & set(current)), location, batch, report)
     missing = [values for values in on_storage if name(values) not in registered]
     wanted = {} if found is None else {s.partition: s.parameters() for s in found.partitions}
@@ -418,11 +452,11 @@ def _move_partitions(
             client.alter_partitions(table.dbName, table.tableName, moved)
 
 
-def register_tables(cfg: PipelineConfig) -> RegistrationReport:
+def register_tables(registration: Registration) -> RegistrationReport:
     """Register the pipeline's data, raw, quarantine and ledger tables.
 
     Args:
-        cfg: The pipeline configuration; `metastore.uri` must be set.
+        registration: What to register, and where; `metastore.uri` must be set.
 
     Returns:
         What changed.
@@ -430,7 +464,7 @@ def register_tables(cfg: PipelineConfig) -> RegistrationReport:
     Raises:
         MetastoreError: If the metastore cannot be reached or refuses a change.
     """
-    ms = cfg.metastore
+    ms, places = registration.metastore, registration.places
     if not ms.uri:
         raise MetastoreError(
             "no metastore configured; set metastore.uri (or STRATA_METASTORE_URI) to "
@@ -438,40 +472,69 @@ def register_tables(cfg: PipelineConfig) -> RegistrationReport:
         )
     report = RegistrationReport(ms.database)
     found = None
-    if cfg.completeness.enabled:
+    if registration.completeness.enabled:
         try:
-            found = completeness(cfg, totals=False)
+            found = _completeness(registration)
         except Exception as exc:  # noqa: BLE001 - completeness never stops registration
             report.completeness_error = f"completeness unknown: {exc}"
     with MetastoreClient(ms.uri, ms.timeout_s) as client:
         client.ensure_database(
-            ms.database, location_uri(cfg.warehouse), "Tables landed from Kafka by Strata"
+            ms.database, location_uri(registration.warehouse), "Tables landed from Kafka by Strata"
         )
         for which, suffix in TABLE_SUFFIXES.items():
-            name = f"{cfg.name}{suffix}"
-            location = cfg.location(which)
-            if cfg.table_format == "parquet":
+            name = f"{places.pipeline}{suffix}"
+            location = places.table(which).uri
+            if places.format == "parquet":
                 schema, partition_by = (
-                    (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg.schemas(), which)
+                    (LEDGER_SCHEMA, [])
+                    if which == "ledger"
+                    else table_layout(registration.schemas, which)
                 )
-                wanted = parquet_table(ms.database, name, location, schema, partition_by, cfg.name)
+                wanted = parquet_table(
+                    ms.database, name, location, schema, partition_by, places.pipeline
+                )
             else:
-                wanted = delta_table(ms.database, name, location, cfg.name)
+                wanted = delta_table(ms.database, name, location, places.pipeline)
             if which == "table" and found is not None:
-                wanted.parameters.update(_table_marks(cfg, found))
+                wanted.parameters.update(_table_marks(found))
             done, current = ensure_definition(client, wanted)
             getattr(report, done).append(name)
             if done == "unchanged" and current is not None:
                 _update_marks(client, current, wanted)
-            if which == "table" and cfg.table_format == "parquet":
-                _reconcile_partitions(client, cfg, wanted, report, found)
+            if which == "table" and places.format == "parquet":
+                _reconcile_partitions(
+                    client,
+                    places.table("table"),
+                    registration.schemas.partitioning,
+                    ms.partition_batch,
+                    wanted,
+                    report,
+                    found,
+                )
     return report
 
 
-def _table_marks(cfg: PipelineConfig, found: Completeness) -> dict[str, str]:
+def _completeness(
+    registration: Registration, batch: int | None = None, since: int | None = None
+) -> Completeness:
+    """The completeness registration publishes: without the late rows of every partition,
+    which it does not show (see `strata.catalog.completeness.completeness`)."""
+    return completeness(
+        registration.places,
+        registration.completeness,
+        registration.schemas.partitioning,
+        registration.gate,
+        registration.asset,
+        batch,
+        totals=False,
+        since=since,
+    )
+
+
+def _table_marks(found: Completeness) -> dict[str, str]:
     """The data table's completeness parameters: for Delta tables, whose partitions the
     metastore does not list, the only place a metastore reader finds them."""
-    before = found.complete_before(cfg)
+    before = found.complete_before()
     if found.watermark is None or before is None:
         return {}
     return {WATERMARK_KEY: found.watermark, COMPLETE_BEFORE_KEY: before}
@@ -521,7 +584,7 @@ def render_registration(report: RegistrationReport) -> str:
 
 
 def publish_completeness(
-    cfg: PipelineConfig, batch: int | None, since: int | None = None
+    registration: Registration, batch: int | None, since: int | None = None
 ) -> tuple[Completeness | None, list[str]]:
     """After a batch and its quality gate: mark complete partitions, say what changed.
 
@@ -530,7 +593,7 @@ def publish_completeness(
     complete where the gate says not. Runs after the commit; a failure is a warning.
 
     Args:
-        cfg: The pipeline.
+        registration: The pipeline's tables, its metastore and completeness settings.
         batch: The batch just committed (and checked); None for the newest ingest batch.
         since: The last batch whose completed partitions were announced (see
             `strata.catalog.completeness.completeness`).
@@ -538,16 +601,16 @@ def publish_completeness(
     Returns:
         The completeness (None if it could not be worked out) and the warnings to show.
     """
-    if not cfg.completeness.enabled:
+    if not registration.completeness.enabled:
         return None, []
     try:
-        found = completeness(cfg, batch, totals=False, since=since)
-        write_markers(cfg, found)
+        found = _completeness(registration, batch, since)
+        write_markers(registration.places.table("table"), registration.completeness, found)
         # Registration ran before the gate, which held the batch's partitions (under
         # `fail`) until it passed, or marks them now: the metastore is set right at once.
         held = any(found.batch in s.held_by for s in found.partitions)
-        if cfg.metastore.uri and (held or found.completed):
-            register_tables(cfg)
+        if registration.metastore.uri and (held or found.completed):
+            register_tables(registration)
     except Exception as exc:  # noqa: BLE001 - the batch stands; the next run marks again
         return None, [f"partition completeness not published: {exc}"]
     return found, []

@@ -13,10 +13,11 @@ from typing import Any
 import pyarrow as pa
 
 from strata.catalog.types import quote_identifier, sql_type
-from strata.config import PipelineConfig
+from strata.config import MetastoreConfig, SchemaSpec, TrinoConfig
 from strata.config.secrets import redact
 from strata.schema.avro import TABLE_SUFFIXES, table_layout
 from strata.store.ledger import LEDGER_SCHEMA
+from strata.store.places import Places
 
 
 def quote_literal(value: str) -> str:
@@ -37,36 +38,47 @@ def _uri(location: str) -> str:
     return location if "://" in location else f"file://{location}"
 
 
-def trino_statements(cfg: PipelineConfig) -> list[str]:
+def trino_statements(
+    places: Places, metastore: MetastoreConfig, settings: TrinoConfig
+) -> list[str]:
     """What to run in Trino after registering, for `trino.url`.
 
     Parquet tables: `sync_partition_metadata`, so Trino's Hive catalog sees partitions
     added since its metastore cache was filled. Delta tables: nothing, since the
     metastore entry is all Trino's Delta catalog needs, unless that catalog uses
     another metastore (`trino.register_delta_tables`): then `register_table`.
+
+    Args:
+        places: The pipeline's tables: their names, locations and format.
+        metastore: The metastore settings (the database).
+        settings: The `trino` settings (the catalogs).
     """
-    database = quote_literal(cfg.metastore.database)
-    if cfg.table_format == "parquet":
-        catalog = quote_identifier(cfg.trino.hive_catalog)
-        args = f"{database}, {quote_literal(cfg.name)}, 'ADD'"
+    database = quote_literal(metastore.database)
+    if places.format == "parquet":
+        catalog = quote_identifier(settings.hive_catalog)
+        args = f"{database}, {quote_literal(places.pipeline)}, 'ADD'"
         return [f"CALL {catalog}.system.sync_partition_metadata({args})"]
-    if not cfg.trino.register_delta_tables:
+    if not settings.register_delta_tables:
         return []
-    catalog = quote_identifier(cfg.trino.delta_catalog)
+    catalog = quote_identifier(settings.delta_catalog)
     return [
         f"CALL {catalog}.system.register_table(schema_name => {database}, "
-        f"table_name => {quote_literal(cfg.name + suffix)}, "
-        f"table_location => {quote_literal(_uri(cfg.location(which)))})"
+        f"table_name => {quote_literal(places.pipeline + suffix)}, "
+        f"table_location => {quote_literal(_uri(places.table(which).uri))})"
         for which, suffix in TABLE_SUFFIXES.items()
     ]
 
 
-def run_in_trino(cfg: PipelineConfig, statements: list[str]) -> list[str]:
+def run_in_trino(settings: TrinoConfig, statements: list[str]) -> list[str]:
     """Run statements in the Trino of `trino.url`; a table registered already is not an error.
 
     Signs in with `trino.password` (HTTP basic authentication) or `trino.access_token`
     (a JWT as bearer token), and checks the coordinator's certificate against
     `trino.ca_file` when one is given.
+
+    Args:
+        settings: The `trino` settings; `url` must be set.
+        statements: The statements, without terminating semicolons.
 
     Returns:
         The statements that ran.
@@ -76,25 +88,25 @@ def run_in_trino(cfg: PipelineConfig, statements: list[str]) -> list[str]:
     """
     import trino
 
-    url = cfg.trino.url
+    url = settings.url
     assert url is not None
     scheme, _, rest = url.partition("://")
     host, _, port = rest.rstrip("/").partition(":")
     auth: trino.auth.Authentication | None = None
-    if cfg.trino.password is not None:
-        auth = trino.auth.BasicAuthentication(cfg.trino.user, cfg.trino.password)
-    elif cfg.trino.access_token is not None:
-        auth = trino.auth.JWTAuthentication(cfg.trino.access_token)
+    if settings.password is not None:
+        auth = trino.auth.BasicAuthentication(settings.user, settings.password)
+    elif settings.access_token is not None:
+        auth = trino.auth.JWTAuthentication(settings.access_token)
 
     def connect() -> Any:  # noqa: ANN401 - the trino client is not annotated
         return trino.dbapi.connect(  # type: ignore[no-untyped-call]
             host=host,
             port=int(port or (443 if scheme == "https" else 8080)),
-            user=cfg.trino.user,
+            user=settings.user,
             http_scheme=scheme,
             auth=auth,
-            http_session=_trusting(cfg.trino.ca_file),
-            request_timeout=cfg.trino.timeout_s,
+            http_session=_trusting(settings.ca_file),
+            request_timeout=settings.timeout_s,
         )
 
     return _run_statements(connect, f"Trino at {url}", statements)
@@ -178,7 +190,11 @@ def _run_statements(connect: Callable[[], Any], where: str, statements: list[str
 
 
 def pipeline_ddl(
-    cfg: PipelineConfig, delta_catalog: str = "delta", hive_catalog: str = "hive"
+    places: Places,
+    schemas: SchemaSpec,
+    metastore: MetastoreConfig,
+    delta_catalog: str = "delta",
+    hive_catalog: str = "hive",
 ) -> str:
     """Trino statements that make a pipeline's tables queryable, as a script.
 
@@ -187,12 +203,20 @@ def pipeline_ddl(
     Returns:
         Semicolon-terminated statements, one per paragraph.
     """
-    out = [f"-- Tables of pipeline {cfg.name} ({cfg.table_format})"]
-    out += [f"{s};" for s in ddl_statements(cfg, delta_catalog, hive_catalog)]
+    out = [f"-- Tables of pipeline {places.pipeline} ({places.format})"]
+    out += [
+        f"{s};" for s in ddl_statements(places, schemas, metastore, delta_catalog, hive_catalog)
+    ]
     return "\n\n".join(out) + "\n"
 
 
-def ddl_statements(cfg: PipelineConfig, delta_catalog: str, hive_catalog: str) -> list[str]:
+def ddl_statements(
+    places: Places,
+    schemas: SchemaSpec,
+    metastore: MetastoreConfig,
+    delta_catalog: str,
+    hive_catalog: str,
+) -> list[str]:
     """Trino statements that make a pipeline's tables queryable, one by one.
 
     Delta tables are registered in the Delta Lake catalog; plain Parquet tables are
@@ -202,24 +226,26 @@ def ddl_statements(cfg: PipelineConfig, delta_catalog: str, hive_catalog: str) -
     again: a table there already is not created twice.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's tables: their names, locations and format.
+        schemas: What the Parquet tables' columns are made from (`PipelineConfig.schemas`).
+        metastore: The metastore settings (the database, Trino's schema).
         delta_catalog: Name of Trino's Delta Lake catalog.
         hive_catalog: Name of Trino's Hive catalog.
 
     Returns:
         The statements, without terminating semicolons.
     """
-    schema = quote_identifier(cfg.metastore.database)
+    schema = quote_identifier(metastore.database)
     out = []
-    if cfg.table_format == "delta":
+    if places.format == "delta":
         catalog = quote_identifier(delta_catalog)
         out.append(f"CREATE SCHEMA IF NOT EXISTS {catalog}.{schema}")
         for which, suffix in TABLE_SUFFIXES.items():
             args = ", ".join(
                 [
-                    f"schema_name => {quote_literal(cfg.metastore.database)}",
-                    f"table_name => {quote_literal(cfg.name + suffix)}",
-                    f"table_location => {quote_literal(_uri(cfg.location(which)))}",
+                    f"schema_name => {quote_literal(metastore.database)}",
+                    f"table_name => {quote_literal(places.pipeline + suffix)}",
+                    f"table_location => {quote_literal(_uri(places.table(which).uri))}",
                 ]
             )
             out.append(f"CALL {catalog}.system.register_table({args})")
@@ -228,12 +254,12 @@ def ddl_statements(cfg: PipelineConfig, delta_catalog: str, hive_catalog: str) -
     out.append(f"CREATE SCHEMA IF NOT EXISTS {catalog}.{schema}")
     for which, suffix in TABLE_SUFFIXES.items():
         arrow, partition_by = (
-            (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(cfg.schemas(), which)
+            (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(schemas, which)
         )
-        name = f"{catalog}.{schema}.{quote_identifier(cfg.name + suffix)}"
+        name = f"{catalog}.{schema}.{quote_identifier(places.pipeline + suffix)}"
         columns = ",\n".join(f"  {quote_identifier(f.name)} {trino_type(f.type)}" for f in arrow)
         props = [
-            f"external_location = {quote_literal(_uri(cfg.location(which)))}",
+            f"external_location = {quote_literal(_uri(places.table(which).uri))}",
             "format = 'PARQUET'",
         ]
         if partition_by:
@@ -244,6 +270,6 @@ def ddl_statements(cfg: PipelineConfig, delta_catalog: str, hive_catalog: str) -
             + ",\n  ".join(props)
             + "\n)"
         )
-    sync = ", ".join([quote_literal(cfg.metastore.database), quote_literal(cfg.name), "'ADD'"])
+    sync = ", ".join([quote_literal(metastore.database), quote_literal(places.pipeline), "'ADD'"])
     out.append(f"CALL {catalog}.system.sync_partition_metadata({sync})")
     return out

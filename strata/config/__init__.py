@@ -6,6 +6,8 @@ The package publishes what the rest of Strata uses; its modules are internal:
 - `_sections`, `_services`: the sections' models (Kafka, limits, ...; the metastore,
   Trino, the Schema Registry, the Pushgateway);
 - `_checks`: the rules values are checked by (names, topics, URLs, credentials);
+- `_specs`: the values the configuration hands down (the Kafka source, the schemas,
+  the decoding) to modules that take them instead of it;
 - `_load`: YAML in layers, environment variables, errors naming file, key and fix;
 - `secrets`: what is a credential, and the one redaction of all text and logs.
 """
@@ -34,14 +36,12 @@ from strata.config._sections import (
     ExpectationConfig,
     FieldPartitionConfig,
     KafkaConfig,
-    KafkaSource,
     LimitsConfig,
     MaintenanceConfig,
     PartitioningConfig,
     QualityConfig,
     RangeRule,
     RoutingConfig,
-    SchemaSpec,
     SparkConfig,
 )
 from strata.config._services import (
@@ -50,6 +50,7 @@ from strata.config._services import (
     SchemaRegistryConfig,
     TrinoConfig,
 )
+from strata.config._specs import Decoding, KafkaSource, SchemaSpec
 from strata.store.places import TableName
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "VACUUM_FLOOR",
     "AirflowConfig",
     "CompletenessConfig",
+    "Decoding",
     "EventTimeConfig",
     "ExpectationConfig",
     "FieldPartitionConfig",

@@ -7,7 +7,7 @@ table a pipeline owns has one owner by place and by name, checked when it loads
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,13 +34,11 @@ from strata.config._sections import (
     CompletenessConfig,
     EventTimeConfig,
     KafkaConfig,
-    KafkaSource,
     LimitsConfig,
     MaintenanceConfig,
     PartitioningConfig,
     QualityConfig,
     RoutingConfig,
-    SchemaSpec,
     SparkConfig,
     _Strict,
 )
@@ -50,6 +48,7 @@ from strata.config._services import (
     SchemaRegistryConfig,
     TrinoConfig,
 )
+from strata.config._specs import Decoding, KafkaSource, SchemaSpec
 from strata.config.secrets import redact
 from strata.durations import parse_duration_ms
 from strata.errors import ConfigError
@@ -222,6 +221,17 @@ class PipelineConfig(_Strict):
             self.partitioning,
         )
 
+    def decoding(self) -> Decoding:
+        """Everything that decides whether and where a message lands (see `Decoding`)."""
+        return Decoding(
+            self.schemas(),
+            self.event_time,
+            self.schema_id,
+            self.schema_registry,
+            self.schema_file,
+            self.reads_schema_file,
+        )
+
     def source(self) -> KafkaSource:
         """The brokers this pipeline (or routed table) reads, which topics, its group."""
         return KafkaSource(
@@ -360,30 +370,9 @@ class PipelineConfig(_Strict):
             )
         return self
 
-    def local_tables(self) -> list[Location]:
-        """The tables and state that live on this host's file system (no URL scheme)."""
-        return [
-            w
-            for w in ("table", "raw", "quarantine", "ledger", "state")
-            if "://" not in self.location(w) or self.location(w).startswith("file://")
-        ]
-
     def shared_storage_error(self, master: str) -> str | None:
-        """Why this pipeline's tables cannot be written by executors of `master`, or None.
-
-        Executors on other hosts write the tables' files: a path on the driver's disk
-        would scatter them over the executors' disks, where no commit and no reader
-        finds them.
-        """
-        local = self.local_tables()
-        if master.startswith("local") or not local:
-            return None
-        return (
-            f"the {local[0]} location {self.location(local[0])!r} is a local path, but Spark "
-            f"master {master!r} runs executors on other hosts, which cannot write it. Put "
-            "`warehouse` on shared storage (s3://bucket/prefix, or STRATA_WAREHOUSE), or use "
-            "a local[N] master"
-        )
+        """Why this pipeline's tables cannot be written by executors of `master`, or None."""
+        return self.places().shared_storage_error(master)
 
     @model_validator(mode="after")
     def _executors_reach_the_tables(self) -> PipelineConfig:
@@ -517,6 +506,25 @@ class PipelineConfig(_Strict):
         if self._schema_text is None:
             self._schema_text = self.schema_path.read_text()
         return self._schema_text
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> PipelineConfig:
+        """A copy; one with keys changed (`update`) builds its places anew.
+
+        Args:
+            update: Keys whose values the copy takes instead.
+            deep: Copy nested values too.
+
+        Returns:
+            The copy.
+        """
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            # A changed key (the warehouse, a location, the table format, the metastore)
+            # may move a table: the places this configuration built are not the copy's.
+            copy._places = None
+        return copy
 
     def with_schema_text(self, text: str) -> PipelineConfig:
         """This configuration reading with another Avro schema than `schema_file`'s.

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from strata.config._checks import Duration, Zone, is_name, starting_point, topic_pattern, valid_name
+from strata.config._checks import Duration, Zone, is_name, valid_name
 from strata.config.secrets import masked
 from strata.durations import parse_duration_ms
 
@@ -439,84 +437,3 @@ class SparkConfig(_Strict):
     master: str = "local[2,4]"
     tasks: int = Field(default=0, ge=0)
     conf: dict[str, str] = Field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class KafkaSource:
-    """The brokers a pipeline reads, which of their topics, and its consumer group.
-
-    Built once per pipeline (`PipelineConfig.source`); what the Kafka side of a run
-    (`strata.batch.kafka`) takes instead of the whole configuration.
-
-    Attributes:
-        pipeline: The pipeline's (or routed table's) name, for messages.
-        kafka: How to reach the brokers.
-        group_id: The consumer group the committed end offsets are published to.
-        topics: The topics listed by name (empty with a pattern).
-        pattern: `topics_pattern`, or None.
-        routing: The routing of a routed pipeline's table, or None.
-        table: For a table of a routed pipeline, its name: it reads only the topics
-            routed to it.
-        starting_offsets: Where a topic never read before starts (`starting_offsets`).
-    """
-
-    pipeline: str
-    kafka: KafkaConfig
-    group_id: str
-    topics: tuple[str, ...] = ()
-    pattern: str | None = None
-    routing: RoutingConfig | None = None
-    table: str | None = None
-    starting_offsets: str = "earliest"
-
-    def reads(self, topic: str) -> bool:
-        """Whether the pipeline reads a topic: listed, or matched by the pattern.
-
-        A table of a routed pipeline reads only the topics routed to it.
-        """
-        if self.pattern is None:
-            listed = topic in self.topics
-        else:
-            matcher = topic_pattern(self.pattern)
-            listed = not topic.startswith("__") and matcher.fullmatch(topic) is not None
-        if not listed or self.table is None or self.routing is None:
-            return listed
-        return self.routing.table_for(topic) == self.table
-
-    @property
-    def description(self) -> str:
-        """The pipeline's topics in words, for messages."""
-        if self.pattern is None:
-            return ", ".join(self.topics)
-        return f"the topics matching {self.pattern!r}"
-
-    @property
-    def starting_ms(self) -> int | None:
-        """The moment new topics start at, in epoch ms; None for `earliest` or `latest`."""
-        return starting_point(self.starting_offsets)[1]
-
-
-@dataclass(frozen=True)
-class SchemaSpec:
-    """What a pipeline's table schemas are made from, and what they must be held in.
-
-    Built per configuration (`PipelineConfig.schemas`): the Avro schema a batch reads
-    with (a plan's own, or `schema_file`'s), and the settings that decide whether its
-    fields can be read and held (`strata.schema.avro.load_pipeline_schema`).
-
-    Attributes:
-        path: The schema file, for messages.
-        text: The Avro schema, as JSON text.
-        format: `json`, `avro` or `confluent_avro`.
-        table_format: `delta` or `parquet`.
-        registered: Whether the tables are registered in a metastore (Hive's and
-            Trino's types then bound them too).
-        partitioning: The data table's partitioning.
-    """
-
-    path: Path
-    text: str
-    format: str
-    table_format: str
-    registered: bool
-    partitioning: PartitioningConfig

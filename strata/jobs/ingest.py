@@ -22,10 +22,10 @@ from typing import Any
 
 from strata.cli import run_guarded
 from strata.config import PipelineConfig, load_pipeline
+from strata.edge import each_table, status_settings
 from strata.log import configure as configure_logging
 from strata.operations.metrics import after_run
 from strata.operations.report import render_summary, summary_dict
-from strata.operations.routes import each_table
 from strata.run import run_batch
 from strata.spark.session import build_session, submitted_master
 
@@ -62,15 +62,15 @@ def main() -> int:
         master = submitted_master() or cfg.spark.master
         if not master.startswith("local") and not cfg.spark.tasks:
             # Started before the plan, so the batch is split over the cluster's cores.
-            build_session(cfg)
+            build_session(cfg.spark, cfg.name)
         outcome = run_batch(
             cfg,
             max_offsets=args.max_offsets,
-            session=build_session,
+            session=lambda table: build_session(table.spark, table.name),
             register_tables=not args.no_register,
         )
         # The same warnings and metrics as a run in the Airflow worker or at the prompt.
-        after_run(cfg, outcome)
+        after_run(cfg.places(), status_settings(cfg), cfg.metrics, outcome)
         return render_summary(outcome), summary_dict(outcome)
 
     # A pipeline routing its topics to tables runs each table in this one

@@ -30,6 +30,7 @@ def main(batches: int = 1) -> int:
         batches: Batches to land and check, each of new events.
     """
     from strata.config import ENV_BOOTSTRAP, ENV_METASTORE, ENV_WAREHOUSE, load_pipeline
+    from strata.edge import status_settings
     from strata.local.broker import LocalBroker
     from strata.local.metastore import LocalMetastore
     from strata.operations.report import render_summary
@@ -64,7 +65,10 @@ def main(batches: int = 1) -> int:
         print()
         print(render_summary(outcome))
         print()
-        print(render_quality(run_quality(cfg, outcome.batch)))
+        checked = run_quality(
+            cfg.places(), cfg.quality, cfg.schemas(), cfg.metastore, cfg.warehouse, outcome.batch
+        )
+        print(render_quality(checked))
         for number in range(2, batches + 1):
             # Each later batch: fewer events over the last two hours, a few of them late,
             # malformed or from the future, so the page has several reasons to show.
@@ -83,10 +87,18 @@ def main(batches: int = 1) -> int:
             outcome = run_batch(cfg)
             print(f"\nbatch {number} of {batches}: seeded {counts} + 4 sealing events")
             print(render_summary(outcome))
-            print(render_quality(run_quality(cfg, outcome.batch)))
+            checked = run_quality(
+                cfg.places(),
+                cfg.quality,
+                cfg.schemas(),
+                cfg.metastore,
+                cfg.warehouse,
+                outcome.batch,
+            )
+            print(render_quality(checked))
         print(f"quality summary page: {cfg.location('quality')}/index.html")
         print()
-        print(render_status(pipeline_status(cfg)))
+        print(render_status(pipeline_status(cfg.places(), status_settings(cfg))))
         print()
         _show_landed(cfg)
         _show_registered(cfg)

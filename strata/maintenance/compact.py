@@ -40,7 +40,6 @@ left alone: their location is the table's own, which other catalogs may hold.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -49,38 +48,22 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable
-from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake import DeltaTable
 
 from strata import faults
-from strata.batch.write import (
-    WrittenFile,
-    file_batch,
-    is_compaction_file,
-    partition_path,
-    write_sized,
-)
-from strata.config import LimitsConfig, Location, MaintenanceConfig, PipelineConfig
+from strata.config import LimitsConfig, Location, MaintenanceConfig, PartitioningConfig
 from strata.durations import parse_duration_ms
-from strata.errors import LeaseLost, MaintenanceError, MetastoreError
+from strata.errors import MaintenanceError
 from strata.log import get_logger
-from strata.schema.avro import table_layout
+from strata.maintenance._bins import Bin, Picked, rewrite_bin
+from strata.maintenance._commit import commit_partition
+from strata.maintenance._moves import move_partitions, stands
+from strata.schema.avro import partition_columns
 from strata.schema.partitions import partition_span
-from strata.store.delta import committed_batch, maintenance_transactions, open_table
-from strata.store.files import filesystem
-from strata.store.locations import (
-    TableFile,
-    announce_moves,
-    current_files,
-    generation_dir,
-    mark,
-    new_stamp,
-    withdraw_moves,
-)
+from strata.store.delta import committed_batch, open_table
+from strata.store.locations import TableFile, current_files, generation_dir, new_stamp
+from strata.store.parquet import partition_path
+from strata.store.places import Places, TableRef
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -89,7 +72,6 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-COMPACTION_KEY = "strata.compaction"
 # Every table Strata owns, in the order they are maintained.
 MAINTAINED: tuple[Location, ...] = ("table", "raw", "quarantine", "ledger")
 # The keys each table's rows are written in: compacted files keep that order.
@@ -97,33 +79,50 @@ _SORT_KEYS = {
     "ledger": ["batch", "topic", "partition"],
     "other": ["_topic", "_partition", "_offset"],
 }
-# A commit beaten by a schema change is retried this often on the new snapshot.
-_COMMIT_TRIES = 5
 
 
 @dataclass(frozen=True)
-class Bin:
-    """Small files of one partition that one Spark task merges.
+class Compaction:
+    """Which files a compaction merges, and into what.
+
+    The entry points build it from the configuration's sections (`Compaction.of`).
 
     Attributes:
-        uri: The table's location.
-        options: Storage options.
-        paths: The files, relative to the table root.
-        partition_values: Their partition values.
-        stem: The merged files' path, relative to the root, without the file number.
-        sort_by: The columns the merged rows are sorted by.
-        target_bytes: Size at which a merged file is closed.
-        row_group_rows: Rows per row group.
+        settle: How long after its end an event-time partition is taken
+            (`maintenance.settle`; `--older-than` overrides it for one run).
+        small_bytes: Files under this many bytes are small (`small_bytes`).
+        min_small_files: A partition is taken once it holds this many small files.
+        target_bytes: Size at which a merged file is closed (`limits.target_file_mb`).
+        row_group_rows: Rows per row group of the merged files.
+        partition_by: The data table's partition columns.
+        zone: The zone the partitions' values are local times of.
     """
 
-    uri: str
-    options: dict[str, str] = field(repr=False)
-    paths: list[str]
-    partition_values: dict[str, str]
-    stem: str
-    sort_by: list[str]
+    settle: str
+    small_bytes: int
+    min_small_files: int
     target_bytes: int
     row_group_rows: int
+    partition_by: tuple[str, ...]
+    zone: str
+
+    @classmethod
+    def of(
+        cls,
+        maintenance: MaintenanceConfig,
+        limits: LimitsConfig,
+        partitioning: PartitioningConfig,
+    ) -> Compaction:
+        """A pipeline's compaction settings, from its configuration's sections."""
+        return cls(
+            maintenance.settle,
+            small_bytes(maintenance, limits),
+            maintenance.min_small_files,
+            limits.target_file_mb << 20,
+            limits.row_group_rows,
+            tuple(partition_columns(partitioning)),
+            partitioning.timezone,
+        )
 
 
 @dataclass
@@ -174,32 +173,6 @@ class CompactionReport:
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready values."""
         return asdict(self)
-
-
-@dataclass
-class _Picked:
-    """One partition's plan: its files now, and the bins its small files go into.
-
-    For a plain Parquet partition, `directory` is the new directory the merged files go
-    to, and `stamp` the marker that moves the partition there.
-    """
-
-    table: Location
-    values: dict[str, str]
-    files: list[dict[str, Any]]
-    bins: list[Bin]
-    directory: str = ""
-    stamp: str = ""
-
-    @property
-    def name(self) -> str:
-        """`dt=…/hr=…`, or `` for an unpartitioned table."""
-        return partition_path(list(self.values), list(self.values.values()))
-
-    @property
-    def merged(self) -> set[str]:
-        """The paths of the files its bins merge."""
-        return {path for b in self.bins for path in b.paths}
 
 
 def parse_partition(text: str, columns: list[str]) -> dict[str, str]:
@@ -257,23 +230,34 @@ def pack(files: list[dict[str, Any]], target: int) -> list[list[dict[str, Any]]]
 
 
 def plan_table(
-    cfg: PipelineConfig,
+    ref: TableRef,
     which: Location,
     table: DeltaTable,
+    settings: Compaction,
     settled_before: datetime,
     only: dict[str, str] | None,
     token: str,
     last: int,
-) -> list[_Picked]:
+) -> list[Picked]:
     """The partitions of one Delta table to compact, with their bins.
 
     A file is picked when it is small and every row in it belongs to a batch the ledger
     holds (its `_batch`, or for the ledger `batch`, statistics say so: at most `last`);
     a partition when it is settled and holds at least `min_small_files` such files.
+
+    Args:
+        ref: The table's reference.
+        which: Which of the pipeline's tables it is.
+        table: The table, opened.
+        settings: What is merged, and into what.
+        settled_before: Partitions (and an unpartitioned table's files) ended before
+            this are settled.
+        only: The data table's partition asked for (`--partition`), if any.
+        token: This compaction's, in its merged files' names.
+        last: The newest batch the ledger holds.
     """
     batch_column = "batch" if which == "ledger" else "_batch"
     partition_by = list(table.metadata().partition_columns)
-    small = small_bytes(cfg.maintenance, cfg.limits)
     adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     by_key: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for add in adds:
@@ -283,18 +267,18 @@ def plan_table(
     picked = []
     for key, files in sorted(by_key.items()):
         values = dict(zip(partition_by, key, strict=True))
-        if not _wanted(values, only, settled_before, cfg.partitioning.timezone):
+        if not _wanted(values, only, settled_before, settings.zone):
             continue
         mergeable = [
             f
             for f in files
-            if f["size_bytes"] < small
+            if f["size_bytes"] < settings.small_bytes
             and f.get(f"max.{batch_column}") is not None
             and f[f"max.{batch_column}"] <= last
             # An unpartitioned table has no event hours: its newest files settle first.
             and (partition_by or _modified(f) <= settled_before)
         ]
-        if len(mergeable) < cfg.maintenance.min_small_files:
+        if len(mergeable) < settings.min_small_files:
             continue
         # Statistics of one column share a type across files; a missing one sorts last.
         mergeable.sort(
@@ -303,9 +287,10 @@ def plan_table(
                 + (f["path"],)
             )
         )
-        bins = _bins(cfg, which, mergeable, values, partition_path(partition_by, key), token)
+        directory = partition_path(partition_by, key)
+        bins = _bins(ref, which, settings, mergeable, values, directory, token)
         if bins:
-            picked.append(_Picked(which, values, files, bins))
+            picked.append(Picked(which, values, files, bins))
     return picked
 
 
@@ -323,46 +308,53 @@ def _wanted(
 
 
 def _bins(
-    cfg: PipelineConfig,
+    ref: TableRef,
     which: Location,
+    settings: Compaction,
     mergeable: list[dict[str, Any]],
     values: dict[str, str],
     directory: str,
     token: str,
 ) -> list[Bin]:
     """The bins a partition's mergeable files go into, merged files written to `directory`."""
-    target = cfg.limits.target_file_mb << 20
     return [
         Bin(
-            cfg.location(which),
-            cfg.storage_options,
+            ref.uri,
+            ref.options,
             [f["path"] for f in group],
             values,
             f"{directory}/part-c{token}-{number:04d}".lstrip("/"),
             _SORT_KEYS["ledger" if which == "ledger" else "other"],
-            target,
-            cfg.limits.row_group_rows,
+            settings.target_bytes,
+            settings.row_group_rows,
         )
-        for number, group in enumerate(pack(mergeable, target))
+        for number, group in enumerate(pack(mergeable, settings.target_bytes))
     ]
 
 
 def plan_directory(
-    cfg: PipelineConfig,
+    ref: TableRef,
+    settings: Compaction,
     settled_before: datetime,
     only: dict[str, str] | None,
     token: str,
     last: int,
-) -> list[_Picked]:
+) -> list[Picked]:
     """The partitions of a plain Parquet data table to compact, with their bins.
 
     The same rules as `plan_table`, with the batch read from each file's name: a batch's
     file is committed once the ledger holds the batch, a compaction's once its partition
     was moved to it.
+
+    Args:
+        ref: The data table's reference.
+        settings: What is merged, and into what.
+        settled_before: Partitions ended before this are settled.
+        only: The partition asked for (`--partition`), if any.
+        token: This compaction's, in its merged files' names.
+        last: The newest batch the ledger holds.
     """
-    _, partition_by = table_layout(cfg.schemas(), "table")
-    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
-    small = small_bytes(cfg.maintenance, cfg.limits)
+    fs, root = ref.filesystem()
     by_partition: dict[str, list[TableFile]] = {}
     for f in current_files(fs, root):
         by_partition.setdefault(f.partition, []).append(f)
@@ -370,19 +362,21 @@ def plan_directory(
     picked = []
     for name, found in sorted(by_partition.items()):
         values = dict(part.split("=", 1) for part in name.split("/") if part)
-        wanted = _wanted(values, only, settled_before, cfg.partitioning.timezone)
-        if list(values) != partition_by or not wanted:
+        wanted = _wanted(values, only, settled_before, settings.zone)
+        if tuple(values) != settings.partition_by or not wanted:
             continue
         files: list[dict[str, Any]] = [
             {"path": f.path, "size_bytes": f.size} for f in sorted(found, key=_by_name)
         ]
-        mergeable = [f for f in files if f["size_bytes"] < small and _committed(f["path"], last)]
-        if len(mergeable) < cfg.maintenance.min_small_files:
+        mergeable = [
+            f for f in files if f["size_bytes"] < settings.small_bytes and stands(f["path"], last)
+        ]
+        if len(mergeable) < settings.min_small_files:
             continue
         directory = generation_dir(name, stamp)
-        bins = _bins(cfg, "table", mergeable, values, directory, token)
+        bins = _bins(ref, "table", settings, mergeable, values, directory, token)
         if bins:
-            picked.append(_Picked("table", values, files, bins, directory, stamp))
+            picked.append(Picked("table", values, files, bins, directory, stamp))
     return picked
 
 
@@ -391,62 +385,33 @@ def _by_name(f: TableFile) -> str:
     return f.path.rsplit("/", 1)[-1]
 
 
-def _committed(path: str, last: int) -> bool:
-    """Whether a plain Parquet file's rows stand: its batch is in the ledger, or it is a
-    compaction's (found in a partition's directory in use), or it is no batch's at all
-    (put there by hand, and read as the table's like any other file)."""
-    batch = file_batch(path)
-    return batch is None or batch <= last or is_compaction_file(path)
-
-
 def _modified(add: dict[str, Any]) -> datetime:
     """When a file was written (its add action's `modification_time`, epoch ms)."""
     return datetime.fromtimestamp(add["modification_time"] / 1000, UTC)
 
 
-def rewrite_bin(job: Bin) -> tuple[list[WrittenFile], float]:
-    """Merge one bin's files into sorted, target-sized files (runs in a Spark task).
-
-    Files written before a column was added lack it: the bin is read with the union of
-    its files' schemas, so their rows read it as null, as the table shows them.
-
-    Returns:
-        The files written, and the seconds it took.
-    """
-    from strata.batch.task import task_attempt
-
-    began = time.monotonic()
-    fs, root = filesystem(job.uri, job.options)
-    paths = [f"{root}/{p}" for p in job.paths]
-    schema = pa.unify_schemas([pq.read_schema(p, filesystem=fs) for p in paths])
-    rows = ds.dataset(paths, schema=schema, format="parquet", filesystem=fs).to_table()
-    keys = [(c, "ascending") for c in job.sort_by if c in schema.names]
-    if keys:
-        rows = rows.sort_by(keys)
-    # Names of this attempt's own: a speculative or retried attempt never writes over
-    # a file another attempt may have reported.
-    stem = f"{job.stem}-a{task_attempt()}"
-    files = write_sized(
-        fs, root, stem, rows, job.partition_values, job.target_bytes, job.row_group_rows
-    )
-    return files, time.monotonic() - began
-
-
 def compact(
-    cfg: PipelineConfig,
+    places: Places,
+    settings: Compaction,
+    session: Callable[[], SparkSession],
+    register: Callable[[], object] | None = None,
     partition: str | None = None,
     older_than: str | None = None,
     dry_run: bool = False,
-    session: Callable[[PipelineConfig], SparkSession] | None = None,
 ) -> CompactionReport:
     """Compact a pipeline's tables: all four under Delta; plain Parquet's data table.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places.
+        settings: What is merged, and into what (`Compaction.of`).
+        session: Gives the Spark session the bins are merged on, called only when
+            there is something to merge (tests pass a shared one).
+        register: Points the metastore at the plain Parquet partitions moved (the
+            pipeline's registration); None leaves that to the next run or
+            `strata register`.
         partition: Only this partition of the data table (`dt=…[/hr=…]`).
         older_than: Settle time overriding `maintenance.settle`.
         dry_run: Report what would be merged; change nothing and start no JVM.
-        session: Builds the Spark session (tests pass a shared one).
 
     Returns:
         What was merged, per partition.
@@ -456,61 +421,58 @@ def compact(
             plain Parquet, also if a run still holds the run lock after 10 minutes.
         MaintenanceError: If `partition` does not name the data table's columns.
     """
-    from strata.schema.avro import partition_columns
     from strata.store.lock import run_lock
 
     began = time.monotonic()
-    report = CompactionReport(cfg.name, dry_run)
+    report = CompactionReport(places.pipeline, dry_run)
     try:
-        settle_ms = parse_duration_ms(older_than or cfg.maintenance.settle)
+        settle_ms = parse_duration_ms(older_than or settings.settle)
     except ValueError as exc:
         raise MaintenanceError(f"--older-than {older_than!r}: {exc}") from None
     settled_before = datetime.now(UTC) - timedelta(milliseconds=settle_ms)
-    only = (
-        None
-        if partition is None
-        else parse_partition(partition, partition_columns(cfg.partitioning))
-    )
+    only = None if partition is None else parse_partition(partition, list(settings.partition_by))
     token = datetime.now(UTC).strftime("%Y%m%d%H%M%S") + uuid.uuid4().hex[:8]
     if dry_run:
-        _plan_all(cfg, settled_before, only, token, report)
+        _plan_all(places, settings, settled_before, only, token, report)
         report.seconds = time.monotonic() - began
         return report
-    with run_lock(cfg.places(), "maintenance") as lock:
-        picked = _plan_all(cfg, settled_before, only, token, report)
+    with run_lock(places, "maintenance") as lock:
+        picked = _plan_all(places, settings, settled_before, only, token, report)
         if picked:
-            _rewrite_and_commit(cfg, picked, report, session, lock)
+            _rewrite_and_commit(places, picked, report, session, register, lock)
     report.seconds = time.monotonic() - began
     return report
 
 
 def _plan_all(
-    cfg: PipelineConfig,
+    places: Places,
+    settings: Compaction,
     settled_before: datetime,
     only: dict[str, str] | None,
     token: str,
     report: CompactionReport,
-) -> list[_Picked]:
-    picked: list[_Picked] = []
-    last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
+) -> list[Picked]:
+    picked: list[Picked] = []
+    last = committed_batch(places.ledger.uri, places.pipeline, places.options) or 0
     for which in MAINTAINED if only is None else ("table",):
-        if cfg.table_format != "delta":
-            skipped = _parquet_skip(cfg, which)
+        ref = places.table(which)
+        if places.format != "delta":
+            skipped = _parquet_skip(places, which)
             if skipped:
                 report.skipped[which] = skipped
                 continue
-            found = plan_directory(cfg, settled_before, only, token, last)
+            found = plan_directory(ref, settings, settled_before, only, token, last)
         else:
-            table = open_table(cfg.location(which), cfg.storage_options)
+            table = open_table(ref.uri, places.options)
             if table is None:
                 report.skipped[which] = "no table yet"
                 continue
-            found = plan_table(cfg, which, table, settled_before, only, token, last)
+            found = plan_table(ref, which, table, settings, settled_before, only, token, last)
         picked += found
         for p in found:
             merged = p.merged
             merged_bytes = sum(f["size_bytes"] for f in p.files if f["path"] in merged)
-            estimate = -(-merged_bytes // (cfg.limits.target_file_mb << 20))
+            estimate = -(-merged_bytes // settings.target_bytes)
             size = sum(f["size_bytes"] for f in p.files)
             report.partitions.append(
                 PartitionCompaction(
@@ -526,7 +488,7 @@ def _plan_all(
     return picked
 
 
-def _parquet_skip(cfg: PipelineConfig, which: Location) -> str | None:
+def _parquet_skip(places: Places, which: Location) -> str | None:
     """Why a plain Parquet pipeline's table is not compacted, or None if it is."""
     if which != "table":
         # The ledger too: it is registered for SQL as a plain Parquet directory.
@@ -534,7 +496,7 @@ def _parquet_skip(cfg: PipelineConfig, which: Location) -> str | None:
             "unpartitioned plain Parquet: its location is the table's own, which catalogs "
             "other than Strata's may hold (see the README)"
         )
-    if not cfg.metastore.uri:
+    if places.metastore is None:
         return (
             "plain Parquet without a metastore: engines that find partitions by directory "
             "would not see a compacted partition's new location; set metastore.uri"
@@ -543,26 +505,27 @@ def _parquet_skip(cfg: PipelineConfig, which: Location) -> str | None:
 
 
 def _rewrite_and_commit(
-    cfg: PipelineConfig,
-    picked: list[_Picked],
+    places: Places,
+    picked: list[Picked],
     report: CompactionReport,
-    session: Callable[[PipelineConfig], SparkSession] | None,
+    session: Callable[[], SparkSession],
+    register: Callable[[], object] | None,
     lock: RunLock,
 ) -> None:
-    from strata.spark.session import build_session, run_each
+    from strata.spark.session import run_each
 
+    pipeline = places.pipeline
     jobs = [b for p in picked for b in p.bins]
-    spark = (session or build_session)(cfg)
-    written = run_each(spark, rewrite_bin, jobs, f"{cfg.name} compaction of {len(jobs)} bins")
+    written = run_each(session(), rewrite_bin, jobs, f"{pipeline} compaction of {len(jobs)} bins")
     faults.reached(faults.AFTER_COMPACT_FILES)
     by_bin = {(job.uri, job.stem): out for job, out in zip(jobs, written, strict=True)}
     entries = {(e.table, e.partition): e for e in report.partitions}
     moved: dict[str, str] = {}
-    if cfg.table_format == "parquet":
+    if places.format == "parquet":
         began = time.monotonic()
-        moved = _move_partitions(cfg, picked, lock)
+        moved = move_partitions(places, picked, lock, register)
         logger.info(
-            "%s: %s partitions moved in %.1fs", cfg.name, len(moved), time.monotonic() - began
+            "%s: %s partitions moved in %.1fs", pipeline, len(moved), time.monotonic() - began
         )
     for p in picked:
         entry = entries[(p.table, p.name)]
@@ -570,10 +533,10 @@ def _rewrite_and_commit(
         outs = [by_bin[(b.uri, b.stem)] for b in p.bins]
         new = [f for files, _ in outs for f in files]
         old = p.merged
-        if cfg.table_format == "parquet":
+        if places.format == "parquet":
             entry.outcome = moved[p.name]
         else:
-            entry.outcome = _commit_partition(cfg, p, old, new, lock)
+            entry.outcome = commit_partition(places.table(p.table), pipeline, p, old, new, lock)
         kept = [f for f in p.files if f["path"] not in old]
         if entry.outcome == "compacted":
             entry.files_after = len(kept) + len(new)
@@ -585,7 +548,7 @@ def _rewrite_and_commit(
         entry.seconds = sum(took for _, took in outs) + time.monotonic() - began
         logger.info(
             "%s %s %s: %s files -> %s (%s)",
-            cfg.name,
+            pipeline,
             p.table,
             entry.partition or "(whole table)",
             entry.files_before,
@@ -593,158 +556,6 @@ def _rewrite_and_commit(
             entry.outcome,
         )
         faults.reached(faults.AFTER_COMPACT_COMMIT)
-
-
-def _move_partitions(cfg: PipelineConfig, picked: list[_Picked], lock: RunLock) -> dict[str, str]:
-    """Move each plain Parquet partition to its new directory, then the metastore too.
-
-    The files the merge left are copied into the new directory first (committed files
-    never change). Then, under the run lock, so no batch writes meanwhile: the files a
-    run added since the partition was listed are copied too, the ledger is read again
-    to tell them committed, and the marker is written. Files of a batch the ledger does
-    not hold are not carried: the run that finishes that batch deletes and rewrites them,
-    in the partition's directory in use.
-
-    Returns:
-        Per partition, `compacted` or why it was left as it was.
-    """
-    from strata.catalog.register import register_tables
-    from strata.store.lock import BothLocks, lock_when_free
-
-    fs, root = filesystem(cfg.location("table"), cfg.storage_options)
-    last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
-    carried: dict[str, set[str]] = {}
-    for p in picked:
-        carried[p.name] = set()
-        for f in p.files:
-            if f["path"] not in p.merged and _committed(f["path"], last):
-                _carry(fs, root, f["path"], p.directory)
-                carried[p.name].add(f["path"])
-    outcome: dict[str, str] = {}
-    location = cfg.location("table")
-    with lock_when_free(cfg.places(), "run", _RUN_LOCK_WAIT_S) as run:
-        both = BothLocks(lock, run)
-        # Before any check that a marker follows: a run that takes the run lock over
-        # from this one (paused past its lease) voids the moves not made yet.
-        stamps = {p.stamp for p in picked}
-        announced = [
-            announce_moves(location, cfg.storage_options, stamp, [p.name for p in picked])
-            for stamp in sorted(stamps)
-        ]
-        last = committed_batch(cfg.location("ledger"), cfg.name, cfg.storage_options) or 0
-        now: dict[str, set[str]] = {}
-        for listed in current_files(fs, root):
-            now.setdefault(listed.partition, set()).add(listed.path)
-        for p in picked:
-            there = now.get(p.name, set())
-            if not p.merged <= there:
-                outcome[p.name] = "left: files to merge were removed meanwhile"
-                continue
-            for path in sorted(there - p.merged - carried[p.name]):
-                if _committed(path, last):
-                    _carry(fs, root, path, p.directory)
-            # A compaction that lost its lease must not move anything: vacuum may run.
-            both.check()
-            faults.reached(faults.AFTER_COMPACT_CHECK)
-            # The check above can be stale by the time the marker lands (a pause right
-            # here): the marker is created only if vacuum has not voided the directory.
-            if not mark(location, cfg.storage_options, p.name, p.stamp):
-                raise LeaseLost(
-                    f"pipeline {cfg.name}: this compaction lost its lease before it moved "
-                    f"{p.name}: a vacuum or a run that took over voided its new directory "
-                    f"{p.directory}, so the partition stays where it was. Partitions it "
-                    "moved before stay moved (the next run, or `strata register --pipeline "
-                    f"{cfg.name}`, points the metastore at them); the next compaction picks "
-                    "the others."
-                )
-            outcome[p.name] = "compacted"
-            faults.reached(faults.AFTER_COMPACT_MOVE)
-        for uri in announced:
-            withdraw_moves(uri, cfg.storage_options)
-        if any(o == "compacted" for o in outcome.values()):
-            try:
-                register_tables(cfg)
-            except MetastoreError as exc:
-                note = (
-                    f"compacted; the metastore still lists the old location ({exc}); the "
-                    f"next run, or `strata register --pipeline {cfg.name}`, moves it"
-                )
-                outcome = {k: note if v == "compacted" else v for k, v in outcome.items()}
-    return outcome
-
-
-# How long a compaction waits for a run in flight before moving its partitions.
-_RUN_LOCK_WAIT_S = 600.0
-
-
-def _carry(fs: pafs.FileSystem, root: str, path: str, directory: str) -> None:
-    """Copy a file, under its own name, into a partition's new directory."""
-    fs.copy_file(f"{root}/{path}", f"{root}/{directory}/{path.rsplit('/', 1)[-1]}")
-
-
-def _commit_partition(
-    cfg: PipelineConfig, picked: _Picked, old: set[str], new: list[WrittenFile], lock: RunLock
-) -> str:
-    """Swap a partition's merged files for the new ones in one transaction.
-
-    Where the maintenance lock has a fencing token (a lease), the commit carries it: a
-    vacuum that took the lease over fenced the table with a higher one, and then this
-    commit fails, whether or not the fence is in the snapshot it is built on.
-
-    Returns:
-        `compacted`, or why not: a file to be removed is no longer in the table (only a
-        run that broke the maintenance lock's rule could cause that; the partition is
-        left as it is, its new files to vacuum).
-
-    Raises:
-        LeaseLost: If this compaction lost its lease, or a later maintenance run fenced
-            the table.
-    """
-    uri = cfg.location(picked.table)
-    info = {f["path"]: f for f in picked.files}
-    for attempt in range(_COMMIT_TRIES):
-        table = open_table(uri, cfg.storage_options)
-        if table is None:
-            raise MaintenanceError(f"{uri}: the table disappeared during compaction")
-        active = set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
-        if new and {f.path for f in new} <= active:
-            # An attempt whose reply was lost landed after all.
-            return "compacted"
-        if not old <= active:
-            return "left: files to merge were removed meanwhile"
-        now = int(time.time() * 1000)
-        values: dict[str, str | None] | None = dict(picked.values) or None
-        actions: list[AddAction | RemoveAction] = [
-            RemoveAction(path, False, now, info[path]["size_bytes"], values) for path in sorted(old)
-        ]
-        actions += [AddAction(f.path, f.size, f.partition_values, now, False, f.stats) for f in new]
-        # A compaction that lost its lease must not commit: vacuum may run by now.
-        lock.check()
-        fence = maintenance_transactions(table, cfg.name, lock.token)
-        faults.reached(faults.AFTER_COMPACT_CHECK)
-        summary = {
-            "partition": picked.name,
-            "removed": len(old),
-            "added": len(new),
-        }
-        try:
-            table.create_write_transaction(
-                actions,
-                mode="append",
-                schema=table.schema(),
-                partition_by=list(table.metadata().partition_columns) or None,
-                commit_properties=CommitProperties(
-                    custom_metadata={COMPACTION_KEY: json.dumps(summary)},
-                    app_transactions=fence,
-                ),
-            )
-        except CommitFailedError as exc:
-            # A schema change, or a vacuum's fence, landed after this snapshot: look
-            # again on the new one, where a fence shows as a token above this run's.
-            logger.info("%s: compaction commit retried (%s), attempt %s", uri, exc, attempt + 1)
-            continue
-        return "compacted"
-    return f"left: {_COMMIT_TRIES} commits were beaten by concurrent changes"
 
 
 def render_compaction(report: CompactionReport) -> str:

@@ -36,14 +36,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
-from strata.batch.write import file_batch, is_compaction_file
 from strata.config import Location, MetastoreConfig
 from strata.durations import parse_duration_ms
 from strata.errors import MetastoreError
 from strata.log import get_logger
 from strata.maintenance.compact import MAINTAINED
 from strata.store.delta import committed_batch, fence_maintenance, newest_commit, open_table
-from strata.store.files import filesystem, read_bytes
+from strata.store.files import read_bytes
 from strata.store.ledger import COLUMNS_KEY, TOPIC_IDS_KEY
 from strata.store.locations import (
     GENERATION,
@@ -55,6 +54,7 @@ from strata.store.locations import (
     visible_files,
     void,
 )
+from strata.store.parquet import file_batch, is_compaction_file
 from strata.store.places import Places
 
 if TYPE_CHECKING:
@@ -69,7 +69,11 @@ _INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\
 
 
 def delta_tables(places: Places) -> list[tuple[Location, DeltaTable]]:
-    """The pipeline's Delta tables that exist: the ledger always, the rest under Delta."""
+    """The pipeline's Delta tables that exist: the ledger always, the rest under Delta.
+
+    Args:
+        places: The pipeline's places.
+    """
     found = []
     for which in MAINTAINED:
         if which != "ledger" and places.format != "delta":
@@ -81,7 +85,13 @@ def delta_tables(places: Places) -> list[tuple[Location, DeltaTable]]:
 
 
 def log_since_checkpoint(places: Places, which: Location, table: DeltaTable) -> int:
-    """Commits a reader replays on top of the last checkpoint (all of them without one)."""
+    """Commits a reader replays on top of the last checkpoint (all of them without one).
+
+    Args:
+        places: The pipeline's places.
+        which: Which of its tables.
+        table: That table, opened.
+    """
     fs, root = places.table(which).filesystem()
     last = read_bytes(fs, f"{root}/_delta_log/_last_checkpoint")
     version = table.version()
@@ -116,6 +126,9 @@ def checkpoint(places: Places) -> dict[str, Any]:
       batch's commit;
     - the ledger keeps its log while the newest commit recording the data table's
       columns, or the one recording the topics' ids, would expire: plans read them.
+
+    Args:
+        places: The pipeline's places.
 
     Returns:
         Per table: its version, the log files before and after, and whether the log
@@ -260,6 +273,7 @@ def sweep_moved(
 
     Args:
         places: The pipeline's places.
+        metastore: The metastore the tables are registered in, if any.
         grace: How long a directory stays after its partition was moved away.
         lock: The maintenance lock; None for a dry run, which deletes nothing.
 
@@ -267,8 +281,8 @@ def sweep_moved(
         Files of left directories deleted, and of never-used ones; the directories kept
         because the metastore points at them; warnings.
     """
-    location = places.table("table").uri
-    fs, root = filesystem(location, places.options)
+    ref = places.table("table")
+    fs, root = ref.filesystem()
     markers = read_markers(fs, root)
     horizon = datetime.now(UTC) - grace
 
@@ -319,7 +333,7 @@ def sweep_moved(
         if lock is not None and stamp not in markers.void.get(partition, set()):
             lock.check()
             note = f"voided by vacuum at {datetime.now(UTC).isoformat(timespec='seconds')}"
-            if not void(location, places.options, partition, stamp, note):
+            if not void(ref.uri, ref.options, partition, stamp, note):
                 moved_meanwhile.append(directory)
                 continue
         never_used += [f.path for f in files]
@@ -367,6 +381,11 @@ def _pointed_at(
 ) -> set[str] | None:
     """Which of these directories (each with its partition) the metastore points at.
 
+    Args:
+        places: The pipeline's places.
+        metastore: The metastore the tables are registered in, if any.
+        partitions: Each directory's partition.
+
     Returns:
         The directories a registered partition's location names; none without
         `metastore.uri`; None if the metastore could not be read.
@@ -401,6 +420,10 @@ def never_committed(places: Places, which: Location) -> tuple[list[str], list[st
     The table's batch number is read before the folder is listed against the log, so a
     file committed meanwhile has a number above it and is never taken for an orphan.
 
+    Args:
+        places: The pipeline's places.
+        which: Which of its tables.
+
     Returns:
         (paths that can never be committed, other paths the log does not list), relative
         to the table root.
@@ -424,7 +447,12 @@ def never_committed(places: Places, which: Location) -> tuple[list[str], list[st
 
 
 def table_health(places: Places, small: int) -> dict[str, dict[str, Any]]:
-    """Per table: files, mean file size, small files, and commits since the checkpoint."""
+    """Per table: files, mean file size, small files, and commits since the checkpoint.
+
+    Args:
+        places: The pipeline's places.
+        small: Files under this many bytes count as small (`compact.small_bytes`).
+    """
     out: dict[str, dict[str, Any]] = {}
     delta = dict(delta_tables(places))
     for which in MAINTAINED:

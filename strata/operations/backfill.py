@@ -11,26 +11,22 @@ A replay re-decodes whole batches (or a range) from the raw copy alone, with the
 current schema and decoder, without touching Kafka: after a decoder or schema fix,
 quarantined messages that now decode move into the data table. The ledger records
 every backfill and replay with its reason.
+
+Here is what such a request may do and where its messages are read from; the batch
+itself is run by the conductor (`strata.run.reprocess`), as every batch is.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from strata.batch.commit import raw_covers
 from strata.batch.kafka import partition_states, topic_ids
-from strata.batch.plan import BatchPlan, OffsetRange, PlanStore, decode_fingerprint, split_ranges
-from strata.config import PipelineConfig
+from strata.batch.plan import BatchPlan, PlanStore, Reprocess, drop_command, split_ranges
+from strata.batch.planning import PlanSettings, check_schema
+from strata.config import KafkaSource
 from strata.errors import BackfillError, KafkaUnavailable
-from strata.run import (
-    RunOutcome,
-    check_schema,
-    execute_reprocess,
-    raw_covers,
-    register,
-)
 from strata.store.ledger import (
     LedgerState,
     batch_log_ids,
@@ -38,65 +34,14 @@ from strata.store.ledger import (
     ledger_state,
     read_ledger,
 )
-from strata.store.lock import run_lock
+from strata.store.places import Places
+from strata.store.ranges import OffsetRange
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    pass
 
 
-def backfill(
-    cfg: PipelineConfig,
-    target: OffsetRange,
-    reason: str,
-    *,
-    session: Callable[[PipelineConfig], SparkSession] | None = None,
-) -> RunOutcome:
-    """Re-ingest one committed range of one partition, replacing its rows.
-
-    Args:
-        cfg: The pipeline configuration.
-        target: The topic, partition and `[start, end)` to re-ingest.
-        reason: Why; recorded in the ledger.
-        session: Builds the Spark session.
-
-    Returns:
-        The outcome, with status `backfilled`.
-
-    Raises:
-        BackfillError: If the range is invalid, not committed yet, or held by
-            neither Kafka nor the raw copy.
-    """
-    return _reprocess(cfg, [target], reason, "backfill", session)
-
-
-def replay(
-    cfg: PipelineConfig,
-    targets: list[OffsetRange],
-    reason: str,
-    *,
-    session: Callable[[PipelineConfig], SparkSession] | None = None,
-) -> RunOutcome:
-    """Re-decode committed ranges from the raw copy with the current schema and decoder.
-
-    The ranges' rows in the data and quarantine tables are replaced, one transaction
-    per table; the raw copy is left as it is and Kafka is never contacted.
-
-    Args:
-        cfg: The pipeline configuration.
-        targets: At most one range per partition (see `batch_ranges`).
-        reason: Why; recorded in the ledger.
-        session: Builds the Spark session.
-
-    Returns:
-        The outcome, with status `replayed`.
-
-    Raises:
-        BackfillError: If a range is invalid, not committed, or not in the raw copy.
-    """
-    return _reprocess(cfg, targets, reason, "replay", session)
-
-
-def batch_ranges(cfg: PipelineConfig, first: int, last: int) -> list[OffsetRange]:
+def batch_ranges(places: Places, first: int, last: int) -> list[OffsetRange]:
     """The ranges ingested by batches `first` to `last`, one per partition.
 
     A range spans from the first batch's start to the last batch's end on each
@@ -112,7 +57,7 @@ def batch_ranges(cfg: PipelineConfig, first: int, last: int) -> list[OffsetRange
             "--to-batch not below it"
         )
     spans: dict[tuple[str, int], tuple[int, int]] = {}
-    for r in read_ledger(cfg.places()).to_pylist():
+    for r in read_ledger(places).to_pylist():
         if r["kind"] != "ingest" or not first <= r["batch"] <= last:
             continue
         if r["end_offset"] == r["start_offset"]:
@@ -122,14 +67,14 @@ def batch_ranges(cfg: PipelineConfig, first: int, last: int) -> list[OffsetRange
         spans[key] = (min(start, r["start_offset"]), max(end, r["end_offset"]))
     if not spans:
         raise BackfillError(
-            f"batches {first} to {last} of pipeline {cfg.name} ingested no messages; "
+            f"batches {first} to {last} of pipeline {places.pipeline} ingested no messages; "
             "`strata status` lists the committed batches"
         )
     return [OffsetRange(t, p, start, end) for (t, p), (start, end) in sorted(spans.items())]
 
 
 def replay_targets(
-    cfg: PipelineConfig,
+    places: Places,
     from_batch: int | None,
     to_batch: int | None,
     target: tuple[str | None, int | None, int | None, int | None],
@@ -137,7 +82,7 @@ def replay_targets(
     """What a replay request names: batches `from_batch` to `to_batch`, or one range.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places (its ledger).
         from_batch: The first batch, or None for a range.
         to_batch: The last batch; None is `from_batch`.
         target: Topic, partition, first offset and first offset after, all None for
@@ -147,7 +92,7 @@ def replay_targets(
         BackfillError: If the request names both, or neither, or part of a range.
     """
     if from_batch is not None and all(v is None for v in target):
-        return batch_ranges(cfg, from_batch, from_batch if to_batch is None else to_batch)
+        return batch_ranges(places, from_batch, from_batch if to_batch is None else to_batch)
     topic, partition, start, end = target
     if from_batch is None and to_batch is None:
         if topic is not None and partition is not None and start is not None and end is not None:
@@ -157,74 +102,87 @@ def replay_targets(
     )
 
 
-def _reprocess(
-    cfg: PipelineConfig,
+def reprocess_plan(
+    places: Places,
+    settings: PlanSettings,
     targets: list[OffsetRange],
     reason: str,
-    kind: str,
-    session: Callable[[PipelineConfig], SparkSession] | None,
-) -> RunOutcome:
-    """Plan (or resume) a backfill or replay batch, then run it as every batch runs."""
-    began = time.monotonic()
+    kind: Reprocess,
+) -> tuple[BatchPlan, bool]:
+    """Check a backfill or replay and plan it, or find it planned and unfinished.
+
+    Called under the run lock: the plan is saved before anything is read, as every
+    batch's is.
+
+    Args:
+        places: The pipeline's places.
+        settings: How the pipeline's batches are planned (and split into tasks), and
+            how messages are decoded, as now configured.
+        targets: At most one range per partition.
+        reason: Why; recorded in the ledger.
+        kind: `backfill` or `replay`.
+
+    Returns:
+        The batch's plan, and whether it was an unfinished batch's.
+
+    Raises:
+        BackfillError: If a range is invalid, not committed, or held by no copy; or
+            another backfill or replay is unfinished.
+    """
     for target in targets:
-        _check_request(cfg, target, reason)
+        _check_request(places, settings.source, target, reason)
     if len({(t.topic, t.partition) for t in targets}) != len(targets):
         raise BackfillError("give at most one range per partition")
-    with run_lock(cfg.places()) as lock:
-        state = ledger_state(cfg.places())
+    state = ledger_state(places)
+    for target in targets:
+        _check_committed(state, target)
+    batch = state.last_batch + 1
+    store = PlanStore(places)
+    plan = store.load(batch)
+    resumed = plan is not None
+    if plan is None:
+        check_schema(places, settings.decoding)
         for target in targets:
-            _check_committed(state, target)
-        batch = state.last_batch + 1
-        store = PlanStore(cfg.places())
-        plan = store.load(batch)
-        resumed = plan is not None
-        if plan is None:
-            from strata.spark.session import default_tasks
-
-            check_schema(cfg)
-            for target in targets:
-                _one_log(cfg, target)
-            ids: dict[str, str] = {}
-            if kind == "replay":
-                source = _raw_source(cfg, targets)
-            else:
-                source, ids = _source(cfg, targets[0], state)
-            made = BatchPlan(
-                pipeline=cfg.name,
-                batch=batch,
-                ranges=targets,
-                splits=split_ranges(targets, default_tasks(cfg), cfg.limits.max_offsets_per_task),
-                fingerprint=decode_fingerprint(cfg),
-                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-                kind=kind,
-                note=reason,
-                source=source,
-                topic_ids=ids,
-            )
-            plan = store.create(made)
-            resumed = plan is not made
-        if plan.kind != kind or plan.ranges != targets:
-            what = f"a {plan.kind} of {', '.join(r.describe() for r in plan.ranges)}"
-            raise BackfillError(
-                f"batch {batch} is unfinished ({what}); nothing was done. `strata run "
-                f"--pipeline {cfg.name}` finishes it as it began; or drop it with `strata plan "
-                f"drop --pipeline {cfg.name} --batch {batch} --reason TEXT`"
-            )
-        outcome = execute_reprocess(cfg, plan, session, lock, resumed)
-        register(cfg, outcome)
-        outcome.seconds = time.monotonic() - began
-        return outcome
+            _one_log(places, target)
+        ids: dict[str, str] = {}
+        if kind == "replay":
+            source = _raw_source(places, targets)
+        else:
+            source, ids = _source(places, settings.source, targets[0], state)
+        made = BatchPlan(
+            pipeline=places.pipeline,
+            batch=batch,
+            ranges=targets,
+            splits=split_ranges(targets, settings.tasks, settings.limits.max_offsets_per_task),
+            fingerprint=settings.fingerprint,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            kind=kind,
+            note=reason,
+            source=source,
+            topic_ids=ids,
+        )
+        plan = store.create(made)
+        resumed = plan is not made
+    if plan.kind != kind or plan.ranges != targets:
+        what = f"a {plan.kind} of {', '.join(r.describe() for r in plan.ranges)}"
+        raise BackfillError(
+            f"batch {batch} is unfinished ({what}); nothing was done. `strata run "
+            f"--pipeline {places.pipeline}` finishes it as it began; or drop it with "
+            f"{drop_command(places.pipeline, batch)}"
+        )
+    return plan, resumed
 
 
-def _check_request(cfg: PipelineConfig, target: OffsetRange, reason: str) -> None:
-    if cfg.table_format != "delta":
+def _check_request(places: Places, source: KafkaSource, target: OffsetRange, reason: str) -> None:
+    if places.format != "delta":
         raise BackfillError(
             "backfill replaces rows inside a Delta transaction; plain Parquet tables "
             "(table_format: parquet) cannot be backfilled yet"
         )
-    if not cfg.reads_topic(target.topic):
+    if not source.reads(target.topic):
         raise BackfillError(
-            f"topic `{target.topic}` is not read by pipeline {cfg.name} ({cfg.topics_description})"
+            f"topic `{target.topic}` is not read by pipeline {places.pipeline} "
+            f"({source.description})"
         )
     if target.partition < 0 or target.start < 0 or target.end <= target.start:
         raise BackfillError(
@@ -247,7 +205,7 @@ def _check_committed(state: LedgerState, target: OffsetRange) -> None:
 
 
 def _source(
-    cfg: PipelineConfig, target: OffsetRange, state: LedgerState
+    places: Places, source: KafkaSource, target: OffsetRange, state: LedgerState
 ) -> tuple[str, dict[str, str]]:
     """`kafka` if the broker still holds the range's log, else `raw` if the raw copy does.
 
@@ -260,8 +218,8 @@ def _source(
     """
     kafka_says = ""
     try:
-        current = topic_ids(cfg.source())
-        was = _read_from(cfg, target)
+        current = topic_ids(source)
+        was = _read_from(places, target)
         now = current.get(target.topic)
         if was and was != {now}:
             kafka_says = (
@@ -270,7 +228,7 @@ def _source(
                 else f"the id of `{target.topic}` could not be read to check it is the same log"
             )
         else:
-            for s in partition_states(cfg.source(), state.committed):
+            for s in partition_states(source, state.committed):
                 if (s.topic, s.partition) == (target.topic, target.partition):
                     if s.low <= target.start and target.end <= s.high:
                         return "kafka", current
@@ -278,7 +236,7 @@ def _source(
             kafka_says = kafka_says or "Kafka has no such partition"
     except KafkaUnavailable as exc:
         kafka_says = f"Kafka is unreachable ({exc})"
-    if raw_covers(cfg, target):
+    if raw_covers(places, target):
         return "raw", {}
     raise BackfillError(
         f"{target.describe()} are held by neither Kafka ({kafka_says}) nor the raw copy "
@@ -286,7 +244,7 @@ def _source(
     )
 
 
-def _read_from(cfg: PipelineConfig, target: OffsetRange) -> set[str]:
+def _read_from(places: Places, target: OffsetRange) -> set[str]:
     """The ids of the logs a committed range's offsets were read from, where recorded.
 
     Each ingest batch records which log each partition was read on (`LogIds`); the
@@ -294,7 +252,7 @@ def _read_from(cfg: PipelineConfig, target: OffsetRange) -> set[str]:
     moved onto a re-created topic since the range was read.
     """
     rows = read_ledger(
-        cfg.places(), ["batch", "kind", "topic", "partition", "start_offset", "end_offset"]
+        places, ["batch", "kind", "topic", "partition", "start_offset", "end_offset"]
     )
     batches = sorted(
         {
@@ -307,20 +265,20 @@ def _read_from(cfg: PipelineConfig, target: OffsetRange) -> set[str]:
         }
     )
     found = set()
-    for recorded in batch_log_ids(cfg.places(), batches).values():
+    for recorded in batch_log_ids(places, batches).values():
         uid = recorded.of(target.topic, target.partition)
         if uid is not None:
             found.add(uid)
     if not found:
         # No ingest read the range, or it was read before ids were recorded: the log
         # reading goes on in now is all the ledger can say.
-        newest = committed_log_ids(cfg.places())
+        newest = committed_log_ids(places)
         uid = None if newest is None else newest.of(target.topic, target.partition)
         found = set() if uid is None else {uid}
     return found
 
 
-def _one_log(cfg: PipelineConfig, target: OffsetRange) -> None:
+def _one_log(places: Places, target: OffsetRange) -> None:
     """Refuse a range two logs cover: its rows could not be told apart.
 
     After a topic was deleted, created again and read again from its start (a seek
@@ -332,7 +290,7 @@ def _one_log(cfg: PipelineConfig, target: OffsetRange) -> None:
     """
     spans = sorted(
         (max(r["start_offset"], target.start), min(r["end_offset"], target.end), r["batch"])
-        for r in read_ledger(cfg.places()).to_pylist()
+        for r in read_ledger(places).to_pylist()
         if r["kind"] == "ingest"
         and (r["topic"], r["partition"]) == (target.topic, target.partition)
         and r["start_offset"] < target.end
@@ -348,10 +306,10 @@ def _one_log(cfg: PipelineConfig, target: OffsetRange) -> None:
             )
 
 
-def _raw_source(cfg: PipelineConfig, targets: list[OffsetRange]) -> str:
+def _raw_source(places: Places, targets: list[OffsetRange]) -> str:
     """`raw`, once it is sure the raw copy holds every range."""
     for target in targets:
-        if not raw_covers(cfg, target):
+        if not raw_covers(places, target):
             raise BackfillError(
                 f"{target.describe()} are not all in the raw copy (no committed ingest covers "
                 "them); nothing was done"

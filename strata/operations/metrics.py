@@ -28,11 +28,13 @@ from prometheus_client.exposition import (
     write_to_textfile,
 )
 
-from strata.config import PipelineConfig
+from strata.config import MetricsConfig
 from strata.config.secrets import redact
+from strata.store.places import Places
 
 if TYPE_CHECKING:
-    from strata.run import RunOutcome
+    from strata.batch.outcome import RunOutcome
+    from strata.operations.status import StatusSettings
 
 _PARTITION = ("pipeline", "topic", "partition")
 
@@ -232,15 +234,20 @@ def run_metrics(
     return gauges.registry
 
 
-def textfile_path(cfg: PipelineConfig) -> str | None:
-    """Where the run's metrics file goes, if `metrics.textfile_dir` is set."""
-    directory = cfg.metrics.textfile_dir
-    return None if directory is None else f"{directory.rstrip('/')}/strata_{cfg.name}.prom"
+def textfile_path(metrics: MetricsConfig, pipeline: str) -> str | None:
+    """Where the run's metrics file goes, if `metrics.textfile_dir` is set.
+
+    Args:
+        metrics: The `metrics` settings.
+        pipeline: The pipeline's (or routed table's) name.
+    """
+    directory = metrics.textfile_dir
+    return None if directory is None else f"{directory.rstrip('/')}/strata_{pipeline}.prom"
 
 
-def _auth(cfg: PipelineConfig) -> Callable[..., Callable[[], None]]:
+def _auth(metrics: MetricsConfig) -> Callable[..., Callable[[], None]]:
     """The push's request handler: basic auth when the Pushgateway asks for it."""
-    user, password = cfg.metrics.username, cfg.metrics.password
+    user, password = metrics.username, metrics.password
     if user is None or password is None:
         return default_handler
 
@@ -252,41 +259,49 @@ def _auth(cfg: PipelineConfig) -> Callable[..., Callable[[], None]]:
     return handler
 
 
-def export(cfg: PipelineConfig, registry: CollectorRegistry) -> list[str]:
+def export(metrics: MetricsConfig, pipeline: str, registry: CollectorRegistry) -> list[str]:
     """Write the registry for the textfile collector and push it, as configured.
 
     Args:
-        cfg: The pipeline configuration (its `metrics` section).
+        metrics: The `metrics` settings.
+        pipeline: The pipeline's (or routed table's) name: the file's and the
+            Pushgateway grouping key's.
         registry: The run's metrics.
 
     Returns:
         A warning for each way that failed (none when both went through).
     """
     warnings = []
-    path = textfile_path(cfg)
+    path = textfile_path(metrics, pipeline)
     if path is not None:
         try:
             # A temporary file beside it, renamed over it: a scrape never sees half.
             write_to_textfile(path, registry)
         except OSError as exc:
             warnings.append(f"metrics not written to {path}: {exc}")
-    url = cfg.metrics.pushgateway
+    url = metrics.pushgateway
     if url is not None:
         try:
             push_to_gateway(
                 url,
-                job=cfg.metrics.job,
+                job=metrics.job,
                 registry=registry,
-                grouping_key={"pipeline": cfg.name},
-                timeout=cfg.metrics.timeout_s,
-                handler=_auth(cfg),
+                grouping_key={"pipeline": pipeline},
+                timeout=metrics.timeout_s,
+                handler=_auth(metrics),
             )
         except Exception as exc:  # noqa: BLE001 - urllib's errors are many; the batch stands
             warnings.append(f"metrics not pushed to {url}: {type(exc).__name__}: {exc}")
     return [redact(w) for w in warnings]
 
 
-def after_run(cfg: PipelineConfig, outcome: RunOutcome, gate_failed: bool = False) -> None:
+def after_run(
+    places: Places,
+    settings: StatusSettings,
+    metrics: MetricsConfig,
+    outcome: RunOutcome,
+    gate_failed: bool = False,
+) -> None:
     """Once a run succeeded: its warnings of retention and growing lag, and its metrics.
 
     The retention and lag-growth warnings `strata status` gives are added to the
@@ -295,16 +310,19 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome, gate_failed: bool = Fals
     (and after its quality suite, whose result the metrics count).
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's (or routed table's) places.
+        settings: What its view reads (`strata.operations.status.StatusSettings`, which
+            the entry points build).
+        metrics: The `metrics` settings.
         outcome: The run's outcome; warnings are added to it. Nothing here raises.
         gate_failed: The batch failed its quality checks under `quality.gate: fail`.
     """
     from strata.operations.status import pipeline_view
 
     view: dict[str, Any] | None = None
-    exported = cfg.metrics.textfile_dir is not None or cfg.metrics.pushgateway is not None
+    exported = metrics.textfile_dir is not None or metrics.pushgateway is not None
     try:
-        view = pipeline_view(cfg, watermark=exported, seen=outcome.seen)
+        view = pipeline_view(places, settings, watermark=exported, seen=outcome.seen)
     except Exception as exc:  # noqa: BLE001 - what is watched must not fail a committed batch
         outcome.warnings.append(f"lag and time to retention after the run unknown: {exc}")
     if view is not None:
@@ -319,7 +337,7 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome, gate_failed: bool = Fals
 
     quality: dict[str, Any] | None = None
     try:
-        store = ResultStore.of(cfg)
+        store = ResultStore.of(places)
         quality = store.load(outcome.batch) if outcome.batch is not None else None
         if quality is None:
             latest = store.recent(1)
@@ -332,4 +350,4 @@ def after_run(cfg: PipelineConfig, outcome: RunOutcome, gate_failed: bool = Fals
     except Exception as exc:  # noqa: BLE001 - the batch stands whatever the metrics do
         outcome.warnings.append(f"metrics not made: {type(exc).__name__}: {exc}")
         return
-    outcome.warnings.extend(export(cfg, registry))
+    outcome.warnings.extend(export(metrics, places.pipeline, registry))

@@ -18,19 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from strata.batch.commit import fence_table, remove_batch_files, remove_batch_rows
 from strata.batch.kafka import partition_states, publish_offsets, topic_ids
-from strata.batch.plan import OffsetRange, PlanStore
+from strata.batch.plan import PlanStore, drop_command
 from strata.batch.reconcile import RANGES_KEY, TABLES
-from strata.config import PipelineConfig, TableName
+from strata.config import KafkaSource, SchemaSpec, TableName
 from strata.errors import LedgerEditError, PlanError
-from strata.run import (
-    fence_table,
-    remove_batch_files,
-    remove_batch_rows,
-)
 from strata.store.delta import batch_metadata
 from strata.store.ledger import LogIds, commit_ledger, committed_log_ids, ledger_state, unread_row
 from strata.store.lock import run_lock
+from strata.store.places import Places
+from strata.store.ranges import OffsetRange
 
 
 @dataclass
@@ -53,7 +51,12 @@ class LedgerEdit:
 
 
 def drop_plan(
-    cfg: PipelineConfig, batch: int, reason: str, who: str, force: bool = False
+    places: Places,
+    schemas: SchemaSpec,
+    batch: int,
+    reason: str,
+    who: str,
+    force: bool = False,
 ) -> LedgerEdit:
     """Abandon the saved plan of the unfinished batch, recording who, why and what.
 
@@ -64,7 +67,8 @@ def drop_plan(
     commit nothing of it. The ledger commit of the `abandon` rows comes last.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places.
+        schemas: What its tables' schemas are made from (a fence creates a missing table).
         batch: The unfinished batch; it must be the one after the ledger's last batch.
         reason: Why; recorded in the ledger.
         who: Who drops it (user@host).
@@ -80,15 +84,15 @@ def drop_plan(
             partly committed and `force` is not given.
     """
     _need_reason(reason)
-    with run_lock(cfg.places()) as lock:
-        state = ledger_state(cfg.places())
+    with run_lock(places) as lock:
+        state = ledger_state(places)
         nxt = state.last_batch + 1
         if batch != nxt:
             raise LedgerEditError(
-                f"batch {batch} is not the unfinished batch of pipeline {cfg.name}: the "
+                f"batch {batch} is not the unfinished batch of pipeline {places.pipeline}: the "
                 f"ledger's last batch is {state.last_batch}, so only batch {nxt} can be dropped"
             )
-        store = PlanStore(cfg.places())
+        store = PlanStore(places)
         begun = store.dropping(batch)
         damage = ""
         try:
@@ -97,21 +101,21 @@ def drop_plan(
             plan, damage = None, str(exc)
         if plan is None and not damage and begun is None:
             raise LedgerEditError(
-                f"batch {batch} of pipeline {cfg.name} has no saved plan; nothing to drop"
+                f"batch {batch} of pipeline {places.pipeline} has no saved plan; nothing to drop"
             )
-        delta = cfg.table_format == "delta"
-        stood = [name for name in TABLES if delta and _committed(cfg, name, batch)]
-        kind = plan.kind if plan is not None else _committed_kind(cfg, batch, stood)
+        delta = places.format == "delta"
+        stood = [name for name in TABLES if delta and _committed(places, name, batch)]
+        kind = plan.kind if plan is not None else _committed_kind(places, batch, stood)
         if begun is not None:
             force = bool(begun.get("force"))
         elif stood and not force:
             raise LedgerEditError(
                 f"batch {batch} is partly committed ({', '.join(stood)}): its raw copy holds "
                 "every message it planned, so it can be finished and is not dropped. Run "
-                f"`strata run --pipeline {cfg.name}`; if it says the decode settings changed, "
-                "restore the ones the batch began with, finish it, then change them. If it "
-                "cannot be finished, add --force: the rows it committed are removed and its "
-                "offsets are read again by the next batch"
+                f"`strata run --pipeline {places.pipeline}`; if it says the decode settings "
+                "changed, restore the ones the batch began with, finish it, then change them. "
+                "If it cannot be finished, add --force: the rows it committed are removed and "
+                "its offsets are read again by the next batch"
             )
         store.mark_dropped(
             batch,
@@ -123,16 +127,16 @@ def drop_plan(
                 lock.check()
                 if name in stood and kind == "ingest":
                     # An ingest's files hold only its own rows: removing them undoes it.
-                    removed = remove_batch_rows(cfg, name, batch, note)
+                    removed = remove_batch_rows(places, schemas, name, batch, note)
                     note_removed = f"; {removed} file(s) of it removed from {name}"
                     note += note_removed if removed else ""
                 elif name not in stood:
-                    fence_table(cfg, name, batch, note)
+                    fence_table(places, schemas, name, batch, note)
                 # A backfill or replay that committed a table replaced its ranges' rows
                 # there: each offset is still held once, and that stays.
         else:
             # Plain Parquet files are visible as soon as written: the plan's go with it.
-            remove_batch_files(cfg, batch, lock=lock)
+            remove_batch_files(places, batch, lock=lock)
         if plan is not None:
             rows = [_abandon_row(r.topic, r.partition, r.start, note, r) for r in plan.ranges]
         else:
@@ -140,28 +144,27 @@ def drop_plan(
             note += " (the saved plan could not be read)"
             rows = [_abandon_row(t, p, e, note, None) for (t, p), e in state.committed.items()]
         lock.check()
-        commit_ledger(cfg.places(), batch, rows)
+        commit_ledger(places, batch, rows)
         warnings = [
             "the next `strata run` plans afresh from where the ledger goes on; if retention "
             "deleted offsets meanwhile, it stops until `strata run --accept-loss REASON`"
         ]
         if damage:
             warnings.insert(0, damage)
-        return LedgerEdit(cfg.name, "abandon", batch, rows, warnings)
+        return LedgerEdit(places.pipeline, "abandon", batch, rows, warnings)
 
 
-def _committed(cfg: PipelineConfig, name: TableName, batch: int) -> bool:
+def _committed(places: Places, name: TableName, batch: int) -> bool:
     """Whether a table holds a real commit of the batch (not a drop's empty fence)."""
-    uri = cfg.location(name)
-    return batch_metadata(uri, batch, cfg.storage_options, RANGES_KEY) is not None
+    return batch_metadata(places.table(name).uri, batch, places.options, RANGES_KEY) is not None
 
 
-def _committed_kind(cfg: PipelineConfig, batch: int, stood: list[TableName]) -> str | None:
+def _committed_kind(places: Places, batch: int, stood: list[TableName]) -> str | None:
     """The kind of a batch whose plan cannot be read, from its tables' commits."""
     for name in stood:
-        uri = cfg.location(name)
+        uri = places.table(name).uri
         for kind in ("backfill", "replay"):
-            if batch_metadata(uri, batch, cfg.storage_options, f"strata.{kind}") is not None:
+            if batch_metadata(uri, batch, places.options, f"strata.{kind}") is not None:
                 return kind
         return "ingest"
     return None
@@ -181,7 +184,9 @@ def _abandon_row(
 
 
 def seek(
-    cfg: PipelineConfig,
+    places: Places,
+    source: KafkaSource,
+    schemas: SchemaSpec,
     topic: str,
     partition: int | None,
     to: str,
@@ -192,7 +197,9 @@ def seek(
     """Move where reading goes on in one partition (or all of a topic's), recorded.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places.
+        source: The brokers and the pipeline's topics there.
+        schemas: What its tables' schemas are made from (a fence creates a missing table).
         topic: The topic.
         partition: The partition; None for every partition of the topic.
         to: An offset, or `earliest` / `latest` (the log's start or end now).
@@ -209,24 +216,24 @@ def seek(
             the seek would read committed offsets again without `reread`.
     """
     _need_reason(reason)
-    if not cfg.reads_topic(topic):
+    if not source.reads(topic):
         raise LedgerEditError(
-            f"topic `{topic}` is not read by pipeline {cfg.name} ({cfg.topics_description})"
+            f"topic `{topic}` is not read by pipeline {places.pipeline} ({source.description})"
         )
-    with run_lock(cfg.places()) as lock:
-        state = ledger_state(cfg.places())
+    with run_lock(places) as lock:
+        state = ledger_state(places)
         nxt = state.last_batch + 1
-        _refuse_unfinished(cfg, nxt)
+        _refuse_unfinished(places, nxt)
         states = [
             s
-            for s in partition_states(cfg.source(), state.committed)
+            for s in partition_states(source, state.committed)
             if s.topic == topic and partition in (None, s.partition)
         ]
         if not states:
             raise LedgerEditError(f"partition {partition} of `{topic}` is not on the brokers")
         # Only the sought topic's id: the seek vouches for nothing else (`LogIds`).
-        now_id = topic_ids(cfg.source(), [topic]).get(topic)
-        recorded = committed_log_ids(cfg.places()) or LogIds()
+        now_id = topic_ids(source, [topic]).get(topic)
+        recorded = committed_log_ids(places) or LogIds()
         note_base = f"seek by {who}: {reason}"
         rows = []
         warnings = []
@@ -268,21 +275,21 @@ def seek(
                         "land twice unless the topic is a new log"
                     )
         # A runner still holding a plan of this batch number commits nothing of it.
-        if cfg.table_format == "delta":
+        if places.format == "delta":
             for name in TABLES:
                 lock.check()
-                fence_table(cfg, name, nxt, f"seek by {who}: {reason}")
+                fence_table(places, schemas, name, nxt, f"seek by {who}: {reason}")
         lock.check()
         # The partitions moved are now read on the topic's current log; no other.
         moved = {(topic, int(str(r["partition"]))): now_id for r in rows} if now_id else None
-        commit_ledger(cfg.places(), nxt, rows, partition_ids=moved)
+        commit_ledger(places, nxt, rows, partition_ids=moved)
         positions = [
             OffsetRange(topic, int(str(r["partition"])), 0, int(str(r["end_offset"]))) for r in rows
         ]
-        problem = publish_offsets(cfg.source(), positions)
+        problem = publish_offsets(source, positions)
         if problem:
             warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")
-        return LedgerEdit(cfg.name, "seek", nxt, rows, warnings)
+        return LedgerEdit(places.pipeline, "seek", nxt, rows, warnings)
 
 
 def _target(to: str, low: int, high: int) -> int:
@@ -298,9 +305,9 @@ def _target(to: str, low: int, high: int) -> int:
         ) from None
 
 
-def _refuse_unfinished(cfg: PipelineConfig, batch: int) -> None:
+def _refuse_unfinished(places: Places, batch: int) -> None:
     """A plan saved before an edit must never run after it."""
-    store = PlanStore(cfg.places())
+    store = PlanStore(places)
     try:
         plan = store.load(batch)
     except PlanError:
@@ -312,8 +319,8 @@ def _refuse_unfinished(cfg: PipelineConfig, batch: int) -> None:
         what = "an unreadable plan" if plan is None else f"a {plan.kind}"
         raise LedgerEditError(
             f"batch {batch} is unfinished ({what}, {store.describe(batch)}); nothing was "
-            f"changed. Finish it with `strata run --pipeline {cfg.name}`, or drop it with "
-            f"`strata plan drop --pipeline {cfg.name} --batch {batch} --reason TEXT`, then seek"
+            f"changed. Finish it with `strata run --pipeline {places.pipeline}`, or drop it with "
+            f"{drop_command(places.pipeline, batch)}, then seek"
         )
 
 

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from strata.batch.kafka import client_version
+from strata.batch.outcome import RunOutcome
 from strata.durations import human_duration
-from strata.run import RunOutcome
 
 
 def _iso(us: int | None) -> str | None:

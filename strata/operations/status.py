@@ -18,31 +18,54 @@ import pyarrow.compute as pc
 from strata.batch.kafka import oldest_unread_ms, partition_states, retention_limits
 from strata.batch.plan import PartitionState, PlanStore, vanished_topics
 from strata.catalog.completeness import watermark_now
-from strata.config import PipelineConfig
+from strata.config import CompletenessConfig, KafkaSource
 from strata.durations import human_duration
 from strata.errors import KafkaUnavailable, PlanError
-from strata.maintenance.compact import small_bytes
 from strata.maintenance.vacuum import table_health
 from strata.store.ledger import RUN_COLUMNS, LedgerState, lag_after, ledger_state, read_ledger
+from strata.store.places import Places
 
 if TYPE_CHECKING:
-    from strata.run import Seen
+    from strata.batch.outcome import Seen
 
 
-def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StatusSettings:
+    """What a pipeline's status (and a run's view of it) reads besides its places.
+
+    The entry points build it from the pipeline's (or routed table's) configuration,
+    in one place: `strata.edge.status_settings`.
+
+    Attributes:
+        source: The brokers and topics the lag is measured against.
+        lag_growth_runs: A lag that grew over this many batches in a row is warned of
+            (`airflow.lag_growth_runs`).
+        completeness: The `completeness` settings, for the watermark.
+        small_file_bytes: Files under this many bytes count as small
+            (`strata.maintenance.compact.small_bytes`).
+    """
+
+    source: KafkaSource
+    lag_growth_runs: int
+    completeness: CompletenessConfig
+    small_file_bytes: int
+
+
+def pipeline_status(places: Places, settings: StatusSettings, history: int = 10) -> dict[str, Any]:
     """What is committed, the latest batches, and the lag behind the brokers.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's (or routed table's) places.
+        settings: What else the status reads (`StatusSettings`).
         history: How many recent batches to list.
 
     Returns:
         JSON-ready status. `lag` is absent, and `broker_error` says why, when the
         brokers cannot be reached: the ledger alone still answers.
     """
-    rows = read_ledger(cfg.places())
-    state = ledger_state(cfg.places(), rows)
-    out = _view(cfg, rows, state, listed=True)
+    rows = read_ledger(places)
+    state = ledger_state(places, rows)
+    out = _view(places, settings, rows, state, listed=True)
     out["batches"] = _history(rows, history)
     losses = rows.filter(pc.equal(rows.column("kind"), "loss")) if rows.num_rows else rows
     out["losses"] = [
@@ -71,25 +94,27 @@ def pipeline_status(cfg: PipelineConfig, history: int = 10) -> dict[str, Any]:
         }
         for r in (edits.to_pylist() if rows.num_rows else [])
     ]
-    out["unfinished"] = _unfinished(cfg, state.last_batch + 1)
-    out["watermark"] = watermark_now(cfg, rows)
-    out["tables"] = table_health(cfg.places(), small_bytes(cfg.maintenance, cfg.limits))
+    out["unfinished"] = _unfinished(places, state.last_batch + 1)
+    out["watermark"] = watermark_now(settings.completeness, rows)
+    out["tables"] = table_health(places, settings.small_file_bytes)
     small = sum(t["small_files"] for name, t in out["tables"].items() if name != "ledger")
     if small >= 100:
         out["warnings"].append(
             f"{small:,} small files in the tables: Trino and Spark scans slow down; "
-            f"`strata compact --pipeline {cfg.name}` merges them (the maintenance DAG does daily)"
+            f"`strata compact --pipeline {places.pipeline}` merges them "
+            "(the maintenance DAG does daily)"
         )
     return out
 
 
 def pipeline_view(
-    cfg: PipelineConfig, watermark: bool = False, seen: Seen | None = None
+    places: Places, settings: StatusSettings, watermark: bool = False, seen: Seen | None = None
 ) -> dict[str, Any]:
     """What a run leaves to watch: `pipeline_status` without the history and the tables.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's (or routed table's) places.
+        settings: What else the view reads (`StatusSettings`).
         watermark: Also work out the completeness watermark (for the metrics; it
             costs a pass over every ingest row of the ledger).
         seen: What an idle run just read of the ledger and the brokers, taken instead
@@ -102,17 +127,18 @@ def pipeline_view(
     """
     if seen is not None:
         rows = seen.rows
-        out = _view(cfg, rows, seen.state, listed=False, states=seen.states)
+        out = _view(places, settings, rows, seen.state, listed=False, states=seen.states)
     else:
-        rows = read_ledger(cfg.places(), RUN_COLUMNS)
-        out = _view(cfg, rows, ledger_state(cfg.places(), rows), listed=False)
+        rows = read_ledger(places, RUN_COLUMNS)
+        out = _view(places, settings, rows, ledger_state(places, rows), listed=False)
     if watermark:
-        out["watermark"] = watermark_now(cfg, rows)
+        out["watermark"] = watermark_now(settings.completeness, rows)
     return out
 
 
 def _view(
-    cfg: PipelineConfig,
+    places: Places,
+    settings: StatusSettings,
     rows: pa.Table,
     state: LedgerState,
     listed: bool,
@@ -121,7 +147,8 @@ def _view(
     """Per partition the committed offset, lag and time to retention; warnings of both.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places.
+        settings: What else the view reads.
         rows: The ledger.
         state: What it says is committed.
         listed: Also warn of topics a pattern no longer matches (a run warns of them
@@ -131,7 +158,7 @@ def _view(
     committed_at = rows.column("committed_at") if rows.num_rows else None
     last = pc.max(committed_at).as_py() if committed_at is not None else None
     out: dict[str, Any] = {
-        "pipeline": cfg.name,
+        "pipeline": places.pipeline,
         "last_batch": state.last_batch,
         "last_committed_at": None if last is None else last.isoformat(timespec="seconds"),
         "warnings": [],
@@ -140,7 +167,7 @@ def _view(
     try:
         unread: dict[tuple[str, int], int] = {}
         if states is None:
-            states = partition_states(cfg.source(), state.committed)
+            states = partition_states(settings.source, state.committed)
         for s in states:
             committed = state.committed.get((s.topic, s.partition))
             position = committed if committed is not None else s.low
@@ -153,12 +180,12 @@ def _view(
                 unread[(s.topic, s.partition)] = max(position, s.low)
         # Sizes and rates matter only where something is unread; a caught-up pipeline
         # skips the pass over every ingest row.
-        _retention(cfg, unread, lag, out["warnings"], _observed(rows) if unread else {})
+        _retention(settings.source, unread, lag, out["warnings"], _observed(rows) if unread else {})
         if listed:
             out["warnings"] += [
                 f"topic `{topic}` matched topics_pattern and has committed offsets, but the "
                 "brokers no longer list it (deleted); it is no longer read"
-                for topic in vanished_topics(cfg, states, state.committed)
+                for topic in vanished_topics(settings.source, states, state.committed)
             ]
     except KafkaUnavailable as exc:
         out["broker_error"] = str(exc)
@@ -175,7 +202,7 @@ def _view(
     out["total_lag"] = sum(v["lag"] for v in lag.values()) if lag else None
     lags = ingest_lags(rows)
     out["lag_growth_runs"] = streak = lag_growth(lags)
-    if streak >= cfg.airflow.lag_growth_runs:
+    if streak >= settings.lag_growth_runs:
         out["warnings"].append(
             f"the lag left behind has grown {streak} batches in a row "
             f"({' -> '.join(f'{n:,}' for n in lags[-streak - 1 :] if n is not None)} messages): "
@@ -234,9 +261,9 @@ def lag_growth(lags: Sequence[int | None]) -> int:
     return streak
 
 
-def _unfinished(cfg: PipelineConfig, batch: int) -> dict[str, Any] | None:
+def _unfinished(places: Places, batch: int) -> dict[str, Any] | None:
     """The saved plan of the batch that is planned but not committed, if any."""
-    store = PlanStore(cfg.places())
+    store = PlanStore(places)
     try:
         plan = store.load(batch)
     except PlanError as exc:
@@ -325,7 +352,7 @@ def size_time_left(
 
 
 def _retention(
-    cfg: PipelineConfig,
+    source: KafkaSource,
     unread: dict[tuple[str, int], int],
     lag: dict[tuple[str, int], dict[str, Any]],
     warnings: list[str],
@@ -340,8 +367,8 @@ def _retention(
     it is an estimate, and the warning comes early (at three quarters of the limit).
     """
     # The topics status listed already: a pattern's are not asked of the brokers again.
-    limits = retention_limits(cfg.source(), {topic for topic, _ in lag})
-    oldest = oldest_unread_ms(cfg.source(), unread) if unread else {}
+    limits = retention_limits(source, {topic for topic, _ in lag})
+    oldest = oldest_unread_ms(source, unread) if unread else {}
     now_ms = int(time.time() * 1000)
     for (topic, partition), info in lag.items():
         keep_ms = limits.get(topic, {}).get("ms")

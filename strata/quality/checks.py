@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from strata.batch.reconcile import EXPECTED, count_problems, ledger_continuity, span_problems
-from strata.batch.write import partition_path
+from strata.store.ledger import READ_KINDS
+from strata.store.parquet import partition_path
 
 if TYPE_CHECKING:
     from strata.config import TableName
@@ -32,9 +33,6 @@ COORDINATES = ["_topic", "_partition", "_offset"]
 # Upper bounds of the late-arrival buckets (Kafka time minus event time), in seconds.
 LATENESS_BUCKETS = [(60, "<1m"), (600, "1-10m"), (3600, "10m-1h"), (6 * 3600, "1-6h")]
 LATENESS_LABELS = [label for _, label in LATENESS_BUCKETS] + ["6-24h", ">24h"]
-
-READ_KINDS = ("ingest", "backfill", "replay")
-"""Ledger kinds whose rows record offsets that were read (not a loss or a seek)."""
 
 TABLE_LABELS: dict[TableName, str] = {
     "table": "data table",

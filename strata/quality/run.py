@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from strata.batch.plan import OffsetRange, PlanStore
-from strata.config import PipelineConfig, TableName
+from strata.batch.plan import PlanStore
+from strata.config import MetastoreConfig, QualityConfig, SchemaSpec, TableName
 from strata.errors import QualityError
 from strata.quality.checks import (
     COORDINATES,
@@ -43,19 +43,34 @@ from strata.store import tables
 from strata.store.delta import open_table, range_filter
 from strata.store.files import filesystem
 from strata.store.ledger import lag_after, read_ledger
-from strata.store.places import TableRef
+from strata.store.places import Places, TableRef
+from strata.store.ranges import OffsetRange
 from strata.store.tables import Counts
 
 _TOTALS = ("messages", "rows", "quarantined", "gaps", "bytes", "late_rows")
 """The ledger's counters summed into a result."""
 
 
-def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
+def run_quality(
+    places: Places,
+    settings: QualityConfig,
+    schemas: SchemaSpec,
+    metastore: MetastoreConfig,
+    warehouse: str,
+    batch: int | None = None,
+) -> QualityResult:
     """Check one committed batch, and write its result, Data Docs, quality table rows and
     the summary page.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's (or routed table's) places: its tables, ledger and
+            quality location.
+        settings: The `quality` settings: the expectations, the gate, the sample size.
+        schemas: What the data table's schema is made from, and its partitioning
+            (`PipelineConfig.schemas`).
+        metastore: The metastore settings; the quality table is registered when `uri`
+            is set.
+        warehouse: The warehouse root: the metastore database's location.
         batch: The batch; the latest committed one if None.
 
     Returns:
@@ -66,45 +81,46 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
         QualityError: If there is no such batch, or an expectation in the config is
             unknown to Great Expectations.
     """
-    ledger = read_ledger(cfg.places())
-    batch, records = _batch_records(cfg.name, ledger, batch)
+    pipeline, table = places.pipeline, places.table("table")
+    ledger = read_ledger(places)
+    batch, records = _batch_records(pipeline, ledger, batch)
     committed_at = max(r["committed_at"] for r in records)
-    data, missing = _batch_rows(cfg, batch)
-    checks = reconcile_checks(ledger, batch, _counted(cfg, batch, data), missing)
-    validated = spread_sample(data, cfg.quality.max_rows)
-    topic = load_topic_schema(cfg.schema_path, cfg.schema_text)
+    data, missing = _batch_rows(table, schemas, batch)
+    checks = reconcile_checks(ledger, batch, _counted(places, batch, data), missing)
+    validated = spread_sample(data, settings.max_rows)
+    topic = load_topic_schema(schemas.path, schemas.text)
     expectations = suite_expectations(
-        cfg.quality, table_layout(cfg.schemas(), "table")[0].names, topic.required, committed_at
+        settings, table_layout(schemas, "table")[0].names, topic.required, committed_at
     )
-    store = ResultStore.of(cfg)
+    store = ResultStore.of(places)
     context = Path(tempfile.mkdtemp(prefix="strata-gx-"))
     try:
         gx_checks, docs_page, runs = run_suite(
-            cfg.name, batch, expectations, validated, _neighbours(cfg, data), context / "docs"
+            pipeline, batch, expectations, validated, _neighbours(table, data), context / "docs"
         )
         checks = gx_checks + checks
         docs = store.copy_docs(context / "docs", docs_page)
         # Listed once their pages are there, beside every earlier run's.
         documented = [*store.docs_runs(), *runs]
         store.save_docs_runs(documented)
-        store.write_docs_index(docs_index(cfg.name, documented))
+        store.write_docs_index(docs_index(pipeline, documented))
     finally:
         shutil.rmtree(context, ignore_errors=True)
     result = QualityResult(
-        pipeline=cfg.name,
+        pipeline=pipeline,
         batch=batch,
         kind=records[0]["kind"],
-        gate=cfg.quality.gate,
+        gate=settings.gate,
         success=all(c.success for c in checks),
         checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
         committed_at=committed_at.isoformat(timespec="seconds"),
         rows=data.num_rows,
         validated_rows=validated.num_rows,
-        sampled=data.num_rows > cfg.quality.max_rows,
+        sampled=data.num_rows > settings.max_rows,
         ledger={name: sum(r[name] for r in records) for name in _TOTALS},
         lag_after=lag_after([r for r in records if r["kind"] != "loss"]),
         checks=checks,
-        partitions=partition_counts(data, partition_columns(cfg.partitioning)),
+        partitions=partition_counts(data, partition_columns(schemas.partitioning)),
         lateness=lateness_counts(data),
         docs=docs,
         losses=[
@@ -113,29 +129,33 @@ def run_quality(cfg: PipelineConfig, batch: int | None = None) -> QualityResult:
             if r["kind"] == "loss"
         ],
     )
-    if cfg.quality.gate == "fail" and not result.success:
+    if settings.gate == "fail" and not result.success:
         result.incomplete = sorted(result.partitions)
     store.save(result)
-    publish_result(cfg, result)
-    write_summary_page(cfg, store.recent(cfg.quality.history), ledger)
+    publish_result(places, metastore, warehouse, result)
+    write_summary_page(places, settings, store.recent(settings.history), ledger)
     return result
 
 
 def write_summary_page(
-    cfg: PipelineConfig, results: list[dict[str, Any]], ledger_table: pa.Table
+    places: Places,
+    settings: QualityConfig,
+    results: list[dict[str, Any]],
+    ledger_table: pa.Table,
 ) -> str:
     """Write `<quality>/index.html` from recent results and the ledger; returns its path.
 
     Args:
-        cfg: The pipeline configuration.
+        places: The pipeline's places: its quarantine and quality location.
+        settings: The `quality` settings: the gate and the history shown.
         results: The recent batch results, oldest first.
         ledger_table: Every ledger row.
     """
     ledger = ledger_table.to_pylist()
-    batches = recent_batches(ledger, cfg.quality.history)
-    reasons = _quarantine_reasons(cfg, batches[0] if batches else 0)
-    page = summary_page(cfg.name, cfg.quality.gate, cfg.quality.history, ledger, results, reasons)
-    return ResultStore.of(cfg).write_page(page)
+    batches = recent_batches(ledger, settings.history)
+    reasons = _quarantine_reasons(places.table("quarantine"), batches[0] if batches else 0)
+    page = summary_page(places.pipeline, settings.gate, settings.history, ledger, results, reasons)
+    return ResultStore.of(places).write_page(page)
 
 
 def _batch_records(
@@ -158,27 +178,26 @@ def _batch_records(
     return batch, mine
 
 
-def _counted(cfg: PipelineConfig, batch: int, data: pa.Table) -> dict[TableName, Counts]:
+def _counted(places: Places, batch: int, data: pa.Table) -> dict[TableName, Counts]:
     """The batch's rows per partition in each table it wrote, to reconcile with the ledger.
 
     A batch read from the raw copy (a replay) wrote no raw copy of its own.
     """
     counted: dict[TableName, Counts] = {
         "table": tables.count_by_partition(data),
-        "quarantine": tables.batch_counts(cfg.places().table("quarantine"), batch),
+        "quarantine": tables.batch_counts(places.table("quarantine"), batch),
     }
-    plan = PlanStore(cfg.places()).load(batch)
+    plan = PlanStore(places).load(batch)
     if plan is None or plan.source != "raw":
-        counted["raw"] = tables.batch_counts(cfg.places().table("raw"), batch)
+        counted["raw"] = tables.batch_counts(places.table("raw"), batch)
     return counted
 
 
-def _batch_rows(cfg: PipelineConfig, batch: int) -> tuple[pa.Table, list[str]]:
+def _batch_rows(ref: TableRef, schemas: SchemaSpec, batch: int) -> tuple[pa.Table, list[str]]:
     """The batch's rows in the data table, and data files the table lists but lost."""
-    ref = cfg.places().table("table")
-    schema = table_layout(cfg.schemas(), "table")[0]
+    schema = table_layout(schemas, "table")[0]
     if ref.format == "delta":
-        survived = _rows_beside_lost_files(ref, batch, partition_columns(cfg.partitioning))
+        survived = _rows_beside_lost_files(ref, batch, partition_columns(schemas.partitioning))
         if survived is not None:
             return survived
     found = tables.dataset(ref, schema=schema)
@@ -228,7 +247,7 @@ def _rows_beside_lost_files(
     return pa.concat_tables(pieces, promote_options="default"), missing
 
 
-def _neighbours(cfg: PipelineConfig, data: pa.Table) -> pa.Table:
+def _neighbours(table: TableRef, data: pa.Table) -> pa.Table:
     """Coordinates of every row in the table, of any batch, within the batch's offsets.
 
     Uniqueness is a property of the table, not of one batch: a message landed again by
@@ -244,18 +263,16 @@ def _neighbours(cfg: PipelineConfig, data: pa.Table) -> pa.Table:
         one = range_filter(OffsetRange(t, p, lo, hi + 1))
         wanted = one if wanted is None else wanted | one
     try:
-        return tables.read(cfg.places().table("table"), COORDINATES, wanted)
+        return tables.read(table, COORDINATES, wanted)
     except OSError:
         # A lost data file is reported by reconciliation; check what can be read.
         return data.select(COORDINATES)
 
 
-def _quarantine_reasons(cfg: PipelineConfig, first_batch: int) -> dict[str, int]:
+def _quarantine_reasons(quarantine: TableRef, first_batch: int) -> dict[str, int]:
     """Quarantined rows per reason class (`checks.reason_class`) since `first_batch`."""
     try:
-        found = tables.read(
-            cfg.places().table("quarantine"), ["reason"], ds.field("_batch") >= first_batch
-        )
+        found = tables.read(quarantine, ["reason"], ds.field("_batch") >= first_batch)
     except OSError:
         # A lost data file is reconciliation's to report; the page shows what it can.
         return {}

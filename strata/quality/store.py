@@ -21,7 +21,7 @@ from strata.quality.checks import QualityResult, incomplete_marks
 from strata.store.files import filesystem, read_bytes, write_bytes_atomically
 
 if TYPE_CHECKING:
-    from strata.config import PipelineConfig
+    from strata.store.places import Places
 
 _RESULT_NAME = re.compile(r"^batch-\d{10}\.json$")
 # Every validation whose page is under `docs/`: what the Data Docs index is built from.
@@ -41,9 +41,10 @@ class ResultStore:
         self.fs, self.root = filesystem(uri, options or {})
 
     @classmethod
-    def of(cls, cfg: PipelineConfig) -> ResultStore:
-        """The store of a pipeline, at its `quality.location`."""
-        return cls(cfg.location("quality"), cfg.storage_options)
+    def of(cls, places: Places) -> ResultStore:
+        """The store of a pipeline (or routed table), at its `quality.location`."""
+        quality = places.table("quality")
+        return cls(quality.uri, quality.options)
 
     def _path(self, batch: int) -> str:
         return f"{self.root}/results/batch-{batch:010d}.json"

@@ -29,7 +29,6 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
-from strata.batch.write import write_file
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.register import (
     RegistrationReport,
@@ -38,13 +37,14 @@ from strata.catalog.register import (
     location_uri,
     parquet_table,
 )
-from strata.config import PipelineConfig
+from strata.config import MetastoreConfig
 from strata.errors import MetastoreError
 from strata.log import get_logger
 from strata.quality.checks import QUALITY_SCHEMA, QualityResult, quality_rows
 from strata.store.delta import BATCH_KEY, ensure_table, open_table
 from strata.store.files import filesystem
-from strata.store.places import NAME_SUFFIXES
+from strata.store.parquet import write_file
+from strata.store.places import NAME_SUFFIXES, Places, TableRef
 
 logger = get_logger(__name__)
 
@@ -55,49 +55,60 @@ _ATTEMPTS = 3
 """Commits tried when another check of the same pipeline commits meanwhile."""
 
 
-def quality_table_location(cfg: PipelineConfig) -> str:
-    """Where the pipeline's quality table lives: `checks` under its quality location."""
-    return f"{cfg.location('quality')}/checks"
+def quality_table_location(quality: TableRef) -> str:
+    """Where the pipeline's quality table lives: `checks` under its quality location.
+
+    Args:
+        quality: The pipeline's quality location (`Places.table("quality")`).
+    """
+    return f"{quality.uri}/checks"
 
 
-def register_written(cfg: PipelineConfig, report: RegistrationReport) -> None:
+def register_written(
+    places: Places, metastore: MetastoreConfig, warehouse: str, report: RegistrationReport
+) -> None:
     """Register the quality table along with the pipeline's own, once a check wrote it.
 
     So `strata register` (and the registration after each run) repairs it too, where
     someone dropped or changed it.
 
     Args:
-        cfg: The pipeline configuration; `metastore.uri` must be set.
+        places: The pipeline's places (its quality location among them).
+        metastore: The metastore settings; `uri` must be set.
+        warehouse: The warehouse root: the metastore database's location.
         report: The registration's report, which gets the table's name.
 
     Raises:
         MetastoreError: If the metastore cannot be reached or refuses a change.
     """
+    quality = places.table("quality")
     try:
-        written = open_table(quality_table_location(cfg), cfg.storage_options) is not None
+        written = open_table(quality_table_location(quality), quality.options) is not None
     except (DeltaError, OSError) as exc:
         # The pipeline's own tables are registered; this one waits for the next time.
         logger.warning(
             "pipeline %s: the quality table at %s could not be read (%s); it is registered "
             "the next time",
-            cfg.name,
-            quality_table_location(cfg),
+            places.pipeline,
+            quality_table_location(quality),
             exc,
         )
         return
     if written:
-        getattr(report, register_quality_table(cfg)).append(f"{cfg.name}{QUALITY_SUFFIX}")
+        done = register_quality_table(places, metastore, warehouse)
+        getattr(report, done).append(f"{places.pipeline}{QUALITY_SUFFIX}")
 
 
 def _file_prefix(batch: int) -> str:
     return f"quality-b{batch:010d}-"
 
 
-def replace_batch(cfg: PipelineConfig, result: QualityResult) -> int:
+def replace_batch(quality: TableRef, result: QualityResult) -> int:
     """Put a batch's result in the quality table, in place of its earlier rows.
 
     Args:
-        cfg: The pipeline configuration.
+        quality: The pipeline's quality location (`Places.table("quality")`), whose
+            name is the quality table's.
         result: The batch's result.
 
     Returns:
@@ -106,11 +117,10 @@ def replace_batch(cfg: PipelineConfig, result: QualityResult) -> int:
     Raises:
         CommitFailedError: If other checks kept committing beside this one.
     """
-    uri = quality_table_location(cfg)
+    uri = quality_table_location(quality)
     rows = quality_rows(result)
-    name = f"{cfg.name}{QUALITY_SUFFIX}"
-    table = ensure_table(uri, QUALITY_SCHEMA, [], cfg.storage_options, name)
-    fs, root = filesystem(uri, cfg.storage_options)
+    table = ensure_table(uri, QUALITY_SCHEMA, [], quality.options, quality.name)
+    fs, root = filesystem(uri, quality.options)
     prefix = _file_prefix(result.batch)
     written = write_file(fs, root, f"{prefix}{uuid.uuid4().hex[:12]}.parquet", rows, {})
     add = AddAction(written.path, written.size, {}, int(time.time() * 1000), True, written.stats)
@@ -151,11 +161,13 @@ def _removes(table: DeltaTable, prefix: str) -> list[RemoveAction]:
     ]
 
 
-def register_quality_table(cfg: PipelineConfig) -> str:
+def register_quality_table(places: Places, metastore: MetastoreConfig, warehouse: str) -> str:
     """Register the quality table in the metastore, or correct its definition.
 
     Args:
-        cfg: The pipeline configuration; `metastore.uri` must be set.
+        places: The pipeline's places (its quality location among them).
+        metastore: The metastore settings; `uri` must be set.
+        warehouse: The warehouse root: the metastore database's location.
 
     Returns:
         What was done: `created`, `updated` or `unchanged`.
@@ -163,50 +175,60 @@ def register_quality_table(cfg: PipelineConfig) -> str:
     Raises:
         MetastoreError: If the metastore cannot be reached or refuses a change.
     """
-    ms = cfg.metastore
+    ms = metastore
     if not ms.uri:
         raise MetastoreError("no metastore configured; set metastore.uri")
-    name = f"{cfg.name}{QUALITY_SUFFIX}"
-    location = quality_table_location(cfg)
-    if cfg.table_format == "parquet":
-        wanted = parquet_table(ms.database, name, location, QUALITY_SCHEMA, [], cfg.name)
+    pipeline = places.pipeline
+    name = f"{pipeline}{QUALITY_SUFFIX}"
+    location = quality_table_location(places.table("quality"))
+    if places.format == "parquet":
+        wanted = parquet_table(ms.database, name, location, QUALITY_SCHEMA, [], pipeline)
     else:
-        wanted = delta_table(ms.database, name, location, cfg.name)
+        wanted = delta_table(ms.database, name, location, pipeline)
     with MetastoreClient(ms.uri, ms.timeout_s) as client:
         client.ensure_database(
-            ms.database, location_uri(cfg.warehouse), "Tables landed from Kafka by Strata"
+            ms.database, location_uri(warehouse), "Tables landed from Kafka by Strata"
         )
         return ensure_definition(client, wanted)[0]
 
 
-def publish_result(cfg: PipelineConfig, result: QualityResult) -> bool:
+def publish_result(
+    places: Places, metastore: MetastoreConfig, warehouse: str, result: QualityResult
+) -> bool:
     """Write a batch's result to the quality table and register it, warning on failure.
+
+    Args:
+        places: The pipeline's places (its quality location among them).
+        metastore: The metastore settings; nothing is registered without `uri`.
+        warehouse: The warehouse root: the metastore database's location.
+        result: The batch's result.
 
     Returns:
         Whether both were done.
     """
+    quality = places.table("quality")
     try:
-        replace_batch(cfg, result)
+        replace_batch(quality, result)
     except (DeltaError, OSError) as exc:
         logger.warning(
             "pipeline %s: batch %d's quality result is saved, but the quality table at %s "
             "could not take it (%s); `strata quality --batch %d` writes it again",
-            cfg.name,
+            places.pipeline,
             result.batch,
-            quality_table_location(cfg),
+            quality_table_location(quality),
             exc,
             result.batch,
         )
         return False
-    if not cfg.metastore.uri:
+    if not metastore.uri:
         return True
     try:
-        register_quality_table(cfg)
+        register_quality_table(places, metastore, warehouse)
     except MetastoreError as exc:
         logger.warning(
             "pipeline %s: the quality table holds batch %d, but registering it failed: %s; "
             "the next check registers it",
-            cfg.name,
+            places.pipeline,
             result.batch,
             exc,
         )

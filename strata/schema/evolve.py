@@ -30,9 +30,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from strata.config import PipelineConfig
+from strata.config import Decoding, PartitioningConfig
 from strata.log import get_logger
 from strata.schema.avro import OWN_COLUMNS, is_own_column
+from strata.store.places import Places
 
 log = get_logger(__name__)
 
@@ -51,30 +52,38 @@ class LeftOut:
     why: str
 
 
-def table_schema(cfg: PipelineConfig) -> PipelineConfig:
-    """The configuration reading with the schema the table has evolved to.
+def table_schema(places: Places, decoding: Decoding) -> str:
+    """The schema the table has evolved to, as the text to read with.
+
+    The caller reads with it: `cfg.with_schema_text(text)`.
 
     Args:
-        cfg: A pipeline; one that does not follow its registry is returned as it is.
+        places: The pipeline's (or routed table's) places; its ledger records the
+            schema each batch was read with.
+        decoding: How its messages are decoded (`PipelineConfig.decoding`): the schema
+            read with now, the partitioning, and whether the table follows its
+            registry (`schema_registry.evolve`).
 
     Returns:
-        `cfg`, or a copy reading with `schema_file`'s fields and those the table took
-        on since (as the ledger recorded them with the newest batch).
+        `schema_file`'s fields and those the table took on since (as the ledger recorded
+        them with the newest batch); or the schema read with now, as it is, when the
+        table does not follow its registry or reads with an evolved schema already.
     """
-    if not cfg.schema_registry.evolve or not cfg.reads_schema_file:
+    spec = decoding.schemas
+    if not decoding.registry.evolve or not decoding.reads_schema_file:
         # Not following the registry, or reading with an evolved schema already (a
         # plan's, or this function's): the ledger is not read again.
-        return cfg
+        return spec.text
     from strata.store.ledger import committed_reader_schema
 
-    recorded = committed_reader_schema(cfg.places())
-    base = _document(cfg.schema_text)
+    recorded = committed_reader_schema(places)
+    base = _document(spec.text)
     if recorded is None or base is None:
         # Nothing recorded yet; or `schema_file` is no record, which the schema check
         # reports with the file's name.
-        return cfg
+        return spec.text
     batch, schema = recorded
-    merged, left_out = merged_fields(base, schema, _partition_column(cfg))
+    merged, left_out = merged_fields(base, schema, _partition_column(spec.partitioning))
     for item in left_out:
         if item.field is None:
             log.warning(
@@ -89,31 +98,36 @@ def table_schema(cfg: PipelineConfig) -> PipelineConfig:
                 item.field,
                 item.why,
             )
-    return cfg if merged == base else cfg.with_schema_text(json.dumps(merged))
+    return spec.text if merged == base else json.dumps(merged)
 
 
-def evolved(cfg: PipelineConfig, topics: Iterable[str]) -> PipelineConfig:
+def evolved(decoding: Decoding, topics: Iterable[str]) -> str:
     """The table's schema with the optional fields its topics' newest registered schemas add.
 
+    The caller reads with it: `cfg.with_schema_text(text)`.
+
     Args:
-        cfg: The pipeline, reading with the table's current schema (`table_schema`).
+        decoding: How the pipeline's messages are decoded, reading with the table's
+            current schema (`table_schema`); its `registry` holds the subjects.
         topics: The topics the batch reads.
 
     Returns:
-        `cfg` reading with the evolved schema (unchanged when nothing was added).
+        The evolved schema's text (the current one when nothing was added).
 
     Raises:
         SchemaRegistryUnavailable: If the registry cannot be reached; nothing is planned.
     """
     from strata.schema.registry import latest_schema
 
-    base = _document(cfg.schema_text)
+    spec, registry = decoding.schemas, decoding.registry
+    base = _document(spec.text)
     if base is None:
-        return cfg
+        return spec.text
+    column = _partition_column(spec.partitioning)
     schema = base
     for topic in sorted(set(topics)):
-        subject = cfg.schema_registry.subject.replace("{topic}", topic)
-        text = latest_schema(cfg.schema_registry, subject)
+        subject = registry.subject.replace("{topic}", topic)
+        text = latest_schema(registry, subject)
         if text is None:
             log.warning(
                 "subject %r holds no Avro schema; the table follows none for %s", subject, topic
@@ -124,8 +138,8 @@ def evolved(cfg: PipelineConfig, topics: Iterable[str]) -> PipelineConfig:
             left_out = [latest]
         else:
             known = len(schema["fields"])
-            schema, left_out = merged_fields(schema, latest, _partition_column(cfg))
-            schema, refused = _held(cfg, schema, known)
+            schema, left_out = merged_fields(schema, latest, column)
+            schema, refused = _held(decoding, schema, known)
             left_out += refused
         for item in left_out:
             if item.field is None:
@@ -142,7 +156,7 @@ def evolved(cfg: PipelineConfig, topics: Iterable[str]) -> PipelineConfig:
                     item.field,
                     item.why,
                 )
-    return cfg if schema == base else cfg.with_schema_text(json.dumps(schema))
+    return spec.text if schema == base else json.dumps(schema)
 
 
 def merged_fields(
@@ -208,16 +222,16 @@ def merged_fields(
 
 
 def _held(
-    cfg: PipelineConfig, schema: dict[str, Any], known: int
+    decoding: Decoding, schema: dict[str, Any], known: int
 ) -> tuple[dict[str, Any], list[LeftOut]]:
     """`schema` without the added fields the table's schema check would refuse.
 
-    The check a plan makes (`DecodeRules.from_config`) also depends on the pipeline:
+    The check a plan makes (`DecodeRules.of`) also depends on the pipeline:
     its formats, its field partition. A field it refuses would be refused again on every
     plan, so it is tried here, one added field at a time, and left out.
 
     Args:
-        cfg: The pipeline.
+        decoding: How the pipeline's messages are decoded.
         schema: The merged schema.
         known: How many of its fields the table had before this merge.
     """
@@ -228,7 +242,8 @@ def _held(
     for field in schema["fields"][known:]:
         candidate = {**schema, "fields": [*fields, field]}
         try:
-            DecodeRules.from_config(cfg.with_schema_text(json.dumps(candidate)))
+            text = json.dumps(candidate)
+            DecodeRules.of_decoding(decoding.reading(text))
         except Exception as exc:  # noqa: BLE001 - whatever the check refuses it with, the plan would too
             detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
             refused.append(LeftOut(field["name"], f"which the table cannot hold ({detail})"))
@@ -281,8 +296,8 @@ def _malformed(schema: Any) -> str | None:  # noqa: ANN401 - any JSON
     return None
 
 
-def _partition_column(cfg: PipelineConfig) -> str | None:
-    field = cfg.partitioning.field
+def _partition_column(partitioning: PartitioningConfig) -> str | None:
+    field = partitioning.field
     return None if field is None else field.column
 
 

@@ -1,8 +1,8 @@
-"""The Spark session and the execution of a batch's tasks.
+"""The Spark session, and tasks run on it with their progress logged.
 
-Spark spreads the splits over executors, retries failed tasks, and scales out on a
+Spark spreads the tasks over executors, retries failed ones, and scales out on a
 cluster. It carries only task descriptions out and file metadata back: rows stay
-in the Python workers, in Arrow.
+in the Python workers, in Arrow. What a batch's tasks are is `strata.batch.task`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
-from strata.batch.task import SplitJob, SplitResult, map_split, reduce_rows, run_split
-from strata.config import PipelineConfig
+from strata.config import SparkConfig
 from strata.log import get_logger
 from strata.spark.jvm import JVM_OPTIONS, driver_options, dump_options, require_java
 
@@ -32,21 +30,27 @@ _Item = TypeVar("_Item")
 _Out = TypeVar("_Out")
 
 
-def default_tasks(cfg: PipelineConfig) -> int:
+def default_tasks(spark: SparkConfig, pipeline: str, submits: bool = False) -> int:
     """Tasks per batch: the configured number, the cores of a local master, or the cluster's.
 
     Never starts Spark: a plan is made (and saved) before any session, by `strata plan`
     and Airflow's plan task too. On a cluster the count comes from the running
     session when there is one (spark-submit's job starts it first), else from the
     Spark properties that size the cluster, else 2 with a warning.
+
+    Args:
+        spark: The pipeline's `spark` settings.
+        pipeline: The pipeline's name, for the warning.
+        submits: Whether Airflow submits the pipeline's job to a cluster
+            (`airflow.spark_mode: spark_submit`).
     """
-    if cfg.spark.tasks:
-        return cfg.spark.tasks
+    if spark.tasks:
+        return spark.tasks
     submitted = submitted_master()
     # Airflow's plan task of a spark_submit pipeline plans for the connection's
     # cluster, whatever `spark.master` says.
-    if submitted or cfg.airflow.spark_mode != "spark_submit":
-        cores = local_cores(submitted or cfg.spark.master)
+    if submitted or not submits:
+        cores = local_cores(submitted or spark.master)
         if cores is not None:
             return cores
     from pyspark.sql import SparkSession
@@ -55,7 +59,7 @@ def default_tasks(cfg: PipelineConfig) -> int:
     # A local session in this process (a test's, a notebook's) says nothing of a cluster.
     if active is not None and not (active.sparkContext.master or "local").startswith("local"):
         return cluster_parallelism(active)
-    conf = dict(cfg.spark.conf)
+    conf = dict(spark.conf)
     if submitted:
         from pyspark import SparkConf
 
@@ -66,7 +70,7 @@ def default_tasks(cfg: PipelineConfig) -> int:
     logger.warning(
         "%s: the cluster's cores are unknown before Spark starts; the batch is split into 2 "
         "tasks. Set spark.tasks (or spark.default.parallelism) to its cores",
-        cfg.name,
+        pipeline,
     )
     return 2
 
@@ -182,9 +186,9 @@ def local_session(master: str, settings: dict[str, str], name: str) -> SparkSess
     builder = SparkSession.builder.master(master).appName(name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def train_class_archive(dump_to: str) -> None:
@@ -211,11 +215,15 @@ def train_class_archive(dump_to: str) -> None:
         gateway.proc.wait(timeout=300)
 
 
-def build_session(cfg: PipelineConfig) -> SparkSession:
+def build_session(spark: SparkConfig, pipeline: str) -> SparkSession:
     """The active Spark session, or a new one built from the pipeline's settings.
 
     Under spark-submit the submitted settings win: the pipeline's `spark.master` and
     `spark.conf` fill in only what was not submitted.
+
+    Args:
+        spark: The pipeline's `spark` settings.
+        pipeline: The pipeline's name (the application's is `strata-<name>`).
     """
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
@@ -225,7 +233,7 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
         return active
     java = require_java()
     submitted = submitted_master()
-    master = submitted or cfg.spark.master
+    master = submitted or spark.master
     # Workers of a local master run the driver's interpreter; on a cluster the
     # executors' Python is the shipped environment's (`spark.pyspark.python`).
     if master.startswith("local"):
@@ -233,52 +241,18 @@ def build_session(cfg: PipelineConfig) -> SparkSession:
         # A local session needs no network beyond loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     given = SparkConf() if submitted else None
-    settings = {**session_defaults(driver_options(java)), **cfg.spark.conf}
+    settings = {**session_defaults(driver_options(java)), **spark.conf}
     builder = SparkSession.builder
     if given is None or not given.contains("spark.app.name"):
-        builder = builder.appName(f"strata-{cfg.name}")
+        builder = builder.appName(f"strata-{pipeline}")
     if not submitted:
         builder = builder.master(master)
     for key, value in settings.items():
         if given is None or not given.contains(key):
             builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-def execute(
-    spark: SparkSession, jobs: list[SplitJob], label: str, reducers: int = 0
-) -> list[SplitResult]:
-    """Run one task per split and collect their metadata.
-
-    Args:
-        spark: The session.
-        jobs: The splits.
-        label: Printed with progress lines.
-        reducers: 0 for the `per_task` layout; otherwise the `shuffle` layout with
-            this many writing tasks.
-
-    Returns:
-        Each task's result (with `shuffle`, plus one holding the reducers' files).
-    """
-    if not reducers:
-        return run_each(spark, run_split, jobs, label)
-    sc = spark.sparkContext
-    sc.setJobDescription(label)
-    with _progress(sc, label, len(jobs)):
-        cfg, batch = jobs[0].cfg, jobs[0].batch
-        out = (
-            sc.parallelize(jobs, len(jobs))
-            .flatMap(map_split)
-            .partitionBy(reducers)
-            .mapPartitionsWithIndex(partial(reduce_rows, cfg, batch))
-            .collect()
-        )
-    results: list[SplitResult] = [payload for kind, payload in out if kind == "meta"]
-    files = [f for kind, payload in out if kind == "files" for f in payload]
-    results.append(SplitResult(task=-1, ranges=[], files={"table": files}, seconds=0.0))
-    return results
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def run_each(
@@ -297,12 +271,12 @@ def run_each(
     """
     sc = spark.sparkContext
     sc.setJobDescription(label)
-    with _progress(sc, label, len(items)):
+    with progress(sc, label, len(items)):
         return sc.parallelize(items, len(items)).map(fn).collect()
 
 
 @contextmanager
-def _progress(sc: SparkContext, label: str, total: int) -> Iterator[None]:
+def progress(sc: SparkContext, label: str, total: int) -> Iterator[None]:
     """Log the tasks done and running every 10 s while the block runs."""
     stop = threading.Event()
 

@@ -3,6 +3,8 @@
 - `places`: the one owner of every table's name, location, storage options and file
   system, and of the state locations, built once per pipeline by the entry points;
 - `files`: local paths and `s3://` (atomic writes, create-if-absent);
+- `parquet`: a table's Parquet files, written whole and named per batch and task;
+- `ranges`: offset ranges, what a batch reads and the ledger commits;
 - `delta`: Delta commits through delta-rs, one transaction per table and batch;
 - `ledger`: the ledger table, the truth of what is committed;
 - `tables`: reading a table back, Delta or plain Parquet;

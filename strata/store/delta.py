@@ -36,10 +36,10 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction, Transaction
 
-from strata.batch.plan import OffsetRange
-from strata.batch.write import WrittenFile, write_file
 from strata.errors import LeaseLost, MaintenanceError
 from strata.store.files import delta_options
+from strata.store.parquet import WrittenFile, write_file
+from strata.store.ranges import OffsetRange
 
 BATCH_KEY = "strata.batch"
 # The commit info of a maintenance fence: the token, and what fenced.

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,9 +26,9 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
-from strata.batch.write import write_file
 from strata.store.delta import BATCH_KEY, commit_files, ensure_table, newest_commit, open_table
 from strata.store.files import filesystem
+from strata.store.parquet import write_file
 from strata.store.places import Places
 
 # Commit metadata of the ledger: the data table's columns as each batch wrote them,
@@ -41,6 +41,8 @@ PARTITION_IDS_KEY = "strata.partition_topic_ids"
 READER_SCHEMA_KEY = "strata.reader_schema"
 # The kinds of row that say where reading goes on, in batch order.
 POSITION_KINDS = ("ingest", "seek")
+READ_KINDS = ("ingest", "backfill", "replay")
+"""Ledger kinds whose rows record offsets that were read (not a loss or a seek)."""
 
 LEDGER_SCHEMA = pa.schema(
     [
@@ -266,6 +268,64 @@ def lag_after(rows: list[dict[str, Any]]) -> int | None:
     return sum(max(int(r["high_watermark"]) - int(r["end_offset"]), 0) for r in known)
 
 
+FIGURES = ("messages", "rows", "quarantined", "gaps", "bytes", "late_rows", "max_lateness_ms")
+"""A range's counts, as the ledger's columns, a batch's results (`RangeResult`) and the run
+summary name them: every row holds offsets = rows + quarantined + gaps."""
+
+
+class RangeFigures(Protocol):
+    """What a batch's result for one range offers its ledger row (`RangeResult`), beside
+    the counts named in `FIGURES`."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    min_event_us: int | None
+    max_event_us: int | None
+
+
+def _row(
+    kind: str, note: str | None, topic: str, partition: int, start: int, end: int
+) -> dict[str, object]:
+    """A ledger row's coordinates, with every count 0 and no event time."""
+    return {
+        "kind": kind,
+        "note": note,
+        "topic": topic,
+        "partition": partition,
+        "start_offset": start,
+        "end_offset": end,
+        **dict.fromkeys(FIGURES, 0),
+        "min_event_time": None,
+        "max_event_time": None,
+        "high_watermark": None,
+    }
+
+
+def ledger_row(
+    r: RangeFigures, watermarks: dict[str, int], kind: str = "ingest", note: str | None = None
+) -> dict[str, object]:
+    """A batch's ledger row for one partition.
+
+    Args:
+        r: The batch's result for the partition's range.
+        watermarks: Each partition's high watermark when the batch was planned
+            (`topic:partition`); the row records how far behind the log it ended.
+        kind: `ingest`, `backfill` or `replay`.
+        note: Why, where there is one to keep.
+    """
+
+    def ts(us: int | None) -> datetime | None:
+        return None if us is None else datetime.fromtimestamp(us / 1_000_000, tz=UTC)
+
+    row = _row(kind, note, r.topic, r.partition, r.start, r.end)
+    row.update({name: getattr(r, name) for name in FIGURES})
+    row["min_event_time"], row["max_event_time"] = ts(r.min_event_us), ts(r.max_event_us)
+    row["high_watermark"] = watermarks.get(f"{r.topic}:{r.partition}")
+    return row
+
+
 def unread_row(
     kind: str, topic: str, partition: int, start: int, end: int, gaps: int, note: str
 ) -> dict[str, object]:
@@ -274,24 +334,14 @@ def unread_row(
     Offsets that are gone or skipped count as gaps, so offsets = rows + quarantined +
     gaps holds for it as for every row.
     """
-    return {
-        "kind": kind,
-        "note": note,
-        "topic": topic,
-        "partition": partition,
-        "start_offset": start,
-        "end_offset": end,
-        "messages": 0,
-        "rows": 0,
-        "quarantined": 0,
-        "gaps": gaps,
-        "bytes": 0,
-        "late_rows": 0,
-        "max_lateness_ms": 0,
-        "min_event_time": None,
-        "max_event_time": None,
-        "high_watermark": None,
-    }
+    row = _row(kind, note, topic, partition, start, end)
+    row["gaps"] = gaps
+    return row
+
+
+def loss_row(topic: str, partition: int, start: int, end: int, note: str) -> dict[str, object]:
+    """The ledger's record of offsets deleted by retention before they were read."""
+    return unread_row("loss", topic, partition, start, end, end - start, note)
 
 
 def commit_ledger(

@@ -327,6 +327,30 @@ class Places:
         """The metastore database the tables are registered in, or None."""
         return None if self.metastore is None else self.metastore[1]
 
+    def local(self) -> list[tuple[Role, str]]:
+        """The tables and state that live on this host's file system (no URL scheme)."""
+        roles: tuple[Role, ...] = ("table", "raw", "quarantine", "ledger")
+        found: list[tuple[Role, str]] = [(role, self.refs[role].uri) for role in roles]
+        found.append(("state", self.state.uri))
+        return [(role, uri) for role, uri in found if "://" not in uri or uri.startswith("file://")]
+
+    def shared_storage_error(self, master: str) -> str | None:
+        """Why these tables cannot be written by the executors of a Spark `master`, or None.
+
+        Executors on other hosts write the tables' files: a path on the driver's disk
+        would scatter them over the executors' disks, where no commit and no reader
+        finds them.
+        """
+        local = self.local()
+        if master.startswith("local") or not local:
+            return None
+        role, uri = local[0]
+        return (
+            f"the {role} location {uri!r} is a local path, but Spark master {master!r} runs "
+            "executors on other hosts, which cannot write it. Put `warehouse` on shared "
+            "storage (s3://bucket/prefix, or STRATA_WAREHOUSE), or use a local[N] master"
+        )
+
     def owned(self, topics: Iterable[str] = ()) -> list[OwnedTable]:
         """Its tables and state as the namespace sees them (see the module docstring).
 

@@ -24,7 +24,7 @@ from strata.store.locations import current_files
 from strata.store.places import TableRef
 
 if TYPE_CHECKING:
-    from strata.batch.plan import OffsetRange
+    from strata.store.ranges import OffsetRange
 
 Counts = dict[tuple[str, int], int]
 """Rows per (topic, partition)."""

@@ -163,9 +163,8 @@ def test_the_maintenance_dag_compacts_checkpoints_and_vacuums_each_pipeline(
 ):
     from deltalake import DeltaTable
 
-    from strata.batch.plan import OffsetRange
-    from strata.operations.backfill import backfill
-    from strata.run import run_batch
+    from strata.run import reprocess, run_batch
+    from strata.store.ranges import OffsetRange
 
     p = make_pipeline(partitions=1)
     per = produce_clicks(broker, p.topic, 1, 400)
@@ -173,7 +172,13 @@ def test_the_maintenance_dag_compacts_checkpoints_and_vacuums_each_pipeline(
     late = produce_clicks(broker, p.topic, 1, 400, seed=3)
     per = {0: per[0] + late[0]}
     run_batch(p.cfg(), session=lambda _: spark)
-    backfill(p.cfg(), OffsetRange(p.topic, 0, 0, 200), "maintenance test", session=lambda _: spark)
+    reprocess(
+        p.cfg(),
+        "backfill",
+        [OffsetRange(p.topic, 0, 0, 200)],
+        "maintenance test",
+        session=lambda _: spark,
+    )
     table_dir = Path(p.cfg().location("table"))
     replaced = {f.name for f in table_dir.rglob("part-b*.parquet")}
     some = next(table_dir.rglob("part-b0000000001-*.parquet"))

@@ -8,11 +8,10 @@ import signal
 import pytest
 
 from strata import faults
-from strata.batch.plan import OffsetRange
 from strata.errors import BackfillError
-from strata.operations.backfill import backfill
-from strata.run import run_batch
+from strata.run import reprocess, run_batch
 from strata.store.ledger import ledger_state, read_ledger
+from strata.store.ranges import OffsetRange
 from tests.conftest import expected_offsets, produce_clicks
 from tests.faults import armed
 
@@ -28,8 +27,12 @@ def test_a_backfill_from_kafka_replaces_exactly_the_range(make_pipeline, broker,
     run_batch(p.cfg(), session=lambda _: spark)
     before = rows_by_offset(p)
 
-    outcome = backfill(
-        p.cfg(), OffsetRange(p.topic, 0, 100, 600), "decoder fix", session=lambda _: spark
+    outcome = reprocess(
+        p.cfg(),
+        "backfill",
+        [OffsetRange(p.topic, 0, 100, 600)],
+        "decoder fix",
+        session=lambda _: spark,
     )
     assert outcome.status == "backfilled" and outcome.batch == 2 and not outcome.warnings
     assert p.landed() == expected_offsets(per)
@@ -63,8 +66,8 @@ def test_a_range_kafka_no_longer_holds_is_read_from_the_raw_copy(make_pipeline, 
     # its offsets are other messages. Its id tells, and the raw copy is read.
     produce_clicks(broker, p.topic, 1, 1300, seed=9)
 
-    outcome = backfill(
-        p.cfg(), OffsetRange(p.topic, 0, 200, 1200), "replay", session=lambda _: spark
+    outcome = reprocess(
+        p.cfg(), "backfill", [OffsetRange(p.topic, 0, 200, 1200)], "replay", session=lambda _: spark
     )
     assert outcome.warnings == [
         f"offsets [200, 1200) of partition 0 of `{p.topic}` are no longer in Kafka; "
@@ -92,15 +95,23 @@ def test_backfills_that_cannot_be_done_say_why_and_change_nothing(make_pipeline,
         match=r"offsets \[0, 50\) of partition 0 of .* are held by neither Kafka "
         r"\(`.*` was created again since \(id .*, now .*\)\) nor the raw copy",
     ):
-        backfill(p.cfg(), OffsetRange(p.topic, 0, 0, 50), "x", session=lambda _: spark)
+        reprocess(
+            p.cfg(), "backfill", [OffsetRange(p.topic, 0, 0, 50)], "x", session=lambda _: spark
+        )
     with pytest.raises(
         BackfillError, match=rf"has committed offsets below {committed}; only a committed range"
     ):
-        backfill(p.cfg(), OffsetRange(p.topic, 0, 150, committed + 5), "x", session=lambda _: spark)
+        reprocess(
+            p.cfg(),
+            "backfill",
+            [OffsetRange(p.topic, 0, 150, committed + 5)],
+            "x",
+            session=lambda _: spark,
+        )
     with pytest.raises(BackfillError, match="not a range"):
-        backfill(p.cfg(), OffsetRange(p.topic, 0, 9, 9), "x")
+        reprocess(p.cfg(), "backfill", [OffsetRange(p.topic, 0, 9, 9)], "x")
     with pytest.raises(BackfillError, match="is not read by pipeline"):
-        backfill(p.cfg(), OffsetRange("other", 0, 0, 9), "x")
+        reprocess(p.cfg(), "backfill", [OffsetRange("other", 0, 0, 9)], "x")
     assert read_ledger(p.cfg().places()).num_rows == ledger_before
 
 

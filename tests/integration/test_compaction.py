@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -26,8 +27,9 @@ from deltalake import DeltaTable
 from strata import faults
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.register import location_uri, register_tables
+from strata.edge import registration, status_settings
 from strata.errors import LockBusy
-from strata.maintenance.compact import compact, small_bytes
+from strata.maintenance.compact import Compaction, CompactionReport, compact, small_bytes
 from strata.maintenance.vacuum import checkpoint, never_committed, sweep_moved, table_health, vacuum
 from strata.operations.status import pipeline_status, render_status
 from strata.run import run_batch
@@ -59,6 +61,13 @@ def small_batches(p, broker, spark, batches: int, partitions: int = 2) -> Counte
     return expected
 
 
+def compacted(cfg, spark, **kwargs: Any) -> CompactionReport:
+    """`compact` as the command calls it, on the tests' shared Spark session."""
+    settings = Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning)
+    register = partial(register_tables, registration(cfg))
+    return compact(cfg.places(), settings, lambda: spark, register, **kwargs)
+
+
 def rows(p, which: str = "table") -> list[tuple]:
     table = DeltaTable(p.cfg().location(which)).to_pyarrow_table()
     names = sorted(table.column_names)
@@ -83,12 +92,12 @@ def test_compaction_merges_late_hours_small_files_and_changes_no_row(make_pipeli
     tables = ("table", "raw", "quarantine", "ledger")
     versions = {t: DeltaTable(cfg.location(t)).version() for t in tables}
 
-    dry = compact(cfg, older_than="0s", dry_run=True)
+    dry = compacted(cfg, spark, older_than="0s", dry_run=True)
     assert dry.dry_run and {e.table for e in dry.partitions} == {"table", "raw", "ledger"}
     assert {t: DeltaTable(cfg.location(t)).version() for t in tables} == versions
     assert files_per_partition(p) == before_files
 
-    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    report = compacted(cfg, spark, older_than="0s")
     assert {e.outcome for e in report.partitions} == {"compacted"}
     after_files = files_per_partition(p)
     target = cfg.limits.target_file_mb << 20
@@ -105,7 +114,7 @@ def test_compaction_merges_late_hours_small_files_and_changes_no_row(make_pipeli
 
     health = table_health(cfg.places(), small_bytes(cfg.maintenance, cfg.limits))
     assert health["table"]["files"] == sum(len(s) for s in after_files.values())
-    shown = pipeline_status(cfg)
+    shown = pipeline_status(cfg.places(), status_settings(cfg))
     assert shown["tables"] == health
     header, line = [x for x in render_status(shown).splitlines() if x.split()[:1] == ["table"]]
     assert "small" in header and line.split()[1] == str(health["table"]["files"])
@@ -174,7 +183,7 @@ def test_a_killed_compaction_leaves_a_readable_table_a_rerun_finishes_it_and_vac
     orphans, _ = never_committed(cfg.places(), "table")
     assert orphans and all("/part-c" in f"/{o}" for o in orphans), orphans
 
-    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    report = compacted(cfg, spark, older_than="0s")
     assert report.partitions and {e.outcome for e in report.partitions} == {"compacted"}
     assert all(len(s) == 1 for s in files_per_partition(p).values())
     assert rows(p) == before
@@ -229,13 +238,13 @@ def test_plain_parquet_compaction_carries_late_rows_and_survives_a_kill(
     assert len(moved) == 1
     assert p.landed() == expected_offsets(expected)
     # The metastore was not told before the kill: registration puts it right.
-    fixed = register_tables(cfg)
+    fixed = register_tables(registration(cfg))
     assert fixed.partitions_moved == list(moved)
     with MetastoreClient(metastore.uri, 30) as client:
         [part] = client.partitions_by_names(cfg.metastore.database, cfg.name, list(moved))
     assert part.sd.location.endswith("/" + next(iter(moved.values())))
 
-    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    report = compacted(cfg, spark, older_than="0s")
     assert report.partitions and {e.outcome for e in report.partitions} == {"compacted"}
     assert len(current_locations(fs, root)) == 3
     by_partition = Counter(f.partition for f in current_files(fs, root))
@@ -272,9 +281,9 @@ def test_a_partition_settles_at_the_end_of_its_hour_in_the_partition_zone(
     assert keys == {(f"{local:%Y-%m-%d}", f"{local:%H}", d) for d in ("mobile", "rest")}
 
     # Its end is two to three hours past (up to four, should the clock pass an hour).
-    early = compact(cfg, older_than="4h", dry_run=True)
+    early = compacted(cfg, spark, older_than="4h", dry_run=True)
     assert [e for e in early.partitions if e.table == "table"] == []
-    report = compact(cfg, older_than="1h", session=lambda _: spark)
+    report = compacted(cfg, spark, older_than="1h")
     merged = sorted(e.partition for e in report.partitions if e.table == "table")
     assert merged == sorted(
         f"dt={local:%Y-%m-%d}/hr={local:%H}/p_device={d}" for d in ("mobile", "rest")
@@ -375,7 +384,7 @@ def test_a_compaction_paused_past_its_lease_commits_nothing_a_vacuum_deleted(
     # Refused by the commit itself (the fence landed after its snapshot), then stopped.
     assert "compaction commit retried" in err and "lost its lease" in err, err
     # The next compaction, holding a later token, does the work.
-    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    report = compacted(cfg, spark, older_than="0s")
     assert report.partitions and {e.outcome for e in report.partitions} == {"compacted"}
     assert s3_landed(p, options) == expected_offsets(expected)
 
@@ -424,7 +433,7 @@ def test_a_parquet_compaction_paused_past_its_lease_moves_nothing_a_vacuum_delet
     assert current_locations(fs, root) == {}
     assert p.landed() == expected_offsets(expected)
     # The next run registers again, and the metastore stays on the intact directories.
-    register_tables(cfg)
+    register_tables(registration(cfg))
     assert metastore_rows(cfg, metastore) == through_metastore
     assert {d.rsplit("/", 1)[-1] for d in new} <= {
         f"_c{s}" for stamps in read_markers(fs, root).void.values() for s in stamps
@@ -468,12 +477,12 @@ def test_a_parquet_compaction_paused_past_its_lease_never_moves_away_from_a_runs
     # Every row, the run's late ones included, is where readers look for it.
     assert p.landed() == expected_offsets(expected)
     assert current_locations(fs, root) == {}
-    register_tables(cfg)
+    register_tables(registration(cfg))
     assert metastore_rows(cfg, metastore) == p.landed()
     assert proc.returncode == 3, (out, err)
     assert "lost its lease" in err and "voided" in err, err
     # The next compaction moves every partition with all its rows.
-    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    report = compacted(cfg, spark, older_than="0s")
     assert {e.outcome for e in report.partitions} == {"compacted"}
     assert p.landed() == expected_offsets(expected)
     assert metastore_rows(cfg, metastore) == p.landed()
@@ -494,7 +503,7 @@ def test_vacuum_keeps_a_directory_the_metastore_still_points_at(
     cfg = p.cfg()
     fs, root = filesystem(cfg.location("table"), cfg.storage_options)
     through_metastore = metastore_rows(cfg, metastore)
-    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    report = compacted(cfg, spark, older_than="0s")
     assert {e.outcome for e in report.partitions} == {"compacted"}
     moved = current_locations(fs, root)
     assert len(moved) == 3 and metastore_rows(cfg, metastore) == through_metastore
@@ -524,7 +533,7 @@ def test_vacuum_keeps_a_directory_the_metastore_still_points_at(
 
     # The way out: registration points the partition at its directory in use; the
     # next vacuum deletes the old one.
-    assert register_tables(cfg).partitions_moved == [stuck]
+    assert register_tables(registration(cfg)).partitions_moved == [stuck]
     done = p.cli("vacuum", "--json")
     assert done.returncode == 0, done.stderr
     assert not {f.directory for f in visible_files(fs, root) if f.directory == f.partition}

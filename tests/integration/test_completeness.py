@@ -10,9 +10,10 @@ from pathlib import Path
 import yaml
 from deltalake import DeltaTable
 
-from strata.catalog.completeness import MARKER, completeness
+from strata.catalog.completeness import MARKER, Completeness, completeness
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.register import publish_completeness
+from strata.edge import registration
 from strata.run import run_batch
 from strata.store.files import filesystem
 from tests.conftest import ROOT, START_MS, produce_clicks, s3_pipeline
@@ -22,6 +23,18 @@ HOUR_MS = 3_600_000
 # START_MS is 2025-11-22T10:00Z: the hour the tests complete.
 HOUR = "dt=2025-11-22/hr=10"
 LATER = "dt=2025-11-22/hr=12"
+
+
+def publish(cfg, batch: int) -> tuple[Completeness | None, list[str]]:
+    """Publish a batch's completeness with the pipeline's sections, as the entry points do."""
+    return publish_completeness(registration(cfg), batch)
+
+
+def completeness_now(cfg) -> Completeness:
+    """Each partition's completeness, as `strata completeness` works it out."""
+    return completeness(
+        cfg.places(), cfg.completeness, cfg.partitioning, cfg.quality.gate, cfg.asset_uri
+    )
 
 
 def route(p, topics: list[str]) -> None:
@@ -68,8 +81,8 @@ def test_an_hour_is_complete_only_after_the_lateness_and_late_rows_are_counted(
     table = Path(p.cfg().location("table"))
     first = produce_clicks(broker, p.topic, 2, 100, hours=1)
     run_batch(p.cfg(), session=lambda _: spark)
-    publish_completeness(p.cfg(), 1)
-    found = completeness(p.cfg())
+    publish(p.cfg(), 1)
+    found = completeness_now(p.cfg())
     assert found.watermark == "2025-11-22T10:59:59.999000Z"
     assert [(s.partition, s.complete) for s in found.partitions] == [(HOUR, False)]
     assert "strata.complete" not in partition_parameters(metastore, p)[HOUR]
@@ -118,7 +131,7 @@ def test_an_hour_is_complete_only_after_the_lateness_and_late_rows_are_counted(
 def test_under_a_failing_gate_an_hour_is_complete_only_once_its_batch_is_checked(
     make_pipeline, broker, spark, metastore
 ):
-    from strata.quality.run import run_quality
+    from tests.integration.quality.test_quality import check
 
     p = make_pipeline(
         partitions=2,
@@ -135,12 +148,12 @@ def test_under_a_failing_gate_an_hour_is_complete_only_once_its_batch_is_checked
     produce_clicks(broker, p.topic, 2, 90, hours=3, start_ms=start)
     run_batch(p.cfg(), session=lambda _: spark)
     # Registered before the batch's quality check ran: the check may still fail.
-    state = {s.partition: s for s in completeness(p.cfg()).partitions}[first]
+    state = {s.partition: s for s in completeness_now(p.cfg()).partitions}[first]
     assert not state.complete and state.held_by == [1] and state.completed_batch == 1
     assert "strata.complete" not in partition_parameters(metastore, p)[first]
     # Checked and passed: the gate lets go, and the metastore says so at once.
-    assert run_quality(p.cfg(), 1).success
-    found, problems = publish_completeness(p.cfg(), 1)
+    assert check(p.cfg(), 1).success
+    found, problems = publish(p.cfg(), 1)
     assert problems == [] and found is not None and first in found.completed
     assert partition_parameters(metastore, p)[first]["strata.complete"] == "true"
 
@@ -270,7 +283,7 @@ def test_the_marker_is_written_on_s3(make_pipeline, broker, spark, s3_endpoint, 
     run_batch(p.cfg(), session=lambda _: spark)
     produce_clicks(broker, p.topic, 2, 20, hours=1, start_ms=START_MS + 2 * HOUR_MS)
     run_batch(p.cfg(), session=lambda _: spark)
-    found, problems = publish_completeness(p.cfg(), 2)
+    found, problems = publish(p.cfg(), 2)
     assert problems == [] and found is not None and found.completed == [HOUR]
     fs, root = filesystem(p.cfg().location("table"), options)
     marker = fs.get_file_info([f"{root}/{HOUR}/{MARKER}", f"{root}/{LATER}/{MARKER}"])

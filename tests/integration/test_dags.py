@@ -76,7 +76,9 @@ def test_the_maintenance_dag_runs_the_ddl_through_the_airflow_trino_connection(
     assert str(run.state) == "success", states(run)
 
     cfg = p.cfg()
-    wanted = ddl_statements(cfg, cfg.trino.delta_catalog, cfg.trino.hive_catalog)
+    wanted = ddl_statements(
+        cfg.places(), cfg.schemas(), cfg.metastore, cfg.trino.delta_catalog, cfg.trino.hive_catalog
+    )
     signed = "Basic " + base64.b64encode(f"airflow:{password}".encode()).decode()
     assert fake.requests == [("airflow", signed, s) for s in wanted]
     register = next(ti for ti in run.get_task_instances() if ti.task_id == f"register_{p.name}")

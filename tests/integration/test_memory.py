@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import psutil
 
-from strata.batch.plan import OffsetRange
 from strata.batch.task import SplitJob, run_split
+from strata.run import batch_work
+from strata.store.ranges import OffsetRange
 from tests.conftest import produce_clicks
 
 
 def test_a_worker_running_task_after_task_keeps_its_memory_flat(make_pipeline, broker):
     p = make_pipeline(partitions=1)
     per = produce_clicks(broker, p.topic, 1, 500_000)
-    cfg = p.cfg()
+    spec = batch_work(p.cfg()).task
     resident = []
     # As a reused Python worker runs them: one process, one task after another.
     for k in range(4):
         job = SplitJob(
-            cfg,
+            spec,
             k + 1,
             0,
             [OffsetRange(p.topic, 0, 0, per[0])],

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from strata.batch.plan import OffsetRange
 from strata.batch.read import GAP_RUNS_VERIFIED, RangeProgress, read_ranges
 from strata.errors import ReadError
+from strata.store.ranges import OffsetRange
 from tests.faults import Injected, installed
 from tests.kafka_wire import WireRecord, produce
 

@@ -375,8 +375,8 @@ def test_a_seek_of_one_partition_never_vouches_for_the_others(make_pipeline, bro
 def test_a_backfill_of_a_range_read_from_an_old_log_never_reads_the_new_one(
     make_pipeline, broker, spark
 ):
-    from strata.batch.plan import OffsetRange
-    from strata.operations.backfill import backfill
+    from strata.run import reprocess
+    from strata.store.ranges import OffsetRange
 
     p = make_pipeline(partitions=1)
     produce_clicks(broker, p.topic, 1, 200)
@@ -391,7 +391,9 @@ def test_a_backfill_of_a_range_read_from_an_old_log_never_reads_the_new_one(
     produce_clicks(broker, p.topic, 1, 20, seed=10)
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 3
 
-    outcome = backfill(p.cfg(), OffsetRange(p.topic, 0, 10, 20), "INC-9", session=lambda _: spark)
+    outcome = reprocess(
+        p.cfg(), "backfill", [OffsetRange(p.topic, 0, 10, 20)], "INC-9", session=lambda _: spark
+    )
     assert any("read from the raw copy" in w for w in outcome.warnings), outcome.warnings
     after = event_ids(p, p.topic)
     assert {o: after[o] for o in range(10, 20)} == {o: before[o] for o in range(10, 20)}

@@ -300,14 +300,10 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     # The local broker never raises a log start (no retention in memory, no
     # DeleteRecords), so the planner's decision is tested on literal watermarks in
     # test_plan; here a plan carrying an accepted loss, as that decision makes it, runs.
-    from strata.batch.plan import (
-        BatchPlan,
-        OffsetRange,
-        PlanStore,
-        decode_fingerprint,
-        split_ranges,
-    )
+    from strata.batch.plan import BatchPlan, PlanStore, decode_fingerprint, split_ranges
+    from strata.edge import status_settings
     from strata.operations.status import pipeline_status, render_status
+    from strata.store.ranges import OffsetRange
 
     # The first batch records where reading starts (an empty topic, read from its end);
     # then retention deletes offsets [0, 120) before batch 2 reads them.
@@ -322,7 +318,7 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
             2,
             [kept],
             split_ranges([kept], 2, 10_000),
-            fingerprint=decode_fingerprint(cfg),
+            fingerprint=decode_fingerprint(cfg.decoding()),
             losses=[OffsetRange(p.topic, 0, 0, 120)],
             note="loss accepted by oncall@host: INC-7",
         )
@@ -337,7 +333,7 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     )
     assert rows["loss"]["note"] == "loss accepted by oncall@host: INC-7"
     assert (rows["ingest"]["start_offset"], rows["ingest"]["end_offset"]) == (120, per[0])
-    status = pipeline_status(cfg)
+    status = pipeline_status(cfg.places(), status_settings(cfg))
     assert status["losses"][0]["messages_lost"] == 120
     assert "LOSS: batch 2: offsets [0, 120)" in render_status(status)
     assert status["partitions"][0]["committed"] == per[0]
@@ -345,7 +341,7 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     from strata.quality.checks import render_quality
     from strata.quality.run import run_quality
 
-    result = run_quality(cfg)
+    result = run_quality(cfg.places(), cfg.quality, cfg.schemas(), cfg.metastore, cfg.warehouse)
     assert [(x["start_offset"], x["end_offset"]) for x in result.losses] == [(0, 120)]
     assert "LOSS: offsets [0, 120) of partition 0" in render_quality(result)
     holes = next(c for c in result.checks if c.name == "reconcile: no unexplained holes")

@@ -14,6 +14,7 @@ from collections import Counter
 import pytest
 import yaml
 
+from strata.edge import status_settings
 from strata.errors import KafkaUnavailable
 from strata.operations.status import pipeline_status
 from strata.run import run_batch
@@ -80,7 +81,7 @@ def test_a_pattern_reads_a_topic_created_between_runs_and_reports_one_deleted(
     for q, n in more.items():
         expected.update({(p.topic, q, o): 1 for o in range(first[q], first[q] + n)})
     assert _landed_by_topic(p) == expected
-    status = pipeline_status(p.cfg())
+    status = pipeline_status(p.cfg().places(), status_settings(p.cfg()))
     assert any(f"`{views}`" in w and "no longer list it" in w for w in status["warnings"])
     assert run_batch(p.cfg(), session=lambda _: spark).status == "idle"
 

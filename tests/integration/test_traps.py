@@ -130,7 +130,8 @@ def test_an_accepted_loss_on_an_emptied_partition_is_recorded_once(make_pipeline
     # test_plan); the plan it makes runs for real, and the next plan over the same
     # watermarks finds nothing to do and no second loss.
     from strata.batch.plan import PartitionState
-    from strata.run import new_plan
+    from strata.batch.planning import new_plan
+    from strata.run import plan_settings
     from strata.store.ledger import ledger_state
 
     p = make_pipeline(partitions=1)
@@ -139,7 +140,7 @@ def test_an_accepted_loss_on_an_emptied_partition_is_recorded_once(make_pipeline
     cfg = p.cfg()
     emptied = [PartitionState(p.topic, 0, 500, 500, per[0])]
     committed = ledger_state(cfg.places()).committed
-    plan = new_plan(cfg, 2, emptied, None, "oncall@host: INC-9", committed)
+    plan = new_plan(plan_settings(cfg), 2, emptied, None, "oncall@host: INC-9", committed)
     assert plan is not None
     PlanStore(cfg.places()).create(plan)
     outcome = run_batch(cfg, session=lambda _: spark)
@@ -152,6 +153,13 @@ def test_an_accepted_loss_on_an_emptied_partition_is_recorded_once(make_pipeline
     state = ledger_state(cfg.places())
     assert state.committed == {(p.topic, 0): 500}
     assert (
-        new_plan(cfg, 3, [PartitionState(p.topic, 0, 500, 500, 500)], None, "x", state.committed)
+        new_plan(
+            plan_settings(cfg),
+            3,
+            [PartitionState(p.topic, 0, 500, 500, 500)],
+            None,
+            "x",
+            state.committed,
+        )
         is None
     )

@@ -163,7 +163,8 @@ def test_with_a_trino_connection_registration_calls_trino_through_it(tmp_path, m
         connection = {"conn_type": "trino", "host": "127.0.0.1", "port": fake.port, "login": "etl"}
         monkeypatch.setenv("AIRFLOW_CONN_LAKE_TRINO", json.dumps(connection))
         shown = register_task("clicks", str(conf))
-    wanted = trino_statements(load_pipeline("clicks", conf))
+    cfg = load_pipeline("clicks", conf)
+    wanted = trino_statements(cfg.places(), cfg.metastore, cfg.trino)
     assert wanted == ["""CALL "hive".system.sync_partition_metadata('strata', 'clicks', 'ADD')"""]
     assert fake.statements == [("etl", wanted[0])]
     assert shown["trino"] == {"conn_id": "lake_trino", "ran": wanted}

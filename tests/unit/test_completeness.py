@@ -159,6 +159,7 @@ def test_markers_go_to_complete_partitions_only_and_leave_when_a_gate_holds_one(
         completeness=CompletenessConfig(marker=True),
     )
     table = tmp_path / "clicks"
+    ref, settings = cfg.places().table("table"), cfg.completeness
     rows = [row(1, 0, 2.5), row(1, 1, 2.5)]
     parts = ["dt=2025-11-22/hr=10", "dt=2025-11-22/hr=11"]
     for part in parts:
@@ -169,14 +170,14 @@ def test_markers_go_to_complete_partitions_only_and_leave_when_a_gate_holds_one(
         now = states(rows, parts, held=held).values()
         return Completeness("clicks", "", "1h", 1, None, None, list(now))
 
-    assert write_markers(cfg, found()) == ([parts[0]], [])
+    assert write_markers(ref, settings, found()) == ([parts[0]], [])
     assert '"strata.completed_batch": "1"' in (table / parts[0] / MARKER).read_text()
     assert not (table / parts[1] / MARKER).exists()
-    assert write_markers(cfg, found()) == ([], [])
+    assert write_markers(ref, settings, found()) == ([], [])
     # Arrow's discovery, as Spark's, Hive's and Trino's, skips a name beginning with `_`.
     assert ds.dataset(table, format="parquet", partitioning="hive").to_table().num_rows == 4
 
-    assert write_markers(cfg, found(held={parts[0]: [2]})) == ([], [parts[0]])
+    assert write_markers(ref, settings, found(held={parts[0]: [2]})) == ([], [parts[0]])
     assert not (table / parts[0] / MARKER).exists()
 
 

@@ -124,7 +124,8 @@ def test_the_schema_travels_with_the_configuration_to_hosts_without_the_file(tmp
     cfg = load_pipeline("clicks", _project(tmp_path, GOOD))
     shipped = pickle.dumps(cfg)
     (tmp_path / "schemas" / "clicks.avsc").unlink()  # as on an executor's host
-    rules = DecodeRules.from_config(pickle.loads(shipped))
+    landed = pickle.loads(shipped)
+    rules = DecodeRules.of_decoding(landed.decoding())
     assert "user_id" in rules.out_schema.names
 
 

@@ -44,7 +44,7 @@ def rules(fmt: str = "json", **event_time) -> DecodeRules:
         schemas_dir=str(ROOT / "schemas"),
         event_time=EventTimeConfig(field="ts", **event_time),
     )
-    return DecodeRules.from_config(cfg)
+    return DecodeRules.of_decoding(cfg.decoding())
 
 
 def click(i: int, **over) -> dict:
@@ -176,7 +176,7 @@ def test_iso8601_event_times_use_the_configured_zone_for_naive_strings(tmp_path)
         schemas_dir=str(tmp_path),
         event_time=EventTimeConfig(field="ts", unit="iso8601", timezone="Europe/Berlin"),
     )
-    r = DecodeRules.from_config(cfg)
+    r = DecodeRules.of_decoding(cfg.decoding())
     values = [
         enc(click(0, ts="2025-11-22T11:30:00")),
         enc(click(1, ts="2025-11-22T10:30:00Z")),
@@ -263,7 +263,7 @@ def rules_for(path: Path, fmt: str = "json", table_format: str = "parquet", **ev
         table_format=table_format,
         event_time=EventTimeConfig(field="ts", **event_time),
     )
-    return DecodeRules.from_config(cfg)
+    return DecodeRules.of_decoding(cfg.decoding())
 
 
 def test_invalid_utf8_inside_a_string_value_is_quarantined_not_written():

@@ -188,8 +188,8 @@ def test_a_malformed_newest_schema_is_warned_of_and_the_plan_goes_on(text, warne
     }
     with StubRegistry(answers) as stub:
         cfg = evolving(stub.url)
-        out = evolved(cfg, ["clicks"])
-    assert out.schema_text == cfg.schema_text
+        out = evolved(cfg.decoding(), ["clicks"])
+    assert out == cfg.schema_text
     [line] = warnings()
     assert line.startswith("subject 'clicks-value': ") and warned in line
     assert line.endswith("; the table takes none of its new fields this time")
@@ -218,11 +218,12 @@ def test_fields_the_table_cannot_take_are_left_out_and_the_rest_is_a_schema_it_c
     partitioned = {"field": {"name": "country", "values": ["DE"]}}
     cfg = evolving(schema_registry.url, topic, partitioning=partitioned)
 
-    out = evolved(cfg, [topic])
+    out = cfg.with_schema_text(evolved(cfg.decoding(), [topic]))
 
     fields = json.loads(out.schema_text)["fields"]
     assert [f["name"] for f in fields] == [*(f["name"] for f in TABLE["fields"]), "campaign"]
-    assert DecodeRules.from_config(out).topic.arrow.names[-1] == "campaign"  # the plan's check
+    rules = DecodeRules.of_decoding(out.decoding())
+    assert rules.topic.arrow.names[-1] == "campaign"  # the plan's check
     lines = warnings()
     assert [line.split(",")[0] for line in lines] == [
         f"subject '{topic}-value' adds field '{name}'"
@@ -236,11 +237,11 @@ def test_a_subject_the_registry_does_not_know_adds_nothing_and_an_outage_fails_t
     schema_registry, warnings
 ):
     cfg = evolving(schema_registry.url)
-    assert evolved(cfg, [f"t-{uuid.uuid4().hex[:8]}"]).schema_text == cfg.schema_text
+    assert evolved(cfg.decoding(), [f"t-{uuid.uuid4().hex[:8]}"]) == cfg.schema_text
     assert "holds no Avro schema" in warnings()[0]
 
     answers = {"/subjects/clicks-value/versions": (500, {"error_code": 50001, "message": "down"})}
     with StubRegistry(answers) as stub, pytest.raises(SchemaRegistryUnavailable) as err:
-        evolved(evolving(stub.url), ["clicks"])
+        evolved(evolving(stub.url).decoding(), ["clicks"])
     assert "gave no answer about subject 'clicks-value'" in str(err.value)
     assert REGISTRY_PASSWORD not in str(err.value)

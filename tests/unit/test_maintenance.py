@@ -17,10 +17,10 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction, Transaction
 
-from strata.batch.write import PartitionedWriter, WrittenFile, write_file, write_sized
+from strata.batch.write import PartitionedWriter
 from strata.config import PipelineConfig, load_pipeline
 from strata.errors import ConfigError, LeaseLost, LockBusy, MaintenanceError
-from strata.maintenance.compact import pack, parse_partition, partition_end
+from strata.maintenance.compact import Compaction, pack, parse_partition, partition_end
 from strata.maintenance.vacuum import never_committed, retention_hours, sweep_moved, vacuum
 from strata.store.delta import (
     FENCE_INFO_KEY,
@@ -41,6 +41,7 @@ from strata.store.locations import (
     void,
 )
 from strata.store.lock import run_lock
+from strata.store.parquet import WrittenFile, write_file, write_sized
 from strata.store.places import Places, TableRef
 from strata.store.tables import read
 from tests.locking import pipeline_body
@@ -85,6 +86,22 @@ def test_packing_keeps_neighbours_together_and_never_rewrites_a_lone_file():
     bins = pack(files, 100)
     assert [[f["path"] for f in b] for b in bins] == [["0", "1"], ["2", "3"]]
     assert pack([{"path": "a", "size_bytes": 10}], 100) == []
+
+
+def test_compaction_settings_are_read_from_the_pipelines_sections(tmp_path):
+    body = pipeline_body(
+        str(tmp_path),
+        limits={"target_file_mb": 64},
+        maintenance={"settle": "3h", "min_small_files": 4},
+        partitioning={"by": "dt", "timezone": "Europe/Berlin"},
+    )
+    cfg = PipelineConfig.model_validate(body)
+    settings = Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning)
+    # Small is half the target unless set; merged files are cut at the target.
+    assert (settings.small_bytes, settings.target_bytes) == (32 << 20, 64 << 20)
+    assert (settings.settle, settings.min_small_files) == ("3h", 4)
+    assert (settings.partition_by, settings.zone) == (("dt",), "Europe/Berlin")
+    assert settings.row_group_rows == cfg.limits.row_group_rows
 
 
 def test_merged_rows_are_cut_into_target_sized_files_in_their_order(tmp_path):

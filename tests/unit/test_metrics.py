@@ -13,10 +13,10 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata.batch.outcome import RunOutcome
 from strata.batch.task import RangeResult
 from strata.config import PipelineConfig, load_pipeline
 from strata.operations.metrics import METRICS, export, run_metrics, status_metrics, textfile_path
-from strata.run import RunOutcome
 from tests.conftest import ROOT
 
 
@@ -155,7 +155,7 @@ def test_a_file_or_push_that_fails_is_a_warning_without_the_password(tmp_path, m
         },
     )
     registry = run_metrics(RunOutcome("clicks", "idle"), None, None, 0)
-    written, pushed = export(cfg, registry)
+    written, pushed = export(cfg.metrics, cfg.name, registry)
     assert written.startswith(f"metrics not written to {tmp_path}/missing/strata_clicks.prom")
     assert pushed.startswith(f"metrics not pushed to http://127.0.0.1:{port}: URLError")
     assert "pw-never-shown-5Tq" not in written + pushed
@@ -163,10 +163,10 @@ def test_a_file_or_push_that_fails_is_a_warning_without_the_password(tmp_path, m
 
 def test_the_file_is_named_by_the_pipeline_and_replaced_whole(tmp_path):
     cfg = _pipeline(tmp_path, {"textfile_dir": str(tmp_path)})
-    assert textfile_path(cfg) == f"{tmp_path}/strata_clicks.prom"
+    assert textfile_path(cfg.metrics, cfg.name) == f"{tmp_path}/strata_clicks.prom"
     for partition, lag in ((0, 3), (1, 4)):
         idle = RunOutcome("clicks", "idle", lag={("c", partition): lag})
-        assert export(cfg, run_metrics(idle, None, None, 0)) == []
+        assert export(cfg.metrics, cfg.name, run_metrics(idle, None, None, 0)) == []
     found = _families((tmp_path / "strata_clicks.prom").read_text())
     assert found["strata_lag_messages"] == [
         ({"pipeline": "clicks", "topic": "c", "partition": "1"}, 4)

@@ -166,7 +166,8 @@ def click(i: int, ts: str, **over) -> dict:
 
 
 def test_decoded_rows_carry_local_partitions_and_the_field_partition_after_them():
-    rules = DecodeRules.from_config(cfg(timezone=BERLIN, field=COUNTRY))
+    c = cfg(timezone=BERLIN, field=COUNTRY)
+    rules = DecodeRules.of_decoding(c.decoding())
     moments = ["2026-03-29T00:30Z", "2026-10-25T00:30Z", "2026-10-25T01:30Z", "2026-10-25T02:30Z"]
     countries = [{"country": "DE"}, {"country": "IT"}, {"country": None}, {}]
     values = [
@@ -188,7 +189,8 @@ def test_decoded_rows_carry_local_partitions_and_the_field_partition_after_them(
 
 def test_an_enum_field_partitions_by_its_symbols():
     device = FieldPartitionConfig(name="device", values=("mobile",), other="else")
-    rules = DecodeRules.from_config(cfg(by="dt", field=device))
+    c = cfg(by="dt", field=device)
+    rules = DecodeRules.of_decoding(c.decoding())
     at = us("2026-01-01T12:00Z") // 1000
     values = [enc(click(0, at, device="mobile")), enc(click(1, at, device="tablet"))]
     out = decode_chunk(raw(values, [at, at]), rules)
@@ -208,11 +210,12 @@ def test_an_enum_field_partitions_by_its_symbols():
 )
 def test_a_field_the_schema_cannot_partition_by_fails_at_load(field, problem):
     spec = FieldPartitionConfig.model_validate(field)
+    c = cfg(field=spec)
     if problem is None:
-        DecodeRules.from_config(cfg(field=spec))
+        DecodeRules.of_decoding(c.decoding())
     else:
         with pytest.raises(SchemaError, match=problem):
-            DecodeRules.from_config(cfg(field=spec))
+            DecodeRules.of_decoding(c.decoding())
 
 
 def test_a_float_field_or_a_clash_with_a_field_fails_at_load(tmp_path):
@@ -232,7 +235,7 @@ def test_a_float_field_or_a_clash_with_a_field_fails_at_load(tmp_path):
             event_time=EventTimeConfig(field="ts"),
             partitioning=PartitioningConfig(field=FieldPartitionConfig(name=name, values=("a",))),
         )
-        return DecodeRules.from_config(c)
+        return DecodeRules.of_decoding(c.decoding())
 
     with pytest.raises(SchemaError, match=r"'score' is double, but a field partition takes a "):
         load("score")
@@ -293,7 +296,8 @@ def test_partitioning_loads_plain_or_as_a_mapping(tmp_path):
 
 
 def test_a_changed_zone_or_field_is_refused_on_a_table_with_batches():
-    topic = DecodeRules.from_config(cfg()).topic
+    c = cfg()
+    topic = DecodeRules.of_decoding(c.decoding()).topic
     plain = column_signature(data_schema(topic, PartitioningConfig()))
     berlin = data_schema(topic, PartitioningConfig(timezone=BERLIN))
     by_country = data_schema(topic, PartitioningConfig(field=COUNTRY))
@@ -323,13 +327,13 @@ def test_a_changed_zone_or_field_is_refused_on_a_table_with_batches():
 
 
 def test_the_fingerprint_holds_the_zone_and_the_field_and_keeps_plain_plans_as_they_were():
-    plain = decode_fingerprint(cfg())
-    assert plain == decode_fingerprint(cfg(by="dt_hr", timezone="UTC"))
+    plain = decode_fingerprint(cfg().decoding())
+    assert plain == decode_fingerprint(cfg(by="dt_hr", timezone="UTC").decoding())
     found = {
         plain,
-        decode_fingerprint(cfg(timezone=BERLIN)),
-        decode_fingerprint(cfg(field=COUNTRY)),
-        decode_fingerprint(cfg(field=COUNTRY.model_copy(update={"other": "rest"}))),
-        decode_fingerprint(cfg(field=COUNTRY.model_copy(update={"values": ("DE",)}))),
+        decode_fingerprint(cfg(timezone=BERLIN).decoding()),
+        decode_fingerprint(cfg(field=COUNTRY).decoding()),
+        decode_fingerprint(cfg(field=COUNTRY.model_copy(update={"other": "rest"})).decoding()),
+        decode_fingerprint(cfg(field=COUNTRY.model_copy(update={"values": ("DE",)})).decoding()),
     }
     assert len(found) == 5

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from strata.batch.plan import BatchPlan, OffsetRange, PartitionState, plan_ranges, split_ranges
+from strata.batch.plan import BatchPlan, PartitionState, plan_ranges, split_ranges
 from strata.errors import PlanError
+from strata.store.ranges import OffsetRange
 
 
 def test_new_partitions_start_per_policy_and_are_capped():
@@ -140,51 +141,63 @@ def _cfg(**over):
 
 
 def test_every_range_that_moves_where_reading_goes_on_is_planned_even_when_empty():
-    from strata.run import new_plan
+    from strata.batch.planning import new_plan
+    from strata.run import plan_settings
 
     # `views` is new to the pipeline and starts at its end (`latest`) while `clicks`
     # has data: its empty first range must still be planned, or its start is never
     # recorded and every later plan starts it at the then high watermark.
     committed = {("clicks", 0): 100}
     states = [PartitionState("clicks", 0, 0, 250, 100), PartitionState("views", 0, 0, 40, None)]
-    plan = new_plan(_cfg(starting_offsets="latest"), 7, states, None, None, committed)
+    plan = new_plan(
+        plan_settings(_cfg(starting_offsets="latest")), 7, states, None, None, committed
+    )
     assert plan is not None
     assert plan.ranges == [OffsetRange("clicks", 0, 100, 250), OffsetRange("views", 0, 40, 40)]
     assert plan.new_partitions == [("views", 0)]
     # A partition idle since its last batch is left out: the ledger has its start.
     idle = [PartitionState("clicks", 0, 0, 100, 100), PartitionState("views", 0, 0, 90, 40)]
     committed = {("clicks", 0): 100, ("views", 0): 40}
-    plan = new_plan(_cfg(), 8, idle, None, None, committed)
+    plan = new_plan(plan_settings(_cfg()), 8, idle, None, None, committed)
     assert plan is not None and plan.ranges == [OffsetRange("views", 0, 40, 90)]
 
 
 def test_an_accepted_loss_on_an_emptied_partition_moves_reading_to_the_log_start_once():
-    from strata.run import new_plan
+    from strata.batch.planning import new_plan
+    from strata.run import plan_settings
 
     # Retention deleted every unread message of partition 0 and nothing new arrived:
     # the loss is recorded once, with an empty range at the log start, so the next
     # plan starts there and records no second loss.
     states = [PartitionState("clicks", 0, 500, 500, 100)]
-    plan = new_plan(_cfg(), 3, states, None, "oncall@host: INC-9", {("clicks", 0): 100})
+    plan = new_plan(
+        plan_settings(_cfg()), 3, states, None, "oncall@host: INC-9", {("clicks", 0): 100}
+    )
     assert plan is not None
     assert plan.losses == [OffsetRange("clicks", 0, 100, 500)]
     assert plan.ranges == [OffsetRange("clicks", 0, 500, 500)]
     assert plan.splits == []
     after = [PartitionState("clicks", 0, 500, 500, 500)]
-    assert new_plan(_cfg(), 4, after, None, "oncall@host: INC-9", {("clicks", 0): 500}) is None
+    assert (
+        new_plan(plan_settings(_cfg()), 4, after, None, "oncall@host: INC-9", {("clicks", 0): 500})
+        is None
+    )
 
 
 def test_a_topic_taken_out_of_the_pipeline_does_not_stop_the_plan():
-    from strata.run import new_plan
+    from strata.batch.planning import new_plan
+    from strata.run import plan_settings
 
     # `gone` was read once and then removed from `topics`: its ledger rows stay, but it
     # is not a committed partition the brokers stopped listing.
     committed = {("clicks", 0): 100, ("gone", 0): 7}
-    plan = new_plan(_cfg(), 2, [PartitionState("clicks", 0, 0, 150, 100)], None, None, committed)
+    plan = new_plan(
+        plan_settings(_cfg()), 2, [PartitionState("clicks", 0, 0, 150, 100)], None, None, committed
+    )
     assert plan is not None and plan.ranges == [OffsetRange("clicks", 0, 100, 150)]
     # A configured topic's partition that vanished still stops it.
     with pytest.raises(PlanError, match="partition 0 of `views`"):
-        new_plan(_cfg(), 2, [PartitionState("clicks", 0, 0, 150, 100)], None, None,
+        new_plan(plan_settings(_cfg()), 2, [PartitionState("clicks", 0, 0, 150, 100)], None, None,
                  {**committed, ("views", 0): 3})  # fmt: skip
 
 
@@ -227,7 +240,8 @@ def test_a_starting_moment_the_brokers_gave_no_offset_for_stops_the_plan():
 
 
 def test_the_plan_says_why_each_new_partition_starts_where_it_does():
-    from strata.run import new_plan
+    from strata.batch.planning import new_plan
+    from strata.run import plan_settings
 
     committed = {("clicks", 0): 100}
     states = [
@@ -236,7 +250,7 @@ def test_the_plan_says_why_each_new_partition_starts_where_it_does():
         PartitionState("views", 0, 0, 40, None, at_start=12),
     ]
     cfg = _cfg(starting_offsets="2026-01-31T00:00:00Z")
-    plan = new_plan(cfg, 7, states, None, None, committed)
+    plan = new_plan(plan_settings(cfg), 7, states, None, None, committed)
     assert plan is not None
     assert plan.ranges[1:] == [OffsetRange("clicks", 1, 5, 90), OffsetRange("views", 0, 12, 40)]
     assert plan.began == {

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from strata.batch.plan import OffsetRange
 from strata.batch.read import GAP_RUNS_VERIFIED, RangeProgress, _keep_in_range
 from strata.schema.avro import RAW_SCHEMA
+from strata.store.ranges import OffsetRange
 
 
 def test_redelivered_offsets_are_dropped_and_counted_and_gap_runs_recorded():

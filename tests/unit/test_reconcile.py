@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from strata.batch.plan import BatchPlan, OffsetRange
+from strata.batch.plan import BatchPlan
 from strata.batch.reconcile import batch_results, reconcile_files
 from strata.batch.task import RangeResult, SplitResult
-from strata.batch.write import WrittenFile
 from strata.errors import ReconcileError
+from strata.store.parquet import WrittenFile
+from strata.store.ranges import OffsetRange
 
 PLAN = BatchPlan(
     "clicks",

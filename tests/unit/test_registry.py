@@ -91,7 +91,7 @@ def rules(
             allow_http_on_loopback=True,
         ),
     )
-    return DecodeRules.from_config(cfg)
+    return DecodeRules.of_decoding(cfg.decoding())
 
 
 def produce(url: str, schema: dict, record: dict, topic: str) -> bytes:
@@ -255,7 +255,7 @@ def rules_for_reader(reader: dict, url: str):
             url=url, username=REGISTRY_USER, password=REGISTRY_PASSWORD, allow_http_on_loopback=True
         ),
     )
-    return DecodeRules.from_config(cfg)
+    return DecodeRules.of_decoding(cfg.decoding())
 
 
 def test_a_schema_registry_makes_schema_id_optional_and_bad_settings_fail_at_load(tmp_path):

@@ -185,10 +185,10 @@ def test_the_dag_folder_reports_a_broken_pipeline_without_its_secrets(
 def test_what_the_command_prints_is_redacted_even_when_a_message_quotes_a_secret(
     tmp_path, canaries, capsys
 ):
+    from strata.batch.outcome import RunOutcome
     from strata.cli import run_guarded
     from strata.errors import KafkaUnavailable
     from strata.operations.report import render_summary, summary_dict
-    from strata.run import RunOutcome
 
     trino = {"trino": {"url": "https://trino.internal:8443", "password": "${TRINO_PASSWORD}"}}
     cfg = load_pipeline("clicks", project(tmp_path, merge(merge(GOOD, SECRETS), trino)))

@@ -43,17 +43,21 @@ def test_the_cluster_size_comes_from_the_properties_that_set_it():
     assert parallelism_from_conf({}) is None
 
 
+def _tasks(cfg) -> int:
+    return default_tasks(cfg.spark, cfg.name, cfg.airflow.spark_mode == "spark_submit")
+
+
 def test_the_override_and_local_masters(tmp_path):
-    assert default_tasks(_cfg(tmp_path / "a", spark={"master": "yarn", "tasks": 7})) == 7
-    assert default_tasks(_cfg(tmp_path / "b", spark={"master": "local[3,4]"})) == 3
-    assert default_tasks(_cfg(tmp_path / "c", spark={"master": "local"})) == 1
+    assert _tasks(_cfg(tmp_path / "a", spark={"master": "yarn", "tasks": 7})) == 7
+    assert _tasks(_cfg(tmp_path / "b", spark={"master": "local[3,4]"})) == 3
+    assert _tasks(_cfg(tmp_path / "c", spark={"master": "local"})) == 1
     # Airflow's plan task of a spark_submit pipeline: the batch runs on the cluster.
     submitted = {
         "master": "local[3]",
         "conf": {"spark.executor.instances": "2", "spark.executor.cores": "4"},
     }
     cfg = _cfg(tmp_path / "d", spark=submitted, airflow={"spark_mode": "spark_submit"})
-    assert default_tasks(cfg) == 8
+    assert _tasks(cfg) == 8
 
 
 def test_planning_for_an_unsized_cluster_starts_no_spark(tmp_path):
@@ -64,7 +68,8 @@ def test_planning_for_an_unsized_cluster_starts_no_spark(tmp_path):
         "import logging; logging.basicConfig(); "
         "import sys; from strata.config import load_pipeline; from strata.spark.session import "
         "default_tasks; from pyspark import SparkContext; "
-        f"n = default_tasks(load_pipeline('clicks', {str(tmp_path / 'conf')!r})); "
+        f"c = load_pipeline('clicks', {str(tmp_path / 'conf')!r}); "
+        "n = default_tasks(c.spark, c.name); "
         "print(n, SparkContext._gateway is None)"
     )
     done = subprocess.run(

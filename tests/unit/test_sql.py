@@ -66,8 +66,10 @@ def test_the_committed_ddl_is_what_the_command_prints():
 
 def test_parquet_ddl_creates_partitioned_external_tables(monkeypatch):
     monkeypatch.setenv("STRATA_WAREHOUSE", "s3://b/w")
-    cfg = load_pipeline("clicks", ROOT / "conf").model_copy(update={"table_format": "parquet"})
-    parsed = statements(pipeline_ddl(cfg))
+    delta = load_pipeline("clicks", ROOT / "conf")
+    # Validated afresh: a copy would keep the places built for the Delta format.
+    cfg = PipelineConfig.model_validate({**delta.model_dump(), "table_format": "parquet"})
+    parsed = statements(pipeline_ddl(cfg.places(), cfg.schemas(), cfg.metastore))
     creates = [s for s in parsed if isinstance(s, exp.Create) and s.kind == "TABLE"]
     assert [c.this.this.name for c in creates] == [
         "clicks",
@@ -133,7 +135,7 @@ def test_only_partition_directories_strata_writes_become_partitions(tmp_path):
             "warehouse": str(tmp_path / "wh"),
         }
     )
-    assert storage_partitions(cfg) == [
+    assert storage_partitions(cfg.places().table("table"), cfg.partitioning) == [
         ("2025-11-22", "10"),
         ("2025-11-22", "11"),
         ("2025-11-23", "00"),
@@ -168,14 +170,14 @@ def test_the_trino_password_goes_as_basic_auth_to_a_coordinator_checked_against_
     with FakeTrino(tls) as fake:
         signed = {"url": fake.url, "user": "etl", "password": "trino-pw-Zk3"}
         cfg = _trino_pipeline(**signed, ca_file=str(tls[0]))
-        assert run_in_trino(cfg, ["CALL x()"]) == ["CALL x()"]
+        assert run_in_trino(cfg.trino, ["CALL x()"]) == ["CALL x()"]
         token = base64.b64encode(b"etl:trino-pw-Zk3").decode()
         assert fake.requests == [("etl", f"Basic {token}", "CALL x()")]
 
         # A coordinator whose certificate the given authority did not sign is refused
         # before the password is sent.
         with pytest.raises(MetastoreError) as refused:
-            run_in_trino(_trino_pipeline(**signed, ca_file=str(stranger)), ["CALL y()"])
+            run_in_trino(_trino_pipeline(**signed, ca_file=str(stranger)).trino, ["CALL y()"])
         assert "CERTIFICATE_VERIFY_FAILED" in str(refused.value)
         assert "trino-pw-Zk3" not in str(refused.value)
         assert len(fake.requests) == 1
@@ -188,5 +190,5 @@ def test_the_trino_access_token_goes_as_a_bearer_token(tmp_path):
     tls = self_signed_certificate(tmp_path)
     with FakeTrino(tls) as fake:
         cfg = _trino_pipeline(url=fake.url, access_token="eyJ.jwt.token", ca_file=str(tls[0]))
-        run_in_trino(cfg, ["CALL x()"])
+        run_in_trino(cfg.trino, ["CALL x()"])
     assert fake.requests == [("strata", "Bearer eyJ.jwt.token", "CALL x()")]

@@ -13,8 +13,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from strata.batch.write import PartitionedWriter, file_name, is_batch_file, split_by, write_file
+from strata.batch.write import PartitionedWriter, split_by
 from strata.errors import UnsafePartitionValue
+from strata.store.parquet import file_name, is_batch_file, write_file
 
 
 def rows(n: int, start: int = 0) -> pa.Table:

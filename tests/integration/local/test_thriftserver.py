@@ -5,21 +5,23 @@ from __future__ import annotations
 import math
 from collections import Counter
 from datetime import timedelta
+from functools import partial
 
 import sqlglot
 from pyhive import hive
 from sqlglot import exp
 
-from strata.batch.write import partition_path
 from strata.catalog.metastore import MetastoreClient
-from strata.catalog.register import location_uri
-from strata.maintenance.compact import compact
+from strata.catalog.register import location_uri, register_tables
+from strata.edge import registration
+from strata.maintenance.compact import Compaction, compact
 from strata.maintenance.vacuum import sweep_moved, vacuum
 from strata.run import run_batch
 from strata.store.files import filesystem
 from strata.store.ledger import read_ledger
 from strata.store.locations import current_files, current_locations, visible_files
 from strata.store.lock import run_lock
+from strata.store.parquet import partition_path
 from tests.conftest import ROOT, START_MS, produce_clicks
 
 QUERIES = ROOT / "sql" / "queries"
@@ -131,7 +133,9 @@ def test_compacting_plain_parquet_moves_partitions_and_no_query_sees_a_differenc
     files_before = Counter(f.partition for f in current_files(fs, root))
     assert len(names) == 3 and all(files_before[n] >= 3 for n in names), files_before
 
-    report = compact(cfg, older_than="0s", session=lambda _: spark)
+    settings = Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning)
+    register = partial(register_tables, registration(cfg))
+    report = compact(cfg.places(), settings, lambda: spark, register, older_than="0s")
     assert {e.table: e.outcome for e in report.partitions} == {"table": "compacted"}
     assert [e.partition for e in report.partitions] == sorted(names)
     assert set(report.skipped) == {"raw", "quarantine", "ledger"}

@@ -8,9 +8,9 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from strata.local.events import HOUR_MS
-from strata.quality.run import run_quality
 from strata.run import run_batch
 from tests.conftest import produce_clicks
+from tests.integration.quality.test_quality import check
 
 
 class Links(HTMLParser):
@@ -39,7 +39,7 @@ def test_the_index_links_every_checked_batch_and_each_page_is_there(make_pipelin
     for batch in (1, 2, 3):
         produce_clicks(broker, p.topic, 1, 40, start_ms=start, hours=1, seed=batch)
         run_batch(p.cfg(), session=lambda _: spark)
-        docs[batch] = run_quality(p.cfg(), batch).docs
+        docs[batch] = check(p.cfg(), batch).docs
     quality = Path(p.cfg().location("quality"))
 
     index = (quality / "docs" / "index.html").read_text()

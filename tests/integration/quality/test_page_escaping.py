@@ -22,12 +22,12 @@ from deltalake import write_deltalake
 
 from strata.local.events import Message, click_events, produce
 from strata.quality.checks import reason_class
-from strata.quality.run import run_quality, write_summary_page
+from strata.quality.run import write_summary_page
 from strata.run import run_batch
 from strata.schema.avro import QUARANTINE_SCHEMA
 from strata.store.ledger import LEDGER_SCHEMA
 from tests.conftest import produce_clicks
-from tests.integration.quality.test_quality import CHROMIUM, chromium, recent_start
+from tests.integration.quality.test_quality import CHROMIUM, check, chromium, recent_start
 
 pytestmark = pytest.mark.integration
 
@@ -128,7 +128,7 @@ def test_hostile_messages_are_shown_as_text_in_the_data_docs_and_the_summary_pag
     )
     produce_clicks(broker, p.topic, 2, 200, start_ms=start, hours=1)
     run_batch(p.cfg(), session=lambda _: spark)
-    result = run_quality(p.cfg())
+    result = check(p.cfg())
 
     quarantined = p.table_rows("quarantine", ["_value", "reason"]).to_pylist()
     assert sorted(r["_value"] for r in quarantined) == sorted(malformed)
@@ -206,7 +206,7 @@ def test_every_value_the_summary_page_shows_is_escaped(make_pipeline, tmp_path):
             "lateness": {},
         }
     ]
-    page = Path(write_summary_page(cfg, results, ledger))
+    page = Path(write_summary_page(cfg.places(), cfg.quality, results, ledger))
 
     dom = open_page(page, tmp_path)
     dom.assert_nothing_injected()

@@ -34,6 +34,13 @@ def recent_start() -> int:
     return (int(time.time() * 1000) // HOUR_MS - 3) * HOUR_MS
 
 
+def check(cfg, batch=None):
+    """Check a batch with the pipeline's places and sections, as the entry points do."""
+    return run_quality(
+        cfg.places(), cfg.quality, cfg.schemas(), cfg.metastore, cfg.warehouse, batch
+    )
+
+
 def failed(result) -> dict[str, str]:
     return {f"{c.name} {c.column or ''}".strip(): c.detail for c in result.failed}
 
@@ -43,7 +50,7 @@ def test_a_clean_batch_passes_and_writes_its_reports(make_pipeline, broker, spar
     produce_clicks(broker, p.topic, 2, 1500, start_ms=recent_start(), malformed=2)
     run_batch(p.cfg(), session=lambda _: spark)
 
-    result = run_quality(p.cfg())
+    result = check(p.cfg())
     assert result.success, failed(result)
     assert result.batch == 1 and result.rows == result.validated_rows == 1500 + 2
     names = {c.name for c in result.checks}
@@ -88,7 +95,7 @@ def test_a_bad_batch_fails_the_right_expectations_and_the_report_names_them(
     )
     produce_clicks(broker, p.topic, 2, 600, start_ms=recent_start())
     run_batch(p.cfg(), session=lambda _: spark)
-    first = run_quality(p.cfg())
+    first = check(p.cfg())
     # The generator draws latencies up to 900 ms: out of the declared range.
     assert set(failed(first)) == {"expect_column_values_to_be_between latency_ms"}
 
@@ -144,7 +151,7 @@ def test_a_bad_batch_fails_the_right_expectations_and_the_report_names_them(
     assert "batch 2 is committed" not in done.stderr and "(gate: fail)" in done.stderr
     assert body["incomplete"] and set(body["incomplete"]) == set(body["partitions"])
     # Batch 1 failed under the same gate: its partitions were marked too.
-    marks = ResultStore.of(p.cfg()).incomplete()
+    marks = ResultStore.of(p.cfg().places()).incomplete()
     assert set(body["incomplete"]) <= marks.keys() == set(first.partitions)
     assert all(marks[name] == [1, 2] for name in body["incomplete"])
 
@@ -157,7 +164,7 @@ def test_reconciliation_catches_a_deleted_data_file(make_pipeline, broker, spark
     lost = pq.read_metadata(victim).num_rows
     os.remove(victim)
 
-    result = run_quality(p.cfg())
+    result = check(p.cfg())
     problems = failed(result)
     assert victim.name in problems["reconcile: data files present"]
     assert "the ledger says" in problems["reconcile: data table rows = ledger"]
@@ -208,7 +215,7 @@ def test_an_unknown_expectation_is_named_with_its_key(make_pipeline, broker, spa
     produce_clicks(broker, p.topic, 1, 50, start_ms=recent_start())
     run_batch(p.cfg(), session=lambda _: spark)
     with pytest.raises(QualityError, match=r"quality.expectations\[0\].type 'expect_rows_to_be"):
-        run_quality(p.cfg())
+        check(p.cfg())
 
 
 def chromium(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -242,10 +249,10 @@ def test_the_reports_render_in_headless_chromium_with_the_ledger_figures(
     start = recent_start()
     produce_clicks(broker, p.topic, 2, 700, start_ms=start, malformed=3, late=4)
     run_batch(p.cfg(), session=lambda _: spark)
-    run_quality(p.cfg())
+    check(p.cfg())
     produce_clicks(broker, p.topic, 2, 300, start_ms=start, seed=4)
     run_batch(p.cfg(), session=lambda _: spark)
-    second = run_quality(p.cfg())
+    second = check(p.cfg())
 
     quality = Path(p.cfg().location("quality"))
     page = chromium("--dump-dom", (quality / "index.html").as_uri(), cwd=tmp_path)

@@ -9,10 +9,10 @@ from pyhive import hive
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.register import location_uri
 from strata.local.events import HOUR_MS
-from strata.quality.run import run_quality
 from strata.quality.table import quality_table_location, register_quality_table, replace_batch
 from strata.run import run_batch
 from tests.conftest import produce_clicks
+from tests.integration.quality.test_quality import check
 
 
 def recent_start() -> int:
@@ -37,9 +37,9 @@ def test_the_thrift_server_reads_every_batch_once_as_last_checked(
     for batch, count in ((1, 300), (2, 200)):
         produce_clicks(broker, p.topic, 2, count, start_ms=start, seed=batch)
         assert run_batch(p.cfg(), session=lambda _: spark).batch == batch
-        results[batch] = run_quality(p.cfg(), batch)
+        results[batch] = check(p.cfg(), batch)
     first = results[1]
-    results[1] = run_quality(p.cfg(), 1)  # checked again: its rows are replaced
+    results[1] = check(p.cfg(), 1)  # checked again: its rows are replaced
     assert [c.name for c in results[1].checks] == [c.name for c in first.checks]
 
     cursor = hive.connect("127.0.0.1", port=thriftserver.port, auth="NOSASL").cursor()
@@ -81,13 +81,14 @@ def test_the_thrift_server_reads_every_batch_once_as_last_checked(
 def test_a_delta_pipelines_quality_table_is_registered_as_delta(make_pipeline, metastore):
     p = make_pipeline(partitions=1, overrides={"metastore": {"uri": metastore.uri}})
     cfg = p.cfg()
-    assert register_quality_table(cfg) == "created"
-    assert register_quality_table(cfg) == "unchanged"
+    places = cfg.places()
+    assert register_quality_table(places, cfg.metastore, cfg.warehouse) == "created"
+    assert register_quality_table(places, cfg.metastore, cfg.warehouse) == "unchanged"
     with MetastoreClient(metastore.uri, 30) as client:
         found = client.get_table("strata", f"{p.name}_quality")
     assert found is not None
     assert found.parameters["spark.sql.sources.provider"] == "delta"
-    assert found.sd.location == location_uri(quality_table_location(cfg))
+    assert found.sd.location == location_uri(quality_table_location(places.table("quality")))
 
 
 def test_strata_register_repairs_the_quality_table_in_the_metastore(make_pipeline, metastore):
@@ -95,23 +96,23 @@ def test_strata_register_repairs_the_quality_table_in_the_metastore(make_pipelin
     from tests.unit.quality.test_table import result
 
     p = make_pipeline(partitions=1, overrides={"metastore": {"uri": metastore.uri}})
-    cfg = p.cfg()
+    quality = p.cfg().places().table("quality")
     name = f"{p.name}_quality"
     register = ["register", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)]
     # Before any check there is no quality table to register.
     assert main(register) == 0
     with MetastoreClient(metastore.uri, 30) as client:
         assert client.get_table("strata", name) is None
-    replace_batch(cfg, result(1, "2025-11-22T11:00:00+00:00"))
+    replace_batch(quality, result(1, "2025-11-22T11:00:00+00:00"))
     assert main(register) == 0
     # Someone points it elsewhere: registering again sets it right.
     with MetastoreClient(metastore.uri, 30) as client:
         drifted = client.get_table("strata", name)
-        assert drifted.sd.location == location_uri(quality_table_location(cfg))
+        assert drifted.sd.location == location_uri(quality_table_location(quality))
         drifted.sd.location = location_uri(str(p.conf_dir))
         client.alter_table(drifted)
     assert main(register) == 0
     with MetastoreClient(metastore.uri, 30) as client:
         assert client.get_table("strata", name).sd.location == location_uri(
-            quality_table_location(cfg)
+            quality_table_location(quality)
         )

@@ -76,12 +76,12 @@ def test_a_result_becomes_a_row_per_check_then_one_per_event_time_partition():
 
 
 def test_checking_a_batch_again_replaces_its_rows_in_one_transaction(tmp_path):
-    cfg = config(tmp_path)
-    assert replace_batch(cfg, result(1, "2025-11-22T10:05:00+00:00", failing=1)) == 3 + 1
-    assert replace_batch(cfg, result(2, "2025-11-22T11:05:00+00:00")) == 2 + 2
-    table = DeltaTable(quality_table_location(cfg))
+    quality = config(tmp_path).places().table("quality")
+    assert replace_batch(quality, result(1, "2025-11-22T10:05:00+00:00", failing=1)) == 3 + 1
+    assert replace_batch(quality, result(2, "2025-11-22T11:05:00+00:00")) == 2 + 2
+    table = DeltaTable(quality_table_location(quality))
     version = table.version()
-    assert replace_batch(cfg, result(1, "2025-11-22T12:05:00+00:00")) == 2 + 1
+    assert replace_batch(quality, result(1, "2025-11-22T12:05:00+00:00")) == 2 + 1
 
     table.update_incremental()
     assert table.version() == version + 1  # removes and add in one commit
@@ -104,26 +104,26 @@ def test_a_table_that_cannot_be_written_or_registered_is_a_warning_naming_the_ba
     tmp_path, caplog
 ):
     cfg = config(tmp_path)
+    published = result(4, "2025-11-22T10:05:00+00:00")
     # A file where the table's directory should be: no Delta table can be made there.
     (tmp_path / "clicks_quality").mkdir()
     (tmp_path / "clicks_quality" / "checks").write_text("not a directory")
     with caplog.at_level(logging.WARNING, logger="strata"):
-        assert publish_result(cfg, result(4, "2025-11-22T10:05:00+00:00")) is False
+        assert publish_result(cfg.places(), cfg.metastore, cfg.warehouse, published) is False
     [warning] = [r for r in caplog.records if r.name.startswith("strata")]
     assert "batch 4's quality result is saved, but the quality table at" in warning.getMessage()
     assert "`strata quality --batch 4` writes it again" in warning.getMessage()
 
     # Written, but the metastore cannot be reached: the rows stay, and it says so.
     (tmp_path / "clicks_quality" / "checks").unlink()
-    unreachable = cfg.model_copy(
-        update={"metastore": cfg.metastore.model_copy(update={"uri": "thrift://127.0.0.1:9"})}
-    )
+    unreachable = cfg.metastore.model_copy(update={"uri": "thrift://127.0.0.1:9"})
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="strata"):
-        assert publish_result(unreachable, result(4, "2025-11-22T10:05:00+00:00")) is False
+        assert publish_result(cfg.places(), unreachable, cfg.warehouse, published) is False
     [warning] = [r for r in caplog.records if r.name.startswith("strata")]
     assert "the quality table holds batch 4, but registering it failed" in warning.getMessage()
-    assert DeltaTable(quality_table_location(cfg)).to_pyarrow_table().num_rows == 2 + 4
+    quality = quality_table_location(cfg.places().table("quality"))
+    assert DeltaTable(quality).to_pyarrow_table().num_rows == 2 + 4
 
 
 def test_a_quality_table_that_cannot_be_read_does_not_fail_registration(tmp_path, caplog):
@@ -136,6 +136,6 @@ def test_a_quality_table_that_cannot_be_read_does_not_fail_registration(tmp_path
     (log / "00000000000000000000.json").write_text("{not json")
     report = RegistrationReport("strata")
     with caplog.at_level(logging.WARNING, logger="strata"):
-        register_written(cfg, report)
+        register_written(cfg.places(), cfg.metastore, cfg.warehouse, report)
     assert report.created == report.updated == report.unchanged == []
     assert "quality table" in caplog.text and "could not be read" in caplog.text

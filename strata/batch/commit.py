@@ -1,0 +1,498 @@
+"""The commit protocol of a batch: its tasks' files reconciled, then each table committed once.
+
+Nothing is committed until the batch reconciles from what was really read and
+written: the tasks' pieces tile every planned range, every offset was read once or
+confirmed as a gap, and the files hold each offset read exactly once. Commit order is
+raw copy, quarantine, data table (then the ledger, by the conductor). Each table's
+commit carries the batch's app transaction, checked again inside the commit, so after
+a crash at any point, or with a second runner, a re-run sees which commits stand,
+rewrites only the files of tables not yet committed, and commits the rest once. The
+tables are read back before the ledger commit. The ledger edits (a dropped plan, a
+seek) fence the tables with the batch number they take (`fence_table`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import pyarrow.fs as pafs
+from deltalake.transaction import RemoveAction
+
+from strata import faults
+from strata.batch.kafka import partition_states
+from strata.batch.outcome import RunOutcome
+from strata.batch.plan import BatchPlan, drop_command
+from strata.batch.planning import check_topic_ids
+from strata.batch.reconcile import (
+    RANGES_KEY,
+    TABLES,
+    batch_results,
+    planned_results,
+    reconcile_files,
+    reconcile_resumed,
+    reconcile_tables,
+)
+from strata.batch.task import RangeResult, SplitJob, SplitResult, TaskSpec, execute
+from strata.config import KafkaSource, SchemaSpec, TableName
+from strata.errors import LeaseLost, PlanError, ReconcileError
+from strata.schema.avro import (
+    table_layout,
+)
+from strata.stages import Stages
+from strata.store.delta import (
+    add_missing_columns,
+    batch_metadata,
+    batch_removes,
+    commit_files,
+    commit_removes,
+    committed_batch,
+    ensure_table,
+    open_table,
+    without_ranges,
+)
+from strata.store.ledger import (
+    read_ledger,
+)
+from strata.store.lock import RunLock
+from strata.store.parquet import WrittenFile, is_batch_file
+from strata.store.places import Places
+from strata.store.ranges import OffsetRange
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+# Commit metadata of the empty commits and removals a ledger edit makes in the tables.
+FENCE_KEY = "strata.fence"
+
+
+@dataclass(frozen=True)
+class BatchWork:
+    """How a pipeline's batches are run and committed; built once by the conductor.
+
+    Attributes:
+        places: Where the tables are, and their names.
+        source: The brokers and the pipeline's topics there.
+        task: What each Spark task needs (the decoding among it).
+        fingerprint: What decides whether and where a message lands, as now configured.
+        session: Starts (or finds) the Spark session.
+        master: The Spark master the pipeline names (spark-submit's wins at run time).
+        reducers: For the `shuffle` layout, how many tasks write the data table's rows;
+            0 for `per_task`.
+    """
+
+    places: Places
+    source: KafkaSource
+    task: TaskSpec
+    fingerprint: str
+    session: Callable[[], SparkSession]
+    master: str
+    reducers: int = 0
+
+    @property
+    def schemas(self) -> SchemaSpec:
+        """What the tables' schemas are made from."""
+        return self.task.decoding.schemas
+
+
+def write_and_commit(
+    work: BatchWork,
+    plan: BatchPlan,
+    tables: tuple[TableName, ...],
+    outcome: RunOutcome,
+    lock: RunLock,
+    resumed: bool,
+) -> BatchWrite:
+    """Run the batch's tasks, reconcile what they wrote, and commit each table once.
+
+    Tables whose commit of the batch already stands are neither rewritten nor
+    committed again. Nothing is committed unless the files reconcile with what was
+    read, and the tables are read back before the ledger commit.
+
+    Args:
+        work: How the pipeline's batches are run and committed.
+        plan: The batch's plan.
+        tables: The tables the batch writes.
+        outcome: What the run did, filled in as it goes.
+        lock: The run's lock, checked before each commit.
+        resumed: Whether the batch was begun by an earlier run.
+
+    Returns:
+        One result per planned range (empty ones included), the files written, and
+        this run's id (part of every file name).
+    """
+    places = work.places
+    parquet = places.format == "parquet"
+    replacing = None if plan.kind == "ingest" else plan.ranges
+    # Plain Parquet tables have no commits of their own: the ledger decides.
+    done = {name: False for name in tables} if parquet else tables_done(places, tables, plan.batch)
+    run_id = uuid.uuid4().hex[:8]
+    nothing: dict[TableName, list[WrittenFile]] = {name: [] for name in TABLES}
+    if all(done.values()):
+        results = planned_results(plan, stored_results(places, plan.batch))
+        reconcile_tables({n: places.table(n) for n in tables}, plan, results)
+        return BatchWrite(results, nothing, run_id)
+    if plan.offsets == 0:
+        return BatchWrite(planned_results(plan, []), nothing, run_id)
+    if plan.fingerprint and plan.fingerprint != work.fingerprint and any(done.values()):
+        raise PlanError(
+            f"batch {plan.batch} was begun with other decode settings (schema, format, event "
+            "time or partitioning) and is partly committed; restore the settings it began "
+            "with, finish it, then change them. If it must not be finished, "
+            f"{drop_command(places.pipeline, plan.batch, force=True)} removes what "
+            "it committed, and the next batch reads its offsets again with the new settings"
+        )
+    source = _source_for(work, plan, done, resumed, outcome)
+    # A batch whose own raw commit stands reads back exactly the rows it wrote there.
+    raw_batch = plan.batch if done.get("raw") else None
+    if parquet and resumed:
+        # Plain Parquet readers see every file in a directory: a crashed attempt's files
+        # must go before this attempt writes, or rows could show twice.
+        remove_batch_files(places, plan.batch, lock=lock)
+    write = frozenset(name for name, d in done.items() if not d)
+    split_results = run_tasks(work, plan, write, outcome, source, raw_batch, run_id)
+    for split in split_results:
+        outcome.task_stages.merge(Stages.from_dict(split.stages))
+    faults.reached(faults.AFTER_FILES)
+    results = batch_results(plan, split_results)
+    written = {name: [f for s in split_results for f in s.files.get(name, [])] for name in TABLES}
+    reconcile_files(plan, results, written, write)
+    if any(done.values()):
+        stood = next(n for n in TABLES if done.get(n))
+        reconcile_resumed(places.pipeline, plan, results, stood, places.table(stood))
+    if parquet:
+        # Files of this run's failed task attempts are not the batch's: readers must not
+        # see them. Only this run's: other runs' files went at resume, or go once the
+        # batch is committed, by the run that commits it.
+        kept = {f.path for fs in written.values() for f in fs}
+        with own_files_on_loss(places, plan.batch, run_id):
+            remove_batch_files(places, plan.batch, keep=kept, only_run=run_id, lock=lock)
+    meta: dict[str, Any] = {RANGES_KEY: [vars(r) for r in results]}
+    if plan.kind != "ingest":
+        meta[f"strata.{plan.kind}"] = plan.note
+    for name in tables:
+        outcome.files[name] = len(written[name])
+        if not (done[name] or parquet):
+            lock.check()
+            faults.reached(faults.BEFORE_COMMIT[name])
+            with outcome.stages.timed("commit"):
+                added = commit_table(
+                    places, work.schemas, name, written[name], plan.batch, meta, replacing
+                )
+            if added:
+                outcome.warnings.append(
+                    f"the schema gained {', '.join(f'`{c}`' for c in added)}: the data table "
+                    "has the new column(s) from this batch on; earlier rows read them as null"
+                )
+    with outcome.stages.timed("read_back"):
+        reconcile_tables(
+            {n: places.table(n) for n in tables},
+            plan,
+            results,
+            written if parquet else None,
+        )
+    return BatchWrite(results, written, run_id)
+
+
+class BatchWrite(NamedTuple):
+    """What a batch's tasks wrote, once reconciled (and, for Delta, committed).
+
+    Attributes:
+        results: One result per planned range.
+        files: The files written, per table.
+        run_id: This run's id, part of every file name it wrote.
+    """
+
+    results: list[RangeResult]
+    files: dict[TableName, list[WrittenFile]]
+    run_id: str
+
+
+@contextmanager
+def own_files_on_loss(places: Places, batch: int, run_id: str) -> Iterator[None]:
+    """On a lost lease, delete this run's own plain Parquet files of the batch, then stop.
+
+    They are not committed and never will be by this run; their names carry its id, so
+    they are told from the files of the run that took over.
+    """
+    try:
+        yield
+    except LeaseLost:
+        if places.format == "parquet":
+            remove_batch_files(places, batch, only_run=run_id)
+        raise
+
+
+def _source_for(
+    work: BatchWork,
+    plan: BatchPlan,
+    done: dict[TableName, bool],
+    resumed: bool,
+    outcome: RunOutcome,
+) -> str:
+    """Where the batch's messages are read from: Kafka, or the raw copy.
+
+    Once a batch's raw copy is committed it holds exactly the batch's messages, so the
+    rest of the batch is read from it: Kafka's retention, or a topic re-created since,
+    can no longer stop the batch. Before that, a resumed batch checks that Kafka still
+    holds what was planned, and stops with the way on if it does not.
+    """
+    if done.get("raw"):
+        if plan.source == "kafka" and plan.offsets:
+            outcome.warnings.append(
+                f"batch {plan.batch}'s raw copy was committed before the run stopped; the rest "
+                "of the batch was read from it"
+            )
+        return "raw"
+    if plan.source != "kafka" or not resumed:
+        return plan.source
+    if plan.topic_ids:
+        check_topic_ids(work.places, work.source, plan)
+    missing = kafka_misses(work.source, plan)
+    if not missing:
+        return "kafka"
+    if plan.kind != "ingest" and all(raw_covers(work.places, r) for r in plan.ranges):
+        outcome.warnings.append(
+            f"{'; '.join(missing)}: read from the raw copy, which holds every committed offset"
+        )
+        return "raw"
+    raise PlanError(
+        f"batch {plan.batch}'s saved plan can no longer be read: {'; '.join(missing)}. "
+        "Retention deleted the offsets (or the topic was re-created) after the plan was "
+        "saved and before its raw copy was committed. Nothing was read. Abandon the plan "
+        f"with {drop_command(work.places.pipeline, plan.batch)}; "
+        "the next `strata run --accept-loss TEXT` then records the loss and goes on."
+    )
+
+
+def kafka_misses(source: KafkaSource, plan: BatchPlan) -> list[str]:
+    """The planned ranges Kafka no longer holds, in words."""
+    wanted = {(r.topic, r.partition): r for r in plan.ranges if r.count}
+    held = {
+        (s.topic, s.partition): (s.low, s.high)
+        for s in partition_states(source, {})
+        if (s.topic, s.partition) in wanted
+    }
+    missing = []
+    for key, r in sorted(wanted.items()):
+        low, high = held.get(key, (None, None))
+        if low is None or high is None:
+            missing.append(f"{r.describe()}: the broker no longer lists the partition")
+        elif r.start < low or r.end > high:
+            missing.append(f"{r.describe()}: Kafka now holds [{low}, {high})")
+    return missing
+
+
+def raw_covers(places: Places, target: OffsetRange) -> bool:
+    """Whether committed ingests cover the range, so the raw copy holds its messages.
+
+    Ranges recorded as lost to retention count as covered: no copy holds them, and
+    reading the range counts them as gaps, as the ingest did.
+    """
+    rows = read_ledger(places).to_pylist()
+    spans = sorted(
+        (r["start_offset"], r["end_offset"])
+        for r in rows
+        if r["kind"] in ("ingest", "loss")
+        and (r["topic"], r["partition"]) == (target.topic, target.partition)
+    )
+    reach = target.start
+    for start, end in spans:
+        if start > reach:
+            break
+        reach = max(reach, end)
+    return reach >= target.end
+
+
+def tables_done(places: Places, names: tuple[TableName, ...], batch: int) -> dict[TableName, bool]:
+    """Whether each Delta table already holds the batch's commit (its app transaction)."""
+    return {
+        name: (committed_batch(places.table(name).uri, places.pipeline, places.options) or 0)
+        >= batch
+        for name in names
+    }
+
+
+def stored_results(places: Places, batch: int) -> list[RangeResult]:
+    """A committed batch's per-partition results, from the data table's commit info."""
+    stored = batch_metadata(places.table("table").uri, batch, places.options, RANGES_KEY)
+    if stored is None:
+        raise ReconcileError(
+            f"batch {batch}: the data table records it but its commit has no ranges; "
+            "the table was written by something other than this pipeline"
+        )
+    known = {f.name for f in fields(RangeResult)}
+    return [RangeResult(**{k: v for k, v in r.items() if k in known}) for r in stored]
+
+
+def commit_table(
+    places: Places,
+    schemas: SchemaSpec,
+    name: TableName,
+    files: list[WrittenFile],
+    batch: int,
+    meta: dict[str, Any],
+    replacing: list[OffsetRange] | None = None,
+) -> list[str]:
+    """Commit a batch's files to one Delta table, with its app transaction, once.
+
+    Args:
+        places: Where the tables are, and their names.
+        schemas: What the tables' schemas are made from.
+        name: `raw`, `quarantine` or `table`.
+        files: The batch's files for this table.
+        batch: The batch number.
+        meta: Commit metadata.
+        replacing: Ranges whose existing rows this commit removes (a backfill or
+            replay): the files holding them are rewritten without them, in the same
+            transaction.
+
+    Returns:
+        The columns added to the table first, because the schema gained fields.
+    """
+    ref = places.table(name)
+    schema, partition_by = table_layout(schemas, name)
+    table = ensure_table(ref.uri, schema, partition_by, ref.options, ref.name)
+    added = add_missing_columns(table, schema)
+    if added:
+        table = ensure_table(ref.uri, schema, partition_by, ref.options, ref.name)
+    removes: list[RemoveAction] = []
+    if replacing:
+        fs, root = ref.filesystem()
+        removes, rewritten, _ = without_ranges(table, fs, root, partition_by, replacing, batch)
+        files = files + rewritten
+    commit_files(table, schema, partition_by, files, places.pipeline, batch, meta, removes)
+    faults.reached(faults.AFTER_COMMIT[name])
+    return added
+
+
+def fence_table(
+    places: Places, schemas: SchemaSpec, name: TableName, batch: int, note: str
+) -> bool:
+    """Commit the batch's number to a Delta table with no files: a fence.
+
+    A ledger edit (a dropped plan, a seek) takes a batch number. A runner still holding
+    a plan of that number, woken from a pause, would otherwise commit it to tables the
+    ledger will never account for; with the fence its commits are no-ops.
+
+    Returns:
+        True if this call committed the fence, False if the table held the batch.
+    """
+    ref = places.table(name)
+    schema, partition_by = table_layout(schemas, name)
+    table = ensure_table(ref.uri, schema, partition_by, ref.options, ref.name)
+    return commit_files(table, schema, partition_by, [], places.pipeline, batch, {FENCE_KEY: note})
+
+
+def remove_batch_rows(
+    places: Places, schemas: SchemaSpec, name: TableName, batch: int, note: str
+) -> int:
+    """Remove an ingest batch's own files from a Delta table; how many were removed."""
+    table = open_table(places.table(name).uri, places.options)
+    if table is None:
+        return 0
+    removes = batch_removes(table, batch)
+    schema, partition_by = table_layout(schemas, name)
+    commit_removes(table, schema, partition_by, removes, batch, {FENCE_KEY: note})
+    return len(removes)
+
+
+def run_tasks(
+    work: BatchWork,
+    plan: BatchPlan,
+    write: frozenset[TableName],
+    outcome: RunOutcome,
+    source: str,
+    raw_batch: int | None,
+    run_id: str,
+) -> list[SplitResult]:
+    """Start Spark and run one task per split of the plan, writing the given tables.
+
+    Every file name carries this run's id, so files of another runner, or of an
+    earlier attempt, are never overwritten: only the commit decides which count.
+    """
+    jobs = [
+        SplitJob(work.task, plan.batch, i, split, write, source, run_id, raw_batch)
+        for i, split in enumerate(plan.splits)
+    ]
+    t0 = time.monotonic()
+    with outcome.stages.timed("spark_start"):
+        spark = work.session()
+    outcome.spark_seconds = time.monotonic() - t0
+    # Under spark-submit the submitted master wins over the pipeline's.
+    shared = work.places.shared_storage_error(spark.sparkContext.master or work.master)
+    if shared:
+        raise PlanError(shared)
+    parquet = work.places.format == "parquet"
+    if parquet and spark.conf.get("spark.speculation", "false") == "true":
+        # A speculative copy still writing after the batch's files were settled would
+        # leave files in directories whose every file is the table.
+        raise PlanError(
+            "spark.speculation is on; plain Parquet tables need it off (every file in their "
+            "directories is read). Set spark.speculation=false for this job."
+        )
+    t1 = time.monotonic()
+    with outcome.stages.timed("tasks"):
+        name = f"{work.places.pipeline} batch {plan.batch}"
+        results = execute(spark, jobs, name, work.reducers)
+    outcome.read_seconds = time.monotonic() - t1
+    return results
+
+
+def remove_batch_files(
+    places: Places,
+    batch: int,
+    keep: Collection[str] = (),
+    only_run: str | None = None,
+    lock: RunLock | None = None,
+) -> int:
+    """Delete files of `batch` from the plain Parquet tables, but those in `keep`.
+
+    Without a table log the files in the directories are the table, so a runner must
+    never delete what another one committed: with a `lock`, the files are listed first,
+    the ledger is then checked not to hold the batch, and the lease is checked before
+    each deletion.
+
+    Args:
+        places: Where the tables are.
+        batch: The batch.
+        keep: Paths relative to their table's root that stay (the batch's own files).
+        only_run: Delete only files this run (by its id) wrote.
+        lock: The run's lock, when files of other runs may be deleted.
+
+    Returns:
+        How many files were deleted.
+
+    Raises:
+        PlanError: If the ledger holds the batch: another run committed it meanwhile.
+    """
+    doomed: list[tuple[pafs.FileSystem, str]] = []
+    for name in TABLES:
+        fs, root = places.table(name).filesystem()
+        if fs.get_file_info(root).type == pafs.FileType.NotFound:
+            continue
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
+            if not (info.type == pafs.FileType.File and is_batch_file(info.base_name, batch)):
+                continue
+            if info.path[len(root) :].lstrip("/") in keep:
+                continue
+            if only_run is not None and f"-{only_run}-" not in info.base_name:
+                continue
+            doomed.append((fs, info.path))
+    if lock is not None and doomed:
+        lock.check()
+        if (committed_batch(places.ledger.uri, places.pipeline, places.options) or 0) >= batch:
+            raise PlanError(
+                f"batch {batch} was committed by another run while this one ran; nothing of "
+                "this run was committed, and that run's files were left as they are"
+            )
+    for fs, path in doomed:
+        if lock is not None:
+            lock.check()
+        fs.delete_file(path)
+    return len(doomed)

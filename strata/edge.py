@@ -1,0 +1,239 @@
+"""The configuration read at the edge: what the entry points hand the layers below.
+
+The entry points (`strata.cli`, `strata.orchestrate`, `strata.jobs`) load a pipeline's
+configuration; the modules below them take its places, its sections and small
+settings. What more than one entry point builds from it is built here, in one place:
+the settings of a pipeline's status and of a run's view of it; and, for a pipeline that
+routes its topics to tables, each table configured (reading with the schema its table
+evolved to) and a command run on each in turn. Which tables such a pipeline has, and
+which keeps a place two would take, is `strata.operations.routes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from strata.config import PipelineConfig
+from strata.errors import ConfigError, StrataError
+from strata.operations.routes import (
+    remembered_tables,
+    require_one_table,
+    topic_routes,
+    unplaced_tables,
+)
+from strata.schema.evolve import table_schema
+from strata.store.places import OwnedTable
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from strata.catalog.register import Registration
+    from strata.maintenance.compact import CompactionReport
+    from strata.operations.status import StatusSettings
+
+
+def status_settings(cfg: PipelineConfig) -> StatusSettings:
+    """What a pipeline's status, and a run's view of it, read besides its places.
+
+    Args:
+        cfg: A pipeline, or a table of a routed pipeline.
+    """
+    # Here, not at the top: the status loads the Kafka client and Delta, which a
+    # command that shows no status is spared.
+    from strata.maintenance.compact import small_bytes
+    from strata.operations.status import StatusSettings
+
+    return StatusSettings(
+        cfg.source(),
+        cfg.airflow.lag_growth_runs,
+        cfg.completeness,
+        small_bytes(cfg.maintenance, cfg.limits),
+    )
+
+
+def registration(cfg: PipelineConfig) -> Registration:
+    """What registering the pipeline's tables needs, built from its configuration.
+
+    The columns of a table that follows its registry are those it evolved to.
+
+    Args:
+        cfg: A pipeline, or a table of a routed pipeline.
+    """
+    from strata.catalog.register import Registration
+
+    return Registration(
+        cfg.places(),
+        as_evolved(cfg).schemas(),
+        cfg.metastore,
+        cfg.warehouse,
+        cfg.completeness,
+        cfg.quality.gate,
+        cfg.asset_uri,
+    )
+
+
+def compact_pipeline(
+    cfg: PipelineConfig,
+    partition: str | None = None,
+    older_than: str | None = None,
+    dry_run: bool = False,
+) -> CompactionReport:
+    """Merge the small files of a pipeline's settled partitions, registering what moved.
+
+    Args:
+        cfg: A pipeline, or a table of a routed pipeline.
+        partition: Only this partition of the data table (`dt=…[/hr=…]`).
+        older_than: Settle time overriding `maintenance.settle`.
+        dry_run: Report what would be merged; change nothing and start no JVM.
+    """
+    from functools import partial
+
+    from strata.catalog.register import register_tables
+    from strata.maintenance.compact import Compaction, compact
+    from strata.spark.session import build_session
+
+    return compact(
+        cfg.places(),
+        Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning),
+        partial(build_session, cfg.spark, cfg.name),
+        partial(register_tables, registration(cfg)),
+        partition,
+        older_than,
+        dry_run,
+    )
+
+
+def table_configs(cfg: PipelineConfig) -> list[tuple[str, PipelineConfig | StrataError]]:
+    """Each table of a routed pipeline, configured, or why it cannot run.
+
+    A table that would take another's place or metastore name cannot run
+    (`strata.operations.routes.unplaced_tables`); the other tables run.
+
+    Args:
+        cfg: A routed pipeline (`cfg.routed`).
+
+    Returns:
+        `(table, its configuration or the error that stops it)`, sorted by table.
+
+    Raises:
+        KafkaUnavailable: If a pattern's topics cannot be listed.
+    """
+    if cfg.routing is None:
+        raise ConfigError(f"pipeline {cfg.name} does not route its topics to tables")
+    known = set(remembered_tables(cfg.places()))
+    routes = topic_routes(cfg.source(), cfg.routing)
+    out: dict[str, PipelineConfig | StrataError] = {}
+    owned: dict[str, list[OwnedTable]] = {}
+    for name in sorted(known | set(routes)):
+        try:
+            table = out[name] = cfg.route(name)
+        except StrataError as exc:
+            out[name] = exc
+            continue
+        owned[name] = table.owned_tables(routes.get(name, ()))
+    out.update(unplaced_tables(cfg.name, known, owned, cfg.neighbours))
+    return sorted(out.items())
+
+
+# Commands that, given a pipeline routing its topics to tables, run on each table.
+EVERY_TABLE = frozenset(
+    {
+        "run",
+        "status",
+        "completeness",
+        "register",
+        "publish",
+        "sql",
+        "compact",
+        "checkpoint",
+        "vacuum",
+    }
+)
+
+
+def as_evolved(cfg: PipelineConfig) -> PipelineConfig:
+    """The pipeline reading with the schema its table evolved to (`table_schema`).
+
+    Args:
+        cfg: A pipeline, or a table of a routed pipeline.
+    """
+    return cfg.with_schema_text(table_schema(cfg.places(), cfg.decoding()))
+
+
+def table_turns(
+    cfg: PipelineConfig, step: Callable[[PipelineConfig], T]
+) -> list[tuple[str, T | Exception]]:
+    """A step on each table of a routed pipeline, each having its turn whatever another's did.
+
+    Args:
+        cfg: A routed pipeline (`cfg.routed`).
+        step: The step on one table, given with the schema its table evolved to.
+
+    Returns:
+        `(table, what the step returned or the error that stopped it)`, sorted by table.
+
+    Raises:
+        KafkaUnavailable: If a pattern's topics cannot be listed.
+    """
+    turns: list[tuple[str, T | Exception]] = []
+    for name, table in table_configs(cfg):
+        try:
+            if isinstance(table, StrataError):
+                raise table
+            turns.append((name, step(as_evolved(table))))
+        except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
+            turns.append((name, exc))
+    return turns
+
+
+def each_table(
+    cfg: PipelineConfig,
+    command: str,
+    handler: Callable[[PipelineConfig], tuple[str, dict[str, Any]]],
+) -> tuple[str, dict[str, Any]]:
+    """Run a command on a pipeline, or on each table of a pipeline that routes to tables.
+
+    A table that follows its Schema Registry subject is given with the schema it
+    evolved to (`as_evolved`). Each table has its turn whatever another's did
+    (`table_turns`): a table that failed is named in the text and in the body's
+    `tables_error`, which makes the command exit non-zero once every table had its turn.
+
+    Args:
+        cfg: The pipeline.
+        command: The command's name; one outside `EVERY_TABLE` needs one table.
+        handler: The command on one pipeline: the text for people and the JSON body.
+
+    Returns:
+        The handler's answer, or for a routed pipeline every table's, one after another.
+
+    Raises:
+        ConfigError: If the command works on one table and `cfg` routes to several.
+    """
+    if not cfg.routed:
+        return handler(as_evolved(cfg))
+    if command not in EVERY_TABLE:
+        require_one_table(cfg.places(), cfg.source(), cfg.routing, command)
+    from strata.errors import root_cause
+
+    texts: list[str] = []
+    bodies: dict[str, dict[str, Any]] = {}
+    failed: list[str] = []
+    for name, got in table_turns(cfg, handler):
+        if isinstance(got, StrataError):
+            text, body = f"error: {got}", {"status": "failed", "error": str(got)}
+        elif isinstance(got, Exception):
+            message, _ = root_cause(got)
+            text, body = f"error: {message}", {"status": "failed", "error": message}
+        else:
+            text, body = got
+        if body.get("status") == "failed" or body.get("register_error") or body.get("gate_error"):
+            failed.append(name)
+        texts.append(f"== {cfg.name}:{name} ==\n{text}")
+        bodies[name] = body
+    out: dict[str, Any] = {"pipeline": cfg.name, "tables": bodies}
+    if not bodies:
+        texts.append(f"pipeline {cfg.name} has no table yet: no topic is routed to one")
+    if failed:
+        out["tables_error"] = f"table {', '.join(failed)} of pipeline {cfg.name} failed (above)"
+    return "\n".join(texts), out

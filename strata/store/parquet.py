@@ -1,0 +1,371 @@
+"""A table's Parquet files: written whole with Delta's statistics, and named per batch.
+
+A file's row groups are cut at a fixed row count, so the same rows give the same
+bytes. Its name is fixed by (batch, task, attempt, run, partition values, file
+number): a retried task attempt, or another run of the same batch, writes files of
+its own rather than overwriting ones that may already be committed (a paused or
+zombie runner must never replace a committed file under a table's readers). Only
+the files a successful attempt reports are committed; the rest are orphans that
+the driver removes (plain Parquet) or vacuum does (Delta). Files appear whole:
+locally through a rename, on object stores through the atomic PUT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+# Longer string bounds are left out of the statistics rather than bloat the log.
+_MAX_STAT_STRING = 64
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A finished data file, as a Delta add action needs it.
+
+    Attributes:
+        path: Path relative to the table root.
+        size: Bytes.
+        partition_values: Partition column values.
+        rows: Rows in the file (the Parquet footer's count).
+        stats: Delta statistics JSON.
+        offsets: Per `"topic:partition"`, `[rows, sum of offsets]` of the rows handed
+            to the Parquet writer: what the driver reconciles against what was read.
+            Empty for files without Kafka coordinates.
+    """
+
+    path: str
+    size: int
+    partition_values: dict[str, str]
+    rows: int
+    stats: str
+    offsets: dict[str, list[int]] = field(default_factory=dict)
+
+
+# A run id becomes part of file names: it must stay one plain path segment.
+_RUN_ID = re.compile(r"^[A-Za-z0-9_]*$")
+
+
+def file_name(batch: int, tag: str, number: int, attempt: int = 0, run_id: str = "") -> str:
+    """The name of a task attempt's file in one partition directory.
+
+    Unique per attempt and run: a retry or a zombie runner writes beside, never
+    over, files that may already be committed.
+
+    Args:
+        batch: Batch number.
+        tag: The writing task: `t00003` for split 3, `r00001` for shuffle reducer 1.
+        number: The file's number within the task attempt and partition.
+        attempt: Spark's attempt number of the task.
+        run_id: The run's id (letters, digits, `_`); empty leaves it out.
+
+    Raises:
+        ValueError: If the run id is not a plain name.
+    """
+    if not _RUN_ID.match(run_id):
+        raise ValueError(f"run id {run_id!r} may hold only letters, digits and `_`")
+    run = f"-{run_id}" if run_id else ""
+    return f"part-b{batch:010d}-{tag}-a{attempt}{run}-f{number:03d}.snappy.parquet"
+
+
+# `part-b0000000042-…` (a batch's data, raw or quarantine file, or a backfill's
+# rewrite), `ledger-b0000000042-…`, `part-c…` (a compaction's); a leading dot and a
+# `.tmp-…` tail mark a write that never finished.
+_BATCH_FILE = re.compile(r"^\.?(?:part|ledger)-b(\d{10})-")
+_COMPACTION_FILE = re.compile(r"^\.?part-c\d{14}[0-9a-f]{8}-")
+
+
+def file_batch(name: str) -> int | None:
+    """The batch a file (a path or a base name) was written for; None for any other file."""
+    found = _BATCH_FILE.match(name.rsplit("/", 1)[-1])
+    return None if found is None else int(found.group(1))
+
+
+def is_compaction_file(name: str) -> bool:
+    """Whether a file (a path or a base name) is one a compaction wrote."""
+    return _COMPACTION_FILE.match(name.rsplit("/", 1)[-1]) is not None
+
+
+def is_batch_file(name: str, batch: int) -> bool:
+    """Whether a file (a path or a base name) was written for a batch.
+
+    Covers every attempt and run, and the hidden temporary files of unfinished
+    writes, so the files of failed attempts can be found and removed.
+
+    Args:
+        name: File name or path.
+        batch: Batch number.
+    """
+    base = name.rsplit("/", 1)[-1]
+    prefix = f"part-b{batch:010d}-"
+    return base.startswith(prefix) or base.startswith("." + prefix)
+
+
+class OpenFile:
+    """One Parquet file being written: row groups added, then closed whole with its statistics."""
+
+    def __init__(
+        self,
+        fs: pafs.FileSystem,
+        root: str,
+        rel: str,
+        schema: pa.Schema,
+        partition_values: dict[str, str],
+    ) -> None:
+        self.fs, self.root, self.rel = fs, root, rel
+        self.partition_values = partition_values
+        final = f"{root}/{rel}"
+        self.local = isinstance(fs, pafs.LocalFileSystem)
+        if self.local:
+            # Object stores have no directories; creating them would leave marker objects.
+            fs.create_dir(final.rsplit("/", 1)[0], recursive=True)
+        # Readers of plain Parquet directories (Hive, Trino, Spark) skip dot-files, so a
+        # crashed attempt's half-written file is never read.
+        directory, _, base = final.rpartition("/")
+        hidden = f"{directory}/.{base}.tmp-{uuid.uuid4().hex}"
+        self.target = hidden if self.local else final
+        self.stream = fs.open_output_stream(self.target)
+        self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
+        self.schema = schema
+        self.rows = 0
+        names = set(schema.names)
+        self.coordinates = {"_topic", "_partition", "_offset"} <= names
+        self.offsets: dict[str, list[int]] = {}
+
+    def write(self, table: pa.Table) -> None:
+        self.writer.write_table(table, row_group_size=table.num_rows)
+        self.rows += table.num_rows
+        if self.coordinates and table.num_rows:
+            self._count_offsets(table)
+
+    def _count_offsets(self, table: pa.Table) -> None:
+        """Add a row group's rows and offset sum per partition to the file's tally."""
+        topics = pc.min_max(table.column("_topic"))
+        partitions = pc.min_max(table.column("_partition"))
+        if topics["min"] == topics["max"] and partitions["min"] == partitions["max"]:
+            # The usual row group holds one partition: two sums, no grouping.
+            counts = [(topics["min"].as_py(), partitions["min"].as_py(), table.num_rows)]
+            sums = [pc.sum(table.column("_offset")).as_py()]
+        else:
+            grouped = table.group_by(["_topic", "_partition"], use_threads=False).aggregate(
+                [("_offset", "count"), ("_offset", "sum")]
+            )
+            counts = list(
+                zip(
+                    grouped.column("_topic").to_pylist(),
+                    grouped.column("_partition").to_pylist(),
+                    grouped.column("_offset_count").to_pylist(),
+                    strict=True,
+                )
+            )
+            sums = grouped.column("_offset_sum").to_pylist()
+        for (topic, partition, rows), total in zip(counts, sums, strict=True):
+            entry = self.offsets.setdefault(f"{topic}:{partition}", [0, 0])
+            entry[0] += rows
+            entry[1] += total
+
+    @property
+    def bytes_written(self) -> int:
+        return int(self.stream.tell())
+
+    def close(self) -> WrittenFile:
+        self.writer.close()
+        self.stream.close()
+        footer = self.writer.writer.metadata
+        final = f"{self.root}/{self.rel}"
+        if self.local:
+            self.fs.move(self.target, final)
+        size = self.fs.get_file_info(final).size
+        stats = delta_stats(footer, self.schema, footer.num_rows)
+        return WrittenFile(
+            self.rel,
+            int(size or 0),
+            self.partition_values,
+            footer.num_rows,
+            json.dumps(stats),
+            self.offsets,
+        )
+
+
+def delta_stats(footer: Any, schema: pa.Schema, rows: int) -> dict[str, Any]:  # noqa: ANN401
+    """Delta file statistics from a Parquet footer, which the writer computed anyway.
+
+    Every column gets a null count, and min/max where they are exact and small. A
+    column missing from a file's statistics is not safe: delta-rs's reader then
+    builds `col >= null` for it, and any filter on that column finds no rows.
+
+    Args:
+        footer: The file's `pyarrow.parquet.FileMetaData`.
+        schema: The file's Arrow schema.
+        rows: Rows in the file.
+
+    Returns:
+        `numRecords`, `minValues`, `maxValues`, `nullCount`.
+    """
+    leaves: dict[str, list[Any]] = {}
+    for g in range(footer.num_row_groups):
+        group = footer.row_group(g)
+        for i in range(group.num_columns):
+            column = group.column(i)
+            stats = column.statistics
+            entry = leaves.setdefault(column.path_in_schema, [None, None, 0, True])
+            if stats is None or not stats.has_null_count:
+                entry[2], entry[3] = None, False
+                continue
+            if entry[2] is not None:
+                entry[2] += stats.null_count
+            if stats.has_min_max:
+                try:
+                    low, high = stats.min, stats.max
+                except (OverflowError, ValueError):
+                    # A producer-set Kafka timestamp (or date) beyond what Python's
+                    # datetime holds: keep the null count, give no bounds.
+                    entry[3] = False
+                    continue
+                entry[0] = low if entry[0] is None else min(entry[0], low)
+                entry[1] = high if entry[1] is None else max(entry[1], high)
+            elif stats.null_count != group.num_rows:
+                entry[3] = False
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, Any] = {}
+    for column in schema:
+        _field_stats(column, column.name, leaves, mins, maxs, nulls)
+    return {"numRecords": rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+def _field_stats(
+    field: pa.Field,
+    path: str,
+    leaves: dict[str, list[Any]],
+    mins: dict[str, Any],
+    maxs: dict[str, Any],
+    nulls: dict[str, Any],
+) -> None:
+    kind = field.type
+    if pa.types.is_struct(kind):
+        child_min: dict[str, Any] = {}
+        child_max: dict[str, Any] = {}
+        child_nulls: dict[str, Any] = {}
+        for i in range(kind.num_fields):
+            child = kind.field(i)
+            _field_stats(child, f"{path}.{child.name}", leaves, child_min, child_max, child_nulls)
+        for target, values in ((mins, child_min), (maxs, child_max), (nulls, child_nulls)):
+            if values:
+                target[field.name] = values
+        return
+    leaf = leaves.get(path)
+    if leaf is None:
+        return  # lists and maps: Delta keeps no statistics for them
+    low, high, null_count, exact = leaf
+    if null_count is None:
+        return
+    nulls[field.name] = null_count
+    if not exact or low is None:
+        return
+    bounds = _stat_bounds(kind, low, high)
+    if bounds is not None:
+        mins[field.name], maxs[field.name] = bounds
+
+
+def _stat_bounds(kind: pa.DataType, low: Any, high: Any) -> tuple[Any, Any] | None:  # noqa: ANN401
+    if pa.types.is_integer(kind):
+        return low, high
+    if pa.types.is_floating(kind):
+        # An infinite or NaN bound is not JSON, and delta-rs then drops the whole file's
+        # statistics, its row count included.
+        return (low, high) if math.isfinite(low) and math.isfinite(high) else None
+    if pa.types.is_string(kind):
+        if len(low) > _MAX_STAT_STRING or len(high) > _MAX_STAT_STRING:
+            return None
+        return low, high
+    if pa.types.is_timestamp(kind):
+        # Delta keeps milliseconds: round the lower bound down and the upper one up.
+        floor = low.replace(microsecond=low.microsecond // 1000 * 1000)
+        ceil_us = -(-high.microsecond // 1000) * 1000
+        try:
+            ceil = high.replace(microsecond=0) + timedelta(microseconds=ceil_us)
+        except OverflowError:
+            return None  # rounding up passes year 9999
+        return _iso_ms(floor), _iso_ms(ceil)
+    if pa.types.is_date(kind):
+        return low.isoformat(), high.isoformat()
+    return None
+
+
+def _iso_ms(moment: datetime) -> str:
+    utc = moment.astimezone(UTC) if moment.tzinfo else moment
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def write_file(
+    fs: pafs.FileSystem, root: str, rel: str, table: pa.Table, partition_values: dict[str, str]
+) -> WrittenFile:
+    """Write one whole file (atomically, with its statistics) and describe it."""
+    out = OpenFile(fs, root, rel, table.schema, partition_values)
+    out.write(table)
+    return out.close()
+
+
+def partition_path(columns: Sequence[str], values: Sequence[str]) -> str:
+    """A partition's directory relative to its table, Hive-style: `dt=…/hr=…`.
+
+    The one spelling of it: the writer makes the directories, and registration,
+    quality and compaction name partitions by it.
+    """
+    return "/".join(f"{c}={v}" for c, v in zip(columns, values, strict=True))
+
+
+def write_sized(
+    fs: pafs.FileSystem,
+    root: str,
+    stem: str,
+    table: pa.Table,
+    partition_values: dict[str, str],
+    target_bytes: int,
+    row_group_rows: int,
+) -> list[WrittenFile]:
+    """Write rows, in their order, into files of at most about `target_bytes`.
+
+    A file is closed before the row group that would take it past the target (judged
+    by the size of the group before), so every file but the last is close to it.
+
+    Args:
+        fs: Filesystem of the table.
+        root: Table root path inside `fs`.
+        stem: Path of the files relative to the root, without `-fNNN.snappy.parquet`.
+        table: The rows (without partition columns).
+        partition_values: The files' partition values.
+        target_bytes: Size at which a file is closed.
+        row_group_rows: Rows per row group.
+
+    Returns:
+        The files written, in row order.
+    """
+    files: list[WrittenFile] = []
+    out: OpenFile | None = None
+    group = 0
+    for start in range(0, table.num_rows, row_group_rows):
+        if out is not None and out.bytes_written + group > target_bytes:
+            files.append(out.close())
+            out = None
+        if out is None:
+            rel = f"{stem}-f{len(files):03d}.snappy.parquet"
+            out = OpenFile(fs, root, rel, table.schema, partition_values)
+        before = out.bytes_written
+        out.write(table.slice(start, row_group_rows))
+        group = out.bytes_written - before
+    if out is not None:
+        files.append(out.close())
+    return files
