@@ -8,9 +8,10 @@ then run again on 3,000,000 and 10,000,000 events, and on 1,000,000 events over 
 event hours, to show that its memory is flat in batch size and in the hours a batch
 touches, and on the 1M load with `local[1]`, on the S3 endpoint, and on a standalone
 cluster.
-Last comes table maintenance (bench/maintenance.py): a no-op run after 2 and after 200
+Then table maintenance (bench/maintenance.py): a no-op run after 2 and after 200
 small batches, compacting the 200 batches' small files, and a Spark scan of one event
-hour before and after.
+hour before and after. Last, scale (bench/scale.py): the same events from 8 partitions
+and from 4,096, a first run and a no-op run of each.
 
 CPU is measured for each program's whole process tree, never the broker's.
 """
@@ -40,6 +41,7 @@ from bench.harness import (
     strata_project,
 )
 from bench.maintenance import maintenance
+from bench.scale import partitions
 from strata.local.broker import LocalBroker
 from strata.local.cluster import LocalSparkCluster, submit_command, submit_env
 from strata.local.service import free_port, port_open
@@ -251,6 +253,7 @@ def main() -> int:
 
             where = placements(broker, work, runs["1M"], refs["bare"]["result"]["bytes"])
             upkeep_lines, upkeep = maintenance(broker, work)
+            scale_lines, scale = partitions(broker, work)
 
         bare, naive = refs["bare"], refs["naive"]
         n, b = bare["result"]["messages"], bare["result"]["bytes"]
@@ -350,6 +353,7 @@ def main() -> int:
                 one["read_seconds"] / runs["1M shuffle"]["result"]["read_seconds"], 2
             ),
             **upkeep,
+            **scale,
         }
         lines += [
             "",
@@ -373,6 +377,7 @@ def main() -> int:
             json.dumps(figures),
             *where,
             *upkeep_lines,
+            *scale_lines,
         ]
         print("\n".join(lines))
         return 0

@@ -33,6 +33,7 @@ from strata.batch.commit import (
 from strata.batch.kafka import partition_states, publish_offsets
 from strata.batch.outcome import RunOutcome, Seen
 from strata.batch.plan import (
+    KEPT_PLANS,
     BatchPlan,
     PartitionState,
     PlanStore,
@@ -52,7 +53,7 @@ from strata.batch.reconcile import TABLES
 from strata.batch.task import TaskSpec
 from strata.config import KafkaSource, PipelineConfig, TrinoConfig
 from strata.edge import registration
-from strata.errors import PlanError
+from strata.errors import PlanError, StorageError
 from strata.operations.routes import remember_table, require_one_table
 from strata.schema.evolve import evolved, table_schema
 from strata.stages import Stages
@@ -271,6 +272,7 @@ def _ingest(
     _publish_offsets(
         work.source, [OffsetRange(r.topic, r.partition, r.start, r.end) for r in results], outcome
     )
+    _forget_plan(places, plan.batch - KEPT_PLANS, outcome)
     try:
         after = partition_states(work.source, {(r.topic, r.partition): r.end for r in results})
         committed = dict(state.committed)
@@ -279,6 +281,20 @@ def _ingest(
     except Exception as exc:  # noqa: BLE001 - lag is informational; the batch stands
         outcome.warnings.append(f"lag after the run unknown: {exc}")
     return outcome
+
+
+def _forget_plan(places: Places, batch: int, outcome: RunOutcome) -> None:
+    """Delete an old committed batch's saved plan, so the plans kept stay `KEPT_PLANS`."""
+    if batch < 1:
+        return
+    try:
+        PlanStore(places).forget(batch)
+    except StorageError as exc:
+        # The batch stands; the plan is only clutter, which the next vacuum clears.
+        outcome.warnings.append(
+            f"the saved plan of batch {batch} could not be deleted ({exc}); "
+            f"`strata vacuum --pipeline {places.pipeline}` deletes it"
+        )
 
 
 def _began(plan: BatchPlan, topic: str, partition: int, start: int) -> str | None:

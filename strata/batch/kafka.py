@@ -14,7 +14,15 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition, libversion
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+    libversion,
+)
 
 from strata.batch.plan import PartitionState
 from strata.config import KafkaConfig, KafkaSource
@@ -200,26 +208,19 @@ def partition_states(
     Raises:
         KafkaUnavailable: If the brokers or a topic cannot be reached within the timeout.
     """
-    timeout = source.kafka.timeout_s
     consumer = _consumer(source, source.group_id)
     try:
+        asked = [
+            TopicPartition(topic, partition)
+            for topic, partitions in _topic_partitions(source, consumer).items()
+            for partition in partitions
+        ]
+        marks = _watermarks(source, consumer, asked)
         states = []
-        for topic, partitions in _topic_partitions(source, consumer).items():
-            for partition in partitions:
-                try:
-                    low, high = consumer.get_watermark_offsets(
-                        TopicPartition(topic, partition), timeout=timeout, cached=False
-                    )
-                except KafkaException as exc:
-                    error = exc.args[0]
-                    raise KafkaUnavailable(
-                        f"partition {partition} of `{topic}`: no watermarks from the brokers at "
-                        f"{source.kafka.bootstrap_servers} within {timeout:.0f}s "
-                        f"({error.str() if isinstance(error, KafkaError) else error})"
-                    ) from None
-                states.append(
-                    PartitionState(topic, partition, low, high, committed.get((topic, partition)))
-                )
+        for t in asked:
+            low, high = marks[t.topic, t.partition]
+            key = (t.topic, t.partition)
+            states.append(PartitionState(t.topic, t.partition, low, high, committed.get(key)))
         moment = source.starting_ms
         unread = [s for s in states if s.committed is None]
         if moment is not None and unread:
@@ -231,6 +232,56 @@ def partition_states(
         return states
     finally:
         consumer.close()
+
+
+def _watermarks(
+    source: KafkaSource, consumer: Consumer, asked: list[TopicPartition]
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """The low and high watermark of each partition, asked of the brokers together.
+
+    Two requests for all partitions (each broker answers for its own) rather than one
+    per partition: with thousands of partitions, asking one by one was most of a run
+    that had nothing to read.
+
+    Raises:
+        KafkaUnavailable: If the brokers did not answer, or not for some partition.
+    """
+    if not asked:
+        return {}
+    timeout = source.kafka.timeout_s
+    found: dict[tuple[str, int], list[int]] = {}
+    for moment in (OFFSET_BEGINNING, OFFSET_END):
+        try:
+            answered = consumer.offsets_for_times(
+                [TopicPartition(t.topic, t.partition, moment) for t in asked], timeout=timeout
+            )
+        except KafkaException as exc:
+            raise _no_watermarks(source, f"partitions of {_topics(asked)}", exc.args[0]) from None
+        for tp in answered:
+            if tp.error is not None:
+                raise _no_watermarks(source, f"partition {tp.partition} of `{tp.topic}`", tp.error)
+            found.setdefault((tp.topic, tp.partition), []).append(tp.offset)
+    missing = [t for t in asked if len(found.get((t.topic, t.partition), ())) != 2]
+    if missing:
+        first = missing[0]
+        raise _no_watermarks(
+            source, f"partition {first.partition} of `{first.topic}`", "no answer for it"
+        )
+    return {key: (low, high) for key, (low, high) in found.items()}
+
+
+def _topics(asked: list[TopicPartition]) -> str:
+    """The topics of some partitions, for a message."""
+    return ", ".join(f"`{t}`" for t in sorted({tp.topic for tp in asked}))
+
+
+def _no_watermarks(source: KafkaSource, what: str, error: object) -> KafkaUnavailable:
+    """The stop when the brokers give no watermarks for `what`."""
+    return KafkaUnavailable(
+        f"{what}: no watermarks from the brokers at {source.kafka.bootstrap_servers} within "
+        f"{source.kafka.timeout_s:.0f}s "
+        f"({error.str() if isinstance(error, KafkaError) else error})"
+    )
 
 
 def _offsets_at(

@@ -11,13 +11,20 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from strata.config import Decoding, KafkaSource
 from strata.errors import PlanError
-from strata.store.files import filesystem, put_if_absent, read_bytes
+from strata.store.files import (
+    delete_object,
+    filesystem,
+    list_names,
+    put_if_absent,
+    read_bytes,
+)
 from strata.store.places import Places
 from strata.store.ranges import OffsetRange
 
@@ -332,12 +339,24 @@ def drop_command(pipeline: str, batch: int, force: bool = False) -> str:
     return f"`strata plan drop --pipeline {pipeline} --batch {batch}{forced} --reason TEXT`"
 
 
+KEPT_PLANS = 100
+"""How many of the newest committed batches keep their saved plan, to read by hand."""
+
+_PLAN_NAME = re.compile(r"^batch-(\d{10})\.json$")
+
+
 class PlanStore:
     """Plans of a pipeline, one JSON file per batch under the state location.
 
     A plan is created only where none exists (an object store's conditional PUT, a
     hard link locally) and never rewritten: two runners planning the same batch at
     once both end up reading the one plan that was saved first.
+
+    A committed ingest batch's plan is read by nothing (the ledger holds what it
+    read), so each committed ingest batch forgets the plan of the batch `KEPT_PLANS`
+    before it, and the store stays the same size however long the pipeline runs. A
+    backfill's or replay's plan says which copy it read (Kafka or the raw copy),
+    which checking its batch again needs; those are kept.
     """
 
     def __init__(self, places: Places) -> None:
@@ -429,3 +448,51 @@ class PlanStore:
         if saved is None:
             raise PlanError(f"{uri}: the plan exists but cannot be read back; try again")
         return saved
+
+    def forget(self, batch: int) -> bool:
+        """Delete the saved plan of a committed ingest batch; any other plan stays.
+
+        Call only for a batch the ledger holds. A plan that cannot be read is left
+        for a person to look at.
+
+        Args:
+            batch: The batch.
+
+        Returns:
+            Whether a plan was deleted.
+
+        Raises:
+            StorageError: If the store could not be reached or refused the request.
+        """
+        try:
+            plan = self.load(batch, dropping_ok=True)
+        except PlanError:
+            return False
+        if plan is None or plan.kind != "ingest":
+            return False
+        delete_object(f"{self._uri}/{self._name(batch)}", self._options)
+        return True
+
+    def forget_older(self, committed: int, keep: int | None = None) -> list[int]:
+        """Delete the saved plans of ingest batches more than `keep` before `committed`.
+
+        What each committed batch does one plan at a time, done for every plan at once:
+        for a store that kept every plan, or where a deletion failed.
+
+        Args:
+            committed: The ledger's last batch.
+            keep: How many of the newest batches keep their plan (`KEPT_PLANS`).
+
+        Returns:
+            The batches whose plan was deleted.
+
+        Raises:
+            StorageError: If the store could not be reached or refused the request.
+        """
+        keep = KEPT_PLANS if keep is None else keep
+        batches = [
+            int(m[1])
+            for name in list_names(f"{self._uri}/plans", self._options)
+            if (m := _PLAN_NAME.match(name))
+        ]
+        return [b for b in batches if b <= committed - keep and self.forget(b)]

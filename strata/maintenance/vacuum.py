@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
+from strata.batch.plan import PlanStore
 from strata.config import Location, MetastoreConfig
 from strata.durations import parse_duration_ms
 from strata.errors import MetastoreError
@@ -43,7 +44,7 @@ from strata.log import get_logger
 from strata.maintenance.compact import MAINTAINED
 from strata.store.delta import committed_batch, fence_maintenance, newest_commit, open_table
 from strata.store.files import read_bytes
-from strata.store.ledger import COLUMNS_KEY, TOPIC_IDS_KEY
+from strata.store.ledger import COLUMNS_KEY, TOPIC_IDS_KEY, ledger_state
 from strata.store.locations import (
     GENERATION,
     TableFile,
@@ -251,6 +252,11 @@ def vacuum(
             out["tables"][which] = figures
         if places.format == "parquet":
             out["tables"]["table"] = sweep_moved(places, metastore, timedelta(hours=hours), lock)
+        if not dry_run:
+            # The saved plans no committed batch got to forget: those of a pipeline that
+            # kept every plan, or whose deletion failed after a commit.
+            last = ledger_state(places).last_batch
+            out["plans_deleted"] = len(PlanStore(places).forget_older(last))
     return out
 
 
@@ -497,4 +503,6 @@ def render_maintenance(title: str, report: dict[str, Any]) -> str:
             lines.append(f"    left (not provably uncommitted): {path}")
         for warning in figures.get("warnings", []):
             lines.append(f"    warning: {warning}")
+    if report.get("plans_deleted"):
+        lines.append(f"  saved plans of old committed batches deleted: {report['plans_deleted']}")
     return "\n".join(lines)

@@ -186,6 +186,8 @@ def test_the_maintenance_dag_compacts_checkpoints_and_vacuums_each_pipeline(
     orphan = some.with_name("part-b0000000001-t00007-a9-0badf00d-f000.snappy.parquet")
     orphan.write_bytes(some.read_bytes())
     monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    # Vacuum deletes the saved plans of ingest batches older than the kept tail.
+    monkeypatch.setattr("strata.batch.plan.KEPT_PLANS", 1)
     dag = load_dags(p.conf_dir).dags["strata_maintenance"]
     assert [t.task_id for t in dag.tasks if p.name in t.task_id] == [
         f"compact_{p.name}",
@@ -197,6 +199,8 @@ def test_the_maintenance_dag_compacts_checkpoints_and_vacuums_each_pipeline(
     assert str(run.state) == "success", states(run)
     assert any("strata.compaction" in c for c in DeltaTable(str(table_dir)).history(10))
     assert not orphan.exists()
+    plans = sorted(f.name for f in p.warehouse.rglob("plans/batch-*.json"))
+    assert plans == ["batch-0000000003.json"]  # the backfill's plan stays
     # What the backfill and the compaction replaced stays for readers until the retention.
     assert replaced - {orphan.name} <= {f.name for f in table_dir.rglob("part-b*.parquet")}
     assert (table_dir / "_delta_log" / "_last_checkpoint").exists()

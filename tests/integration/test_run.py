@@ -116,6 +116,22 @@ def test_the_next_run_reads_only_new_offsets(make_pipeline, broker, spark):
     assert run_batch(p.cfg(), session=lambda _: spark).status == "idle"
 
 
+def test_saved_plans_stay_a_bounded_tail_however_many_batches_commit(
+    make_pipeline, broker, spark, monkeypatch
+):
+    monkeypatch.setattr("strata.run.KEPT_PLANS", 2)
+    p = make_pipeline(partitions=1, overrides={"limits": {"max_offsets_per_partition": 100}})
+    per = produce_clicks(broker, p.topic, 1, 450)
+    batches = []
+    while (outcome := run_batch(p.cfg(), session=lambda _: spark)).status != "idle":
+        batches.append(outcome.batch)
+    assert batches == [1, 2, 3, 4, 5]
+    assert p.landed() == expected_offsets(per)
+    # Each committed ingest batch forgot the plan of the batch two before it.
+    saved = sorted(f.name for f in p.warehouse.rglob("plans/batch-*.json"))
+    assert saved == ["batch-0000000004.json", "batch-0000000005.json"]
+
+
 def test_offset_gaps_from_transactions_are_counted_not_waited_for(make_pipeline, broker, spark):
     p = make_pipeline(partitions=1)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": p.name})

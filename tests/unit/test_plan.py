@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from strata.batch.plan import BatchPlan, PartitionState, plan_ranges, split_ranges
+from strata.batch.plan import BatchPlan, PartitionState, PlanStore, plan_ranges, split_ranges
+from strata.config import EventTimeConfig, PipelineConfig
 from strata.errors import PlanError
 from strata.store.ranges import OffsetRange
+from tests.conftest import ROOT
 
 
 def test_new_partitions_start_per_policy_and_are_capped():
@@ -259,3 +261,52 @@ def test_the_plan_says_why_each_new_partition_starts_where_it_does():
         "after it",
     }
     assert BatchPlan.from_json(plan.to_json()).began == plan.began
+
+
+def _store(tmp_path) -> PlanStore:
+    cfg = PipelineConfig(
+        name="p",
+        topics=["t"],
+        format="json",
+        schema_file="clicks.avsc",
+        schemas_dir=str(ROOT / "schemas"),
+        warehouse=str(tmp_path),
+        event_time=EventTimeConfig(field="ts"),
+    )
+    return PlanStore(cfg.places())
+
+
+def _saved(store: PlanStore, batch: int, kind: str = "ingest") -> None:
+    ranges = [OffsetRange("t", 0, batch * 10, batch * 10 + 10)]
+    store.create(BatchPlan("p", batch, ranges, [ranges], kind=kind))
+
+
+def test_a_committed_ingest_batch_forgets_its_plan_and_any_other_kind_keeps_it(tmp_path):
+    store = _store(tmp_path)
+    _saved(store, 1)
+    _saved(store, 2, kind="replay")
+    _saved(store, 3, kind="backfill")
+    assert store.forget(1) and store.load(1) is None
+    assert not store.forget(2) and store.load(2) is not None
+    assert not store.forget(3) and store.load(3) is not None
+    assert not store.forget(4)  # never saved
+
+
+def test_an_unreadable_plan_is_left_for_a_person_to_see(tmp_path):
+    store = _store(tmp_path)
+    _saved(store, 1)
+    path = next(tmp_path.rglob("batch-0000000001.json"))
+    path.write_text("{cut sh")
+    assert not store.forget(1)
+    assert path.exists()
+
+
+def test_plans_older_than_the_kept_tail_are_forgotten_at_once(tmp_path):
+    store = _store(tmp_path)
+    for batch in range(1, 13):
+        _saved(store, batch, kind="replay" if batch == 4 else "ingest")
+    gone = store.forget_older(12, keep=5)
+    assert gone == [1, 2, 3, 5, 6, 7]
+    kept = [b for b in range(1, 13) if store.load(b) is not None]
+    assert kept == [4, 8, 9, 10, 11, 12]
+    assert store.forget_older(12, keep=5) == []
