@@ -4,8 +4,9 @@ A Kafka Connect or Secor installation reads topics of hundreds or thousands of
 partitions, most of them nearly idle. This section lands the same 81,920 click events
 from a topic of 8 partitions and from one of 4,096 (20 events each), then runs the
 pipeline again with nothing new: wall time and CPU of the whole process tree, and
-the ratios. What grows with partitions (a request per partition, a Python loop per
-partition) shows here before it shows anywhere else.
+the ratios, beside the bare consume loop over the same topics (what the broker
+itself takes to serve that many partitions). What grows with partitions (a request
+per partition, a Python loop per partition) shows here before it shows anywhere else.
 
 Run the section alone with `python -m bench.scale`.
 """
@@ -57,13 +58,19 @@ def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, An
         # one-message batch at each partition's end makes it cover every event.
         seal = {"event_id": "seal", "user_id": 0, "page": "/", "device": "desktop", "ts": START_MS}
         broker.seal(topic, list(range(count)), json.dumps(seal).encode(), timestamp_ms=START_MS)
+        # The broker's own cost of serving this many partitions: the bare consume loop.
+        bare = measure(
+            [sys.executable, "-m", "bench.references", "bare", broker.bootstrap, topic,
+             str(count), str(work / f"bare-{count}")],
+            env,
+        )  # fmt: skip
         conf = strata_project(work / f"parts-{count}", topic, broker.bootstrap, "per_task")
         cmd = [strata, "run", "--pipeline", "bench", "--conf-dir", str(conf), "--json"]
         first = measure(cmd, env)
         noop = measure(cmd, env)
         if first["result"].get("messages") != EVENTS or noop["result"]["status"] != "idle":
             raise RuntimeError(f"{count} partitions: {first['result']}, then {noop['result']}")
-        runs[count] = {"first": first, "noop": noop}
+        runs[count] = {"first": first, "noop": noop, "bare": bare}
         print(f"  {count:,} partitions: first run {first['wall']:.1f}s", flush=True)
     few, many = runs[FEW], runs[MANY]
     figures = {
@@ -73,6 +80,8 @@ def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, An
         "parts_noop_8_s": round(few["noop"]["wall"], 2),
         "parts_noop_4096_s": round(many["noop"]["wall"], 2),
         "parts_peak_mb_4096": round(many["first"]["peak_rss"] / 2**20),
+        "parts_bare_8_s": round(few["bare"]["result"]["seconds"], 2),
+        "parts_bare_4096_s": round(many["bare"]["result"]["seconds"], 2),
     }
     lines = [
         "",
@@ -87,6 +96,10 @@ def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, An
                 f"{what + ', ' + label:<34} {m['wall']:>8.2f} {m['cpu']:>8.2f} "
                 f"{m['peak_rss'] / 2**20:>9,.0f}"
             )
+    lines.append(
+        f"bare consume loop (the broker serving them): {figures['parts_bare_8_s']:.2f}s at "
+        f"{FEW} partitions, {figures['parts_bare_4096_s']:.2f}s at {MANY:,}"
+    )
     lines.append(
         f"first run, {MANY:,} vs {FEW} partitions: {figures['parts_first_ratio']:.2f}x "
         f"(target <= 1.5x); no-op run at {MANY:,}: {figures['parts_noop_4096_s']:.2f}s "

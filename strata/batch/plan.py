@@ -13,7 +13,7 @@ import json
 import math
 import re
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from strata.config import Decoding, KafkaSource
@@ -104,9 +104,17 @@ class BatchPlan:
         return sum(r.count for r in self.ranges)
 
     def to_json(self) -> str:
-        """Serialise the plan."""
-        body = asdict(self)
-        return json.dumps(body, indent=1, sort_keys=True)
+        """Serialise the plan.
+
+        Built by hand rather than with `asdict` (which deep-copies every value) and
+        written without indentation (which Python's JSON encoder does in pure Python):
+        a plan over thousands of partitions took half a second to save.
+        """
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body["ranges"] = [_range_body(r) for r in self.ranges]
+        body["splits"] = [[_range_body(r) for r in split] for split in self.splits]
+        body["losses"] = [_range_body(r) for r in self.losses]
+        return json.dumps(body, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> BatchPlan:
@@ -129,6 +137,11 @@ class BatchPlan:
             began=dict(body.get("began", {})),
             reader_schema=body.get("reader_schema", ""),
         )
+
+
+def _range_body(r: OffsetRange) -> dict[str, Any]:
+    """An offset range as a saved plan holds it."""
+    return {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
 
 
 def plan_ranges(

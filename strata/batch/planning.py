@@ -284,10 +284,11 @@ def new_plan(
     moved = set(new) | {(x.topic, x.partition) for x in losses}
     kept = [r for r in ranges if r.count > 0 or (r.topic, r.partition) in moved]
     read = read_topics(states, committed)
+    fresh = set(new)
     began = {
         f"{s.topic}:{s.partition}": first_start(s, source.starting_offsets, s.topic in read)[1]
         for s in states
-        if (s.topic, s.partition) in set(new)
+        if (s.topic, s.partition) in fresh
     }
     return BatchPlan(
         pipeline=settings.pipeline,

@@ -146,8 +146,12 @@ def redact(text: str) -> str:
     Returns:
         The text without credentials.
     """
+    return _redact_known(text, *_known_secrets())
+
+
+def _redact_known(text: str, long: list[str], short: frozenset[str]) -> str:
+    """`redact` with the secrets to remove already gathered (`_known_secrets`)."""
     text = _URL_PASSWORD.sub(rf"\g<user>{REDACTED}@", text)
-    long, short = _known_secrets()
     # Longest first, so a secret that contains another is removed whole.
     for secret in long:
         text = text.replace(secret, REDACTED)
@@ -173,15 +177,21 @@ def redact_json(value: _Json) -> _Json:
 
     For what leaves the process as data (`--json` output, an Airflow task's XCom);
     before serialising, since JSON escapes a secret's quotes or backslashes and the
-    escaped form would no longer match.
+    escaped form would no longer match. The secrets are gathered once per body, not
+    once per string: a summary of thousands of partitions holds tens of thousands.
     """
-    if isinstance(value, str):
-        return cast("_Json", redact(value))
-    if isinstance(value, dict):
-        return cast("_Json", {k: redact_json(v) for k, v in value.items()})
-    if isinstance(value, list | tuple):
-        return cast("_Json", [redact_json(v) for v in value])
-    return value
+    long, short = _known_secrets()
+
+    def walk(item: _Json) -> _Json:
+        if isinstance(item, str):
+            return cast("_Json", _redact_known(item, long, short))
+        if isinstance(item, dict):
+            return cast("_Json", {k: walk(v) for k, v in item.items()})
+        if isinstance(item, list | tuple):
+            return cast("_Json", [walk(v) for v in item])
+        return item
+
+    return walk(value)
 
 
 def masked(key: object, value: Any) -> Any:  # noqa: ANN401 - any field's value

@@ -5,6 +5,12 @@ the list of every validation documented, `docs/runs.json`, and its index), and t
 pipeline's summary page as `index.html`. The location is a local directory or an
 object-store prefix; every write replaces its file atomically, so a reader never sees
 half a page.
+
+Completeness asks on every run which partitions a failed gate marked incomplete.
+Reading every result for that would cost a read per batch ever checked, so each
+batch that marks partitions also writes them under `marks/`, which holds only such
+batches, and `marks/ready` says the folder is whole. A location written before the
+folder existed is indexed once, from its results, the first time it is asked.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ if TYPE_CHECKING:
     from strata.store.places import Places
 
 _RESULT_NAME = re.compile(r"^batch-\d{10}\.json$")
+# Written once `marks/` holds every batch's marks: from then on it alone is read.
+_MARKS_READY = "ready"
 # Every validation whose page is under `docs/`: what the Data Docs index is built from.
 _RUNS = "runs.json"
 
@@ -49,10 +57,23 @@ class ResultStore:
     def _path(self, batch: int) -> str:
         return f"{self.root}/results/batch-{batch:010d}.json"
 
+    def _mark_path(self, batch: int) -> str:
+        return f"{self.root}/marks/batch-{batch:010d}.json"
+
     def save(self, result: QualityResult) -> None:
-        """Write (or replace) a batch's result."""
+        """Write (or replace) a batch's result, and its marks.
+
+        Marks are written before the result and removed after it, so a crash between
+        the two leaves a partition held, never released: the next check of the batch
+        puts it right.
+        """
         body = json.dumps(asdict(result), indent=1, sort_keys=True, default=str)
+        if result.incomplete:
+            marks = json.dumps(sorted(result.incomplete)).encode()
+            write_bytes_atomically(self.fs, self._mark_path(result.batch), marks)
         write_bytes_atomically(self.fs, self._path(result.batch), body.encode())
+        if not result.incomplete:
+            _delete_if_present(self.fs, self._mark_path(result.batch))
 
     def load(self, batch: int) -> dict[str, Any] | None:
         """A batch's result, if checked."""
@@ -88,8 +109,26 @@ class ResultStore:
         }
 
     def incomplete(self) -> dict[str, list[int]]:
-        """Event-time partitions marked incomplete by any batch, with those batches."""
-        return incomplete_marks(self.recent(10**9))
+        """Event-time partitions marked incomplete by any batch, with those batches.
+
+        Reads `marks/`, which holds only the batches that marked partitions; indexes
+        the results into it first if it was never made whole.
+        """
+        directory = f"{self.root}/marks"
+        if read_bytes(self.fs, f"{directory}/{_MARKS_READY}") is None:
+            for result in self.recent(10**9):
+                if result.get("incomplete"):
+                    marks = json.dumps(sorted(result["incomplete"])).encode()
+                    write_bytes_atomically(self.fs, self._mark_path(result["batch"]), marks)
+            write_bytes_atomically(self.fs, f"{directory}/{_MARKS_READY}", b"")
+        held: list[dict[str, Any]] = []
+        for info in self.fs.get_file_info(pafs.FileSelector(directory)):
+            if _RESULT_NAME.match(info.base_name):
+                data = read_bytes(self.fs, info.path)
+                if data is not None:
+                    batch = int(info.base_name[6:16])
+                    held.append({"batch": batch, "incomplete": json.loads(data)})
+        return incomplete_marks(sorted(held, key=lambda r: int(r["batch"])))
 
     def write_page(self, page: str) -> str:
         """Write (or replace) the summary page, `index.html`; returns its path."""
@@ -132,6 +171,12 @@ class ResultStore:
                 rel = path.relative_to(built).as_posix()
                 write_bytes_atomically(self.fs, f"{self.root}/docs/{rel}", path.read_bytes())
         return None if page is None else f"docs/{page}"
+
+
+def _delete_if_present(fs: pafs.FileSystem, path: str) -> None:
+    """Delete a file; one that is not there is fine."""
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_file(path)
 
 
 def _result(data: bytes) -> dict[str, Any]:

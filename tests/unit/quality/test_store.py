@@ -63,6 +63,45 @@ def test_incomplete_partitions_come_from_every_stored_result(tmp_path):
     assert store.incomplete() == {"dt=2025-11-22/hr=10": [1, 3], "dt=2025-11-22/hr=11": [3]}
 
 
+def test_the_marks_are_read_from_their_own_folder_not_from_every_result(tmp_path):
+    store = ResultStore(str(tmp_path))
+    store.save(result(1, ["dt=2025-11-22/hr=10"]))
+    for batch in range(2, 40):
+        store.save(result(batch))
+    assert store.incomplete() == {"dt=2025-11-22/hr=10": [1]}
+    # Only the batch that marked a partition has a file there.
+    assert sorted(p.name for p in (tmp_path / "marks").iterdir()) == [
+        "batch-0000000001.json",
+        "ready",
+    ]
+    for path in (tmp_path / "results").iterdir():
+        path.unlink()  # the marks alone answer now
+    assert store.incomplete() == {"dt=2025-11-22/hr=10": [1]}
+
+
+def test_a_batch_checked_again_and_passing_releases_its_partitions(tmp_path):
+    store = ResultStore(str(tmp_path))
+    store.save(result(4, ["dt=2025-11-22/hr=10"]))
+    store.save(result(5, ["dt=2025-11-22/hr=10"]))
+    store.save(result(4))
+    assert store.incomplete() == {"dt=2025-11-22/hr=10": [5]}
+    store.save(result(5))
+    assert store.incomplete() == {}
+
+
+def test_a_location_written_before_the_marks_is_indexed_once_from_its_results(tmp_path):
+    store = ResultStore(str(tmp_path))
+    store.save(result(1, ["dt=2025-11-22/hr=10"]))
+    store.save(result(2))
+    store.save(result(3, ["dt=2025-11-22/hr=11"]))
+    for path in (tmp_path / "marks").iterdir():
+        path.unlink()
+    (tmp_path / "marks").rmdir()
+    assert store.incomplete() == {"dt=2025-11-22/hr=10": [1], "dt=2025-11-22/hr=11": [3]}
+    assert (tmp_path / "marks" / "ready").exists()
+    assert store.incomplete() == {"dt=2025-11-22/hr=10": [1], "dt=2025-11-22/hr=11": [3]}
+
+
 def test_the_page_and_the_docs_land_under_the_location(tmp_path):
     store = ResultStore(str(tmp_path / "quality"))
     path = store.write_page("<!doctype html><p>one</p>")
