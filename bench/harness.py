@@ -8,9 +8,11 @@ CPU and peak memory of its whole process tree, sampled while it runs.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -191,3 +193,31 @@ def files_per_hour(table_uri: str) -> tuple[int, int, float]:
     """(files, event hours, max files in one hour) of a Delta table."""
     hours = files_by_hour(table_uri)
     return sum(hours.values()), len(hours), max(hours.values())
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without STRATA_* overrides, which would redirect the runs."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+
+
+def run_alone(
+    prefix: str, section: Callable[[LocalBroker, Path], tuple[list[str], dict[str, Any]]]
+) -> int:
+    """Run one section of the benchmark by itself, on a broker and a scratch directory.
+
+    Args:
+        prefix: The scratch directory's name prefix.
+        section: The section: given the broker and the directory, its lines and figures.
+
+    Returns:
+        The exit code.
+    """
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with LocalBroker() as broker:
+            print(f"local broker on {broker.bootstrap}", flush=True)
+            lines, figures = section(broker, work)
+        print("\n".join([*lines, json.dumps(figures)]))
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

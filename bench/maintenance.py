@@ -17,12 +17,9 @@ the state costs one JVM, not 200. Run the section alone with
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,9 +31,11 @@ from deltalake import DeltaTable
 
 from bench.harness import (
     PARTITIONS,
+    clean_env,
     files_by_hour,
     files_per_hour,
     measure,
+    run_alone,
     seed,
     strata_project,
 )
@@ -54,11 +53,6 @@ PER_BATCH = 25
 MANY = 200
 FEW = 2
 REPEATS = 3
-
-
-def clean_env() -> dict[str, str]:
-    """This process's environment without STRATA_* overrides, which would redirect the runs."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
 
 
 @contextmanager
@@ -290,15 +284,7 @@ def maintenance(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, A
 
 def main() -> int:
     """Run only this section, on a broker and in a scratch directory of its own."""
-    work = Path(tempfile.mkdtemp(prefix="strata-bench-maint-"))
-    try:
-        with LocalBroker() as broker:
-            print(f"local broker on {broker.bootstrap}", flush=True)
-            lines, figures = maintenance(broker, work)
-        print("\n".join([*lines, json.dumps(figures)]))
-        return 0
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return run_alone("strata-bench-maint-", maintenance)
 
 
 if __name__ == "__main__":

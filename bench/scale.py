@@ -14,25 +14,17 @@ Run the section alone with `python -m bench.scale`.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.harness import START_MS, measure, strata_project
+from bench.harness import START_MS, clean_env, measure, run_alone, strata_project
 from strata.local.broker import LocalBroker
 from strata.local.events import click_events, produce
 
 EVENTS = 81_920
 FEW = 8
 MANY = 4_096
-
-
-def clean_env() -> dict[str, str]:
-    """This process's environment without STRATA_* overrides, which would redirect the runs."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
 
 
 def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
@@ -110,15 +102,7 @@ def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, An
 
 def main() -> int:
     """Run only this section, on a broker and in a scratch directory of its own."""
-    work = Path(tempfile.mkdtemp(prefix="strata-bench-scale-"))
-    try:
-        with LocalBroker() as broker:
-            print(f"local broker on {broker.bootstrap}", flush=True)
-            lines, figures = partitions(broker, work)
-        print("\n".join([*lines, json.dumps(figures)]))
-        return 0
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return run_alone("strata-bench-scale-", partitions)
 
 
 if __name__ == "__main__":
