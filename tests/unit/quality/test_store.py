@@ -85,8 +85,14 @@ def test_a_batch_checked_again_and_passing_releases_its_partitions(tmp_path):
     store.save(result(5, ["dt=2025-11-22/hr=10"]))
     store.save(result(4))
     assert store.incomplete() == {"dt=2025-11-22/hr=10": [5]}
+    # The passing check removed its batch's marks file; the other batch's stays.
+    assert sorted(p.name for p in (tmp_path / "marks").iterdir()) == [
+        "batch-0000000005.json",
+        "ready",
+    ]
     store.save(result(5))
     assert store.incomplete() == {}
+    assert sorted(p.name for p in (tmp_path / "marks").iterdir()) == ["ready"]
 
 
 def test_a_location_written_before_the_marks_is_indexed_once_from_its_results(tmp_path):
