@@ -11,7 +11,9 @@ cluster.
 Then table maintenance (bench/maintenance.py): a no-op run after 2 and after 200
 small batches, compacting the 200 batches' small files, and a Spark scan of one event
 hour before and after. Last, scale (bench/scale.py): the same events from 8 partitions
-and from 4,096, a first run and a no-op run of each.
+and from 4,096, and from one topic and from 200 topics routed to 200 tables, a first
+run and a no-op run of each; and history (bench/history.py): a no-op run and a small
+batch after 10,000 committed batches, against a fresh pipeline.
 
 CPU is measured for each program's whole process tree, never the broker's.
 """
@@ -40,8 +42,9 @@ from bench.harness import (
     seed,
     strata_project,
 )
+from bench.history import history
 from bench.maintenance import maintenance
-from bench.scale import partitions
+from bench.scale import partitions, topics
 from strata.local.broker import LocalBroker
 from strata.local.cluster import LocalSparkCluster, submit_command, submit_env
 from strata.local.service import free_port, port_open
@@ -186,6 +189,12 @@ def where_time(runs: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _cpu_per_gb(run: dict[str, Any], load_bytes: int, load_messages: int) -> float:
+    """A strata run's whole-tree CPU seconds per GB of message values it landed."""
+    landed = load_bytes * int(run["result"]["messages"]) / load_messages
+    return float(run["cpu"]) / (landed / 1e9)
+
+
 def main() -> int:
     """Run the benchmark and print the comparison."""
     python = sys.executable
@@ -226,7 +235,9 @@ def main() -> int:
                 ("1M shuffle", "bench1m", None, 24, "shuffle"),
                 ("3M", "bench3m", 3_000_000, 24, "per_task"),
                 ("10M", "bench10m", 10_000_000, 24, "per_task"),
-                # A batch touching thousands of event hours: a file open per hour at once.
+                # A batch touching thousands of event hours (a file per hour, table and
+                # task), against six: its CPU per GB should stay within 2x.
+                ("1M 6h", "bench6h", 1_000_000, 6, "per_task"),
                 ("1M 5000h", "bench5000h", 1_000_000, 5_000, "per_task"),
             )
             for label, topic, count, hours, layout in cases:
@@ -254,6 +265,8 @@ def main() -> int:
             where = placements(broker, work, runs["1M"], refs["bare"]["result"]["bytes"])
             upkeep_lines, upkeep = maintenance(broker, work)
             scale_lines, scale = partitions(broker, work)
+            routed_lines, routed = topics(broker, work)
+            history_lines, aged = history(broker, work)
 
         bare, naive = refs["bare"], refs["naive"]
         n, b = bare["result"]["messages"], bare["result"]["bytes"]
@@ -342,6 +355,9 @@ def main() -> int:
             "peak_mb_3m": round(runs["3M"]["peak_rss"] / 2**20),
             "peak_mb_10m": round(runs["10M"]["peak_rss"] / 2**20),
             "peak_mb_1m_5000h": round(runs["1M 5000h"]["peak_rss"] / 2**20),
+            "cpu_per_gb_5000h_vs_6h": round(
+                _cpu_per_gb(runs["1M 5000h"], b, n) / _cpu_per_gb(runs["1M 6h"], b, n), 2
+            ),
             "cpu_per_gb_10m_vs_naive": round(
                 runs["10M"]["cpu"]
                 / (b * runs["10M"]["result"]["messages"] / n / 1e9)
@@ -354,6 +370,8 @@ def main() -> int:
             ),
             **upkeep,
             **scale,
+            **routed,
+            **aged,
         }
         lines += [
             "",
@@ -371,6 +389,8 @@ def main() -> int:
             f"peak memory (process tree): {figures['peak_mb_1m']} MB at 1M, "
             f"{figures['peak_mb_3m']} MB at 3M, {figures['peak_mb_10m']} MB at 10M, "
             f"{figures['peak_mb_1m_5000h']} MB at 1M over 5,000 event hours (target: flat)",
+            f"CPU per GB over 5,000 event hours vs 6: {figures['cpu_per_gb_5000h_vs_6h']}x "
+            "(target <= 2x)",
             f"Spark start-up: {figures['spark_start_s']:.1f}s",
             f"shuffle layout vs per-task layout, steady state: {figures['shuffle_vs_per_task']}x "
             "(fewer files per hour, rows moved once more)",
@@ -378,6 +398,8 @@ def main() -> int:
             *where,
             *upkeep_lines,
             *scale_lines,
+            *routed_lines,
+            *history_lines,
         ]
         print("\n".join(lines))
         return 0

@@ -1,30 +1,55 @@
-"""The scale section of `make bench`: a run's cost in the number of partitions.
+"""The scale sections of `make bench`: a run's cost in partitions, and in routed tables.
 
 A Kafka Connect or Secor installation reads topics of hundreds or thousands of
-partitions, most of them nearly idle. This section lands the same 81,920 click events
-from a topic of 8 partitions and from one of 4,096 (20 events each), then runs the
-pipeline again with nothing new: wall time and CPU of the whole process tree, and
-the ratios, beside the bare consume loop over the same topics (what the broker
-itself takes to serve that many partitions). What grows with partitions (a request
-per partition, a Python loop per partition) shows here before it shows anywhere else.
+partitions, most of them nearly idle, and often hundreds of topics, each landing in a
+table of its own. Two sections measure what grows with them, each as a first run and
+a run again with nothing new (a no-op run): wall time and CPU of the whole process
+tree, peak memory, and the ratios. What grows with partitions or tables (a request per
+partition, a Python loop per partition, a Spark job or a Delta open per table) shows
+here before it shows anywhere else.
 
-Run the section alone with `python -m bench.scale`.
+- `partitions`: the same 81,920 click events from a topic of 8 partitions and from
+  one of 4,096 (20 events each), beside the bare consume loop over the same topics
+  (what the broker itself takes to serve that many partitions).
+- `topics`: 200 topics of 2,000 events each, routed to 200 tables (`routing`), against
+  one topic of 4 partitions holding the same 400,000 events, landing in one table.
+
+Run them alone with `python -m bench.scale` (both), or `python -m bench.scale topics`.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from bench.harness import START_MS, clean_env, measure, run_alone, strata_project
+import yaml
+
+from bench.harness import (
+    PARTITIONS,
+    START_MS,
+    clean_env,
+    measure,
+    run_alone,
+    strata_project,
+)
 from strata.local.broker import LocalBroker
 from strata.local.events import click_events, produce
 
 EVENTS = 81_920
 FEW = 8
 MANY = 4_096
+
+TOPICS = 200
+PER_TOPIC = 2_000
+
+Section = Callable[[LocalBroker, Path], tuple[list[str], dict[str, Any]]]
+
+# One seal event for every partition's end (see `LocalBroker.seal`).
+_SEAL = {"event_id": "seal", "user_id": 0, "page": "/", "device": "desktop", "ts": START_MS}
 
 
 def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
@@ -48,8 +73,7 @@ def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, An
         produce(broker.bootstrap, topic, count, events)
         # The local broker's high watermark is its last record batch's base offset: a
         # one-message batch at each partition's end makes it cover every event.
-        seal = {"event_id": "seal", "user_id": 0, "page": "/", "device": "desktop", "ts": START_MS}
-        broker.seal(topic, list(range(count)), json.dumps(seal).encode(), timestamp_ms=START_MS)
+        broker.seal(topic, list(range(count)), json.dumps(_SEAL).encode(), timestamp_ms=START_MS)
         # The broker's own cost of serving this many partitions: the bare consume loop.
         bare = measure(
             [sys.executable, "-m", "bench.references", "bare", broker.bootstrap, topic,
@@ -100,9 +124,137 @@ def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, An
     return lines, figures
 
 
-def main() -> int:
-    """Run only this section, on a broker and in a scratch directory of its own."""
-    return run_alone("strata-bench-scale-", partitions)
+def topics(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
+    """Run the section on `broker`, in `work`; its printed lines and its figures.
+
+    200 topics of one partition each, routed to 200 tables, against one topic of
+    `PARTITIONS` partitions holding the same events, landing in one table.
+
+    Args:
+        broker: The local broker; 201 topics of its own are created.
+        work: A scratch directory; the pipelines' projects go under it.
+
+    Returns:
+        The lines to print and the figures for the JSON line.
+    """
+    strata = str(Path(sys.executable).parent / "strata")
+    env = clean_env()
+    events = TOPICS * PER_TOPIC
+    seal = json.dumps(_SEAL).encode()
+    # Both sides hold `events` messages: click events over 6 event hours, and a seal at
+    # each partition's end (one per routed topic).
+    one = "topics_one"
+    broker.create_topic(one, PARTITIONS)
+    produce(
+        broker.bootstrap, one, PARTITIONS, click_events(events - PARTITIONS, START_MS, 6, seed=9)
+    )
+    broker.seal(one, list(range(PARTITIONS)), seal, timestamp_ms=START_MS)
+    names = [f"routed_{i:03}" for i in range(TOPICS)]
+    stream = click_events(events - TOPICS, START_MS, 6, seed=9)
+    for name in names:
+        broker.create_topic(name, 1)
+        produce(broker.bootstrap, name, 1, islice(stream, PER_TOPIC - 1))
+        broker.seal(name, [0], seal, timestamp_ms=START_MS)
+    print(f"  produced {events:,} events to 1 topic and to {TOPICS} topics", flush=True)
+
+    conf = strata_project(work / "topics-one", one, broker.bootstrap, "per_task")
+    routed = strata_project(work / "topics-routed", names[0], broker.bootstrap, "per_task")
+    # Every topic to a table named after it (`routed_007` to `routed_007`), one schema.
+    path = routed / "pipelines" / "bench.yaml"
+    body = yaml.safe_load(path.read_text())
+    body.update(topics=names, routing={"table": "{topic}"})
+    path.write_text(yaml.safe_dump(body))
+
+    runs: dict[str, dict[str, dict[str, Any]]] = {}
+    # What each table should hold: every event of its topics, then nothing more.
+    cases = (("one", conf, {"bench": events}), ("routed", routed, dict.fromkeys(names, PER_TOPIC)))
+    for label, project, expected in cases:
+        cmd = [strata, "run", "--pipeline", "bench", "--conf-dir", str(project), "--json"]
+        first = measure(cmd, env)
+        noop = measure(cmd, env)
+        landed, idle = _landed(first["result"]), _landed(noop["result"])
+        if landed != {t: (n, "committed") for t, n in expected.items()}:
+            raise RuntimeError(f"{label}: not every event landed: {first['result']}")
+        if idle != dict.fromkeys(expected, (0, "idle")):
+            raise RuntimeError(f"{label}: the second run was not a no-op: {noop['result']}")
+        runs[label] = {"first": first, "noop": noop}
+        print(
+            f"  {label}: first run {first['wall']:.1f}s, no-op run {noop['wall']:.1f}s",
+            flush=True,
+        )
+    single, many = runs["one"], runs["routed"]
+    figures = {
+        "topics_first_1_s": round(single["first"]["wall"], 2),
+        "topics_first_200_s": round(many["first"]["wall"], 2),
+        "topics_first_ratio": round(many["first"]["wall"] / single["first"]["wall"], 2),
+        "topics_cpu_ratio": round(many["first"]["cpu"] / single["first"]["cpu"], 2),
+        "topics_noop_1_s": round(single["noop"]["wall"], 2),
+        "topics_noop_200_s": round(many["noop"]["wall"], 2),
+        "topics_noop_ratio": round(many["noop"]["wall"] / single["noop"]["wall"], 2),
+        "topics_peak_mb_1": round(single["first"]["peak_rss"] / 2**20),
+        "topics_peak_mb_200": round(many["first"]["peak_rss"] / 2**20),
+    }
+    lines = [
+        "",
+        f"Topics: {events:,} events from one topic of {PARTITIONS} partitions into one "
+        f"table, and from {TOPICS} topics ({PER_TOPIC:,} events each) routed to {TOPICS} tables",
+        f"{'':<34} {'wall s':>8} {'CPU s':>8} {'peak MB':>9}",
+    ]
+    for label, what in (("one", "1 topic"), ("routed", f"{TOPICS} routed topics")):
+        for kind in ("first", "noop"):
+            m = runs[label][kind]
+            run = "first run" if kind == "first" else "no-op run"
+            lines.append(
+                f"{run + ', ' + what:<34} {m['wall']:>8.2f} {m['cpu']:>8.2f} "
+                f"{m['peak_rss'] / 2**20:>9,.0f}"
+            )
+    lines.append(
+        f"{TOPICS} routed topics vs 1 topic: first run {figures['topics_first_ratio']:.2f}x "
+        f"wall (target <= 1.5x), {figures['topics_cpu_ratio']:.2f}x CPU; no-op run "
+        f"{figures['topics_noop_ratio']:.2f}x, {figures['topics_noop_200_s']:.2f}s "
+        "(target <= 2s)"
+    )
+    return lines, figures
+
+
+def _landed(result: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    """The messages a run landed in each table, and the table's status.
+
+    Args:
+        result: The run's `--json` body; a routed run's has one body per table.
+
+    Returns:
+        `{table: (messages, status)}`; a pipeline without routing is its one table.
+    """
+    bodies = result["tables"] if "tables" in result else {result.get("pipeline", "bench"): result}
+    return {t: (b.get("messages") or 0, b.get("status", "?")) for t, b in bodies.items()}
+
+
+def scale(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
+    """Both sections, one after the other: their lines and their figures together."""
+    lines, figures = partitions(broker, work)
+    more, also = topics(broker, work)
+    return [*lines, *more], figures | also
+
+
+SECTIONS: dict[str, Section] = {"partitions": partitions, "topics": topics, "all": scale}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run this file's sections alone, on a broker and in a scratch directory of their own.
+
+    Args:
+        argv: One section's name (`partitions`, `topics`), or none for both.
+
+    Returns:
+        The exit code.
+    """
+    args = sys.argv[1:] if argv is None else argv
+    which = args[0] if args else "all"
+    if which not in SECTIONS or len(args) > 1:
+        print(f"usage: python -m bench.scale [{'|'.join(SECTIONS)}]", file=sys.stderr)
+        return 2
+    return run_alone("strata-bench-scale-", SECTIONS[which])
 
 
 if __name__ == "__main__":

@@ -11,12 +11,16 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from functools import partial
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from strata.config import PipelineConfig, load_pipeline
 from strata.config.secrets import redact, redact_json
 from strata.errors import StrataError, root_cause
 from strata.log import configure as configure_logging
+
+if TYPE_CHECKING:
+    from strata.batch.outcome import RunOutcome
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -256,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_pipeline(args.pipeline, args.conf_dir)
         if getattr(args, "prometheus", False):
             return _prometheus(cfg, args)
-        return each_table(cfg, args.command, lambda one: handler(one, args))
+        together = partial(_run_tables, args=args) if args.command == "run" else None
+        return each_table(cfg, args.command, lambda one: handler(one, args), together)
 
     # Loading is guarded too: a bad config is a `ConfigError`, exit code 2.
     return run_guarded(command, args.json)
@@ -317,13 +322,35 @@ def _fail(message: str, code: int, as_json: bool) -> int:
 
 
 def _run(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    from strata.edge import alone
+
+    return alone(partial(_run_tables, args=args), cfg)
+
+
+def _run_tables(
+    tables: list[PipelineConfig], args: argparse.Namespace
+) -> list[tuple[str, dict[str, Any]] | Exception]:
+    """`strata run` on pipelines (the tables of a routed one), their reads in one Spark job.
+
+    Each table's batch, quality suite, metrics and completeness are its own: one that
+    fails is answered by its error, and the others go on.
+    """
+    from strata.edge import then_each
+    from strata.run import run_batches
+
+    accepted = None if args.accept_loss is None else f"{_who()}: {args.accept_loss}"
+    outcomes = run_batches(tables, max_offsets=args.max_offsets, accept_loss=accepted)
+    return then_each(tables, outcomes, partial(_after_run, args=args))
+
+
+def _after_run(
+    cfg: PipelineConfig, outcome: RunOutcome, args: argparse.Namespace
+) -> tuple[str, dict[str, Any]]:
+    """What follows a pipeline's batch: its quality suite, metrics and completeness."""
     from strata.edge import status_settings
     from strata.operations.metrics import after_run
     from strata.operations.report import render_summary, summary_dict
-    from strata.run import run_batch
 
-    accepted = None if args.accept_loss is None else f"{_who()}: {args.accept_loss}"
-    outcome = run_batch(cfg, max_offsets=args.max_offsets, accept_loss=accepted)
     result = None
     if outcome.batch is not None and cfg.quality.gate != "off" and not args.no_quality:
         from strata.quality.run import run_quality

@@ -12,6 +12,7 @@ which keeps a place two would take, is `strata.operations.routes`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from strata.config import PipelineConfig
@@ -26,6 +27,7 @@ from strata.schema.evolve import table_schema
 from strata.store.places import OwnedTable
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 if TYPE_CHECKING:
     from strata.catalog.register import Registration
@@ -176,21 +178,105 @@ def table_turns(
     Raises:
         KafkaUnavailable: If a pattern's topics cannot be listed.
     """
-    turns: list[tuple[str, T | Exception]] = []
-    for name, table in table_configs(cfg):
+
+    def each(tables: list[PipelineConfig]) -> list[T | Exception]:
+        turns: list[T | Exception] = []
+        for table in tables:
+            try:
+                turns.append(step(table))
+            except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
+                turns.append(exc)
+        return turns
+
+    return shared_turns(cfg, each)
+
+
+def then_each(
+    tables: list[PipelineConfig],
+    answers: list[A | Exception],
+    then: Callable[[PipelineConfig, A], T],
+) -> list[T | Exception]:
+    """What follows a step taken on tables at once, on each table whose step went through.
+
+    Args:
+        tables: The tables.
+        answers: The step's answer for each, or the error that stopped it.
+        then: What follows, on one table and its answer.
+
+    Returns:
+        What followed on each table, or the error that stopped it, in order.
+    """
+
+    def one(table: PipelineConfig, answer: A | Exception) -> T | Exception:
         try:
-            if isinstance(table, StrataError):
-                raise table
-            turns.append((name, step(as_evolved(table))))
+            if isinstance(answer, Exception):
+                raise answer
+            return then(table, answer)
         except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
-            turns.append((name, exc))
-    return turns
+            return exc
+
+    pairs = list(zip(tables, answers, strict=True))
+    if len(pairs) <= 1:
+        return [one(table, answer) for table, answer in pairs]
+    # Each table's own (its metrics, its completeness), waiting on storage more than it
+    # computes: a few at once, as the batches commit (`strata.batch.commit.run_steps`).
+    from strata.batch.commit import STEP_THREADS
+
+    with ThreadPoolExecutor(max(STEP_THREADS, 1), "strata-table") as pool:
+        return list(pool.map(one, *zip(*pairs, strict=True)))
+
+
+def alone(steps: Callable[[list[PipelineConfig]], list[T | Exception]], cfg: PipelineConfig) -> T:
+    """A step that is taken on tables at once (`shared_turns`), taken on one pipeline.
+
+    Raises:
+        Exception: The error that stopped it.
+    """
+    got = steps([cfg])[0]
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+def shared_turns(
+    cfg: PipelineConfig, steps: Callable[[list[PipelineConfig]], list[T | Exception]]
+) -> list[tuple[str, T | Exception]]:
+    """A step taken on all tables of a routed pipeline at once (one Spark job for all).
+
+    Args:
+        cfg: A routed pipeline (`cfg.routed`).
+        steps: The step on the tables that can run, each given with the schema its
+            table evolved to; it answers for each, in order, with its result or the
+            error that stopped that table alone (`strata.run.run_batches`).
+
+    Returns:
+        `(table, what the step returned or the error that stopped it)`, sorted by table.
+
+    Raises:
+        KafkaUnavailable: If a pattern's topics cannot be listed.
+    """
+    turns: dict[str, T | Exception] = {}
+    ready: list[tuple[str, PipelineConfig]] = []
+    for name, table in table_configs(cfg):
+        if isinstance(table, StrataError):
+            turns[name] = table
+            continue
+        try:
+            ready.append((name, as_evolved(table)))
+        except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
+            turns[name] = exc
+    answers = steps([table for _, table in ready]) if ready else []
+    for (name, _), got in zip(ready, answers, strict=True):
+        turns[name] = got
+    return sorted(turns.items())
 
 
 def each_table(
     cfg: PipelineConfig,
     command: str,
     handler: Callable[[PipelineConfig], tuple[str, dict[str, Any]]],
+    together: Callable[[list[PipelineConfig]], list[tuple[str, dict[str, Any]] | Exception]]
+    | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Run a command on a pipeline, or on each table of a pipeline that routes to tables.
 
@@ -203,6 +289,8 @@ def each_table(
         cfg: The pipeline.
         command: The command's name; one outside `EVERY_TABLE` needs one table.
         handler: The command on one pipeline: the text for people and the JSON body.
+        together: The command on all tables of a routed pipeline at once, when they
+            share work (a run reads them all in one Spark job); `handler` otherwise.
 
     Returns:
         The handler's answer, or for a routed pipeline every table's, one after another.
@@ -219,7 +307,8 @@ def each_table(
     texts: list[str] = []
     bodies: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
-    for name, got in table_turns(cfg, handler):
+    turns = table_turns(cfg, handler) if together is None else shared_turns(cfg, together)
+    for name, got in turns:
         if isinstance(got, StrataError):
             text, body = f"error: {got}", {"status": "failed", "error": str(got)}
         elif isinstance(got, Exception):

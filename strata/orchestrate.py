@@ -11,31 +11,39 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from strata.config import PipelineConfig, load_pipeline
 from strata.config.secrets import redact, redact_json
 from strata.errors import QualityGateFailed
 from strata.store.ranges import OffsetRange
 
+if TYPE_CHECKING:
+    from strata.batch.outcome import RunOutcome
+
 
 def _each_table(
-    pipeline: str, conf_dir: str, step: Callable[[PipelineConfig], dict[str, Any]]
+    pipeline: str,
+    conf_dir: str,
+    step: Callable[[PipelineConfig], dict[str, Any]],
+    together: Callable[[list[PipelineConfig]], list[dict[str, Any] | Exception]] | None = None,
 ) -> dict[str, Any]:
     """One step on a pipeline, or on each table of a pipeline that routes to tables.
 
-    Every table has its turn whatever another's did (`strata.edge.table_turns`); then
-    the first failure is raised, so Airflow retries the step, and a retry finds the
-    tables that went through idle or done.
+    Every table has its turn whatever another's did (`strata.edge.table_turns`), or
+    all take it at once when they share work (`together`, `strata.edge.shared_turns`);
+    then the first failure is raised, so Airflow retries the step, and a retry finds
+    the tables that went through idle or done.
     """
-    from strata.edge import as_evolved, table_turns
+    from strata.edge import as_evolved, shared_turns, table_turns
 
     cfg = load_pipeline(pipeline, conf_dir)
     if not cfg.routed:
         return step(as_evolved(cfg))
     tables: dict[str, Any] = {}
     failures: list[tuple[str, Exception]] = []
-    for name, got in table_turns(cfg, step):
+    turns = table_turns(cfg, step) if together is None else shared_turns(cfg, together)
+    for name, got in turns:
         if isinstance(got, Exception):
             failures.append((name, got))
             got = {"status": "failed", "error": redact(str(got))}
@@ -68,13 +76,19 @@ def plan_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     return _each_table(pipeline, conf_dir, _plan_one)
 
 
-def _ingest_one(cfg: PipelineConfig) -> dict[str, Any]:
+def _ingest_tables(tables: list[PipelineConfig]) -> list[dict[str, Any] | Exception]:
+    """Run the planned batch of each pipeline given, their reads in one Spark job."""
+    from strata.edge import then_each
+    from strata.run import run_batches
+
+    return then_each(tables, run_batches(tables, register_tables=False), _after_ingest)
+
+
+def _after_ingest(cfg: PipelineConfig, outcome: RunOutcome) -> dict[str, Any]:
     from strata.edge import status_settings
     from strata.operations.metrics import after_run
     from strata.operations.report import render_summary, summary_dict
-    from strata.run import run_batch
 
-    outcome = run_batch(cfg, register_tables=False)
     # Retention and growing-lag warnings join the summary; metrics are written.
     after_run(cfg.places(), status_settings(cfg), cfg.metrics, outcome)
     print(redact(render_summary(outcome)), flush=True)  # noqa: T201 - the task log
@@ -82,8 +96,10 @@ def _ingest_one(cfg: PipelineConfig) -> dict[str, Any]:
 
 
 def ingest_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
-    """Run the planned batch (of each table) in this process (the `local` Spark mode)."""
-    return _each_table(pipeline, conf_dir, _ingest_one)
+    """Run the planned batch (of each table, in one Spark job) in this process (`local` mode)."""
+    from strata.edge import alone
+
+    return _each_table(pipeline, conf_dir, partial(alone, _ingest_tables), _ingest_tables)
 
 
 def _register_one(cfg: PipelineConfig, ddl: bool = False) -> dict[str, Any]:

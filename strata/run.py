@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from strata import faults
 from strata.batch.commit import (
     BatchWork,
+    Steps,
     own_files_on_loss,
     remove_batch_files,
+    run_alone,
+    run_steps,
     write_and_commit,
 )
 from strata.batch.kafka import partition_states, publish_offsets
@@ -64,7 +67,7 @@ from strata.store.ledger import (
     ledger_row,
     ledger_state,
     loss_row,
-    read_ledger,
+    recent_ledger,
 )
 from strata.store.locations import void_unfinished_moves
 from strata.store.lock import BothLocks, RunLock, run_lock
@@ -107,6 +110,47 @@ def run_batch(
         PlanError: If the broker's state makes a safe plan impossible.
         ReconcileError: If the batch does not add up; nothing of it was committed.
     """
+    return run_alone(_run_steps(cfg, max_offsets, session, register_tables, accept_loss))
+
+
+def run_batches(
+    tables: Sequence[PipelineConfig],
+    *,
+    max_offsets: int | None = None,
+    session: Callable[[PipelineConfig], SparkSession] | None = None,
+    register_tables: bool = True,
+    accept_loss: str | None = None,
+) -> list[RunOutcome | Exception]:
+    """Run the next batch of each table of a routed pipeline, reading them in one Spark job.
+
+    Each table's batch is what `run_batch` makes of it, with its own lock, plan,
+    commits and ledger, exactly once by the same rules: only the tasks are shared, so
+    the pipeline pays for one Spark job, not one per table. A table that fails (its
+    plan, its tasks or its commits) fails alone.
+
+    Args:
+        tables: The tables, each configured (`strata.edge.table_configs`).
+        max_offsets: Per-partition cap for this run, overriding the config.
+        session: Builds the Spark session; only called when there is data to read.
+        register_tables: Register each table in the metastore after its commit.
+        accept_loss: Who accepts offsets lost to retention, and why.
+
+    Returns:
+        Each table's outcome, or the error that stopped it, in the order given.
+    """
+    return run_steps(
+        [_run_steps(c, max_offsets, session, register_tables, accept_loss) for c in tables]
+    )
+
+
+def _run_steps(
+    cfg: PipelineConfig,
+    max_offsets: int | None,
+    session: Callable[[PipelineConfig], SparkSession] | None,
+    register_tables: bool,
+    accept_loss: str | None,
+) -> Steps[RunOutcome]:
+    """A pipeline's run (`run_batch`) as steps, which yield its tasks where they are to run."""
     began = time.monotonic()
     planning = Stages()
     places = cfg.places()
@@ -122,10 +166,11 @@ def run_batch(
                 cfg.location("table"), cfg.storage_options, f"voided by a run of {cfg.name}"
             )
         with planning.timed("plan"):
-            # One read of the ledger serves the plan and, for an idle run, what its
-            # summary shows (`strata.operations.metrics.after_run`).
-            rows = read_ledger(cfg.places(), RUN_COLUMNS)
-            state = ledger_state(cfg.places(), rows)
+            # Where reading goes on is the state the newest ledger commit recorded; an
+            # idle run's summary (`strata.operations.metrics.after_run`) reads the newest
+            # batches' rows only: neither grows with the pipeline's history.
+            rows = recent_ledger(cfg.places(), RUN_COLUMNS)
+            state = ledger_state(cfg.places())
             plan, resumed, states = _load_or_plan(
                 places, plan_settings(cfg), state, max_offsets, accept_loss
             )
@@ -140,9 +185,11 @@ def run_batch(
             ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
             _publish_offsets(cfg.source(), ranges, outcome)
         elif plan.kind == "ingest":
-            outcome = _ingest(batch_work(cfg, session), plan, state, resumed, lock)
+            outcome = yield from _ingest(batch_work(cfg, session), plan, state, resumed, lock)
         else:
-            outcome = execute_reprocess(batch_work(cfg, session), plan, lock, resumed=True)
+            outcome = yield from execute_reprocess(
+                batch_work(cfg, session), plan, lock, resumed=True
+            )
             outcome.warnings.insert(
                 0,
                 f"batch {plan.batch} is a {plan.kind} planned at {plan.created_at or 'an earlier '}"
@@ -219,7 +266,7 @@ def plan_settings(cfg: PipelineConfig) -> PlanSettings:
 
 def _ingest(
     work: BatchWork, plan: BatchPlan, state: LedgerState, resumed: bool, lock: RunLock
-) -> RunOutcome:
+) -> Steps[RunOutcome]:
     """Read, check and commit an ingest batch, then publish its offsets."""
     places = work.places
     outcome = RunOutcome(
@@ -231,7 +278,7 @@ def _ingest(
     check_continues(places, plan, state)
     if resumed:
         check_schema(places, work.task.decoding)
-    written = write_and_commit(work, plan, TABLES, outcome, lock, resumed)
+    written = yield from write_and_commit(work, plan, TABLES, outcome, lock, resumed)
     results = outcome.ranges = written.results
     ledger_rows = [
         ledger_row(r, plan.watermarks, note=_began(plan, r.topic, r.partition, r.start))
@@ -303,7 +350,9 @@ def _began(plan: BatchPlan, topic: str, partition: int, start: int) -> str | Non
     return None if why is None else f"began at offset {start}: {why}"
 
 
-def execute_reprocess(work: BatchWork, plan: BatchPlan, lock: RunLock, resumed: bool) -> RunOutcome:
+def execute_reprocess(
+    work: BatchWork, plan: BatchPlan, lock: RunLock, resumed: bool
+) -> Steps[RunOutcome]:
     """Run a saved backfill or replay plan: its ranges' rows are replaced, once.
 
     From Kafka, the raw copy's rows of the ranges are replaced too; from the raw copy,
@@ -321,9 +370,10 @@ def execute_reprocess(work: BatchWork, plan: BatchPlan, lock: RunLock, resumed: 
     tables = ("quarantine", "table") if plan.source == "raw" else TABLES
     # It rewrites files a compaction may be merging: the two never run at once.
     with run_lock(places, "maintenance") as maintenance:
-        results = outcome.ranges = write_and_commit(
+        written = yield from write_and_commit(
             work, plan, tables, outcome, BothLocks(lock, maintenance), resumed
-        ).results
+        )
+        results = outcome.ranges = written.results
     lock.check()
     commit_ledger(
         places,
@@ -510,7 +560,7 @@ def reprocess(
     work = batch_work(cfg, session)
     with run_lock(work.places) as lock:
         plan, resumed = reprocess_plan(work.places, plan_settings(cfg), targets, reason, kind)
-        outcome = execute_reprocess(work, plan, lock, resumed)
+        outcome = run_alone(execute_reprocess(work, plan, lock, resumed))
         register(registration(cfg), cfg.trino, outcome)
         outcome.seconds = time.monotonic() - began
         return outcome

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import pyarrow.fs as pafs
 from deltalake.transaction import RemoveAction
@@ -40,6 +41,7 @@ from strata.batch.reconcile import (
 from strata.batch.task import RangeResult, SplitJob, SplitResult, TaskSpec, execute
 from strata.config import KafkaSource, SchemaSpec, TableName
 from strata.errors import LeaseLost, PlanError, ReconcileError
+from strata.log import get_logger
 from strata.schema.avro import (
     table_layout,
 )
@@ -66,6 +68,8 @@ from strata.store.ranges import OffsetRange
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+
+logger = get_logger(__name__)
 
 # Commit metadata of the empty commits and removals a ledger edit makes in the tables.
 FENCE_KEY = "strata.fence"
@@ -107,12 +111,16 @@ def write_and_commit(
     outcome: RunOutcome,
     lock: RunLock,
     resumed: bool,
-) -> BatchWrite:
+) -> Steps[BatchWrite]:
     """Run the batch's tasks, reconcile what they wrote, and commit each table once.
 
     Tables whose commit of the batch already stands are neither rewritten nor
     committed again. Nothing is committed unless the files reconcile with what was
     read, and the tables are read back before the ledger commit.
+
+    The steps yield the batch's tasks (a `TaskRequest`) where they are to run, and go
+    on with their results: whoever drives them (`run_steps`) runs the tasks of many
+    batches, of the tables of a routed pipeline, in one Spark job.
 
     Args:
         work: How the pipeline's batches are run and committed.
@@ -155,7 +163,11 @@ def write_and_commit(
         # must go before this attempt writes, or rows could show twice.
         remove_batch_files(places, plan.batch, lock=lock)
     write = frozenset(name for name, d in done.items() if not d)
-    split_results = run_tasks(work, plan, write, outcome, source, raw_batch, run_id)
+    jobs = [
+        SplitJob(work.task, plan.batch, i, split, write, source, run_id, raw_batch)
+        for i, split in enumerate(plan.splits)
+    ]
+    split_results = yield TaskRequest(work, jobs, f"{places.pipeline} batch {plan.batch}", outcome)
     for split in split_results:
         outcome.task_stages.merge(Stages.from_dict(split.stages))
     faults.reached(faults.AFTER_FILES)
@@ -402,28 +414,164 @@ def remove_batch_rows(
     return len(removes)
 
 
-def run_tasks(
-    work: BatchWork,
-    plan: BatchPlan,
-    write: frozenset[TableName],
-    outcome: RunOutcome,
-    source: str,
-    raw_batch: int | None,
-    run_id: str,
-) -> list[SplitResult]:
-    """Start Spark and run one task per split of the plan, writing the given tables.
+class TaskRequest(NamedTuple):
+    """A batch's tasks, asked for by its steps (`write_and_commit`) where they are to run.
 
-    Every file name carries this run's id, so files of another runner, or of an
+    Attributes:
+        work: How the batch's pipeline is run.
+        jobs: One per split of the plan.
+        label: The batch, in words (Spark's job description, progress lines).
+        outcome: The batch's outcome, which the Spark start and the tasks' time join.
+    """
+
+    work: BatchWork
+    jobs: list[SplitJob]
+    label: str
+    outcome: RunOutcome
+
+
+T = TypeVar("T")
+Steps = Generator[TaskRequest, list[SplitResult], T]
+"""A batch's steps: they yield its tasks where they are to run, and go on with their
+results; the batch's result is what they return."""
+
+
+def run_steps(steps: Sequence[Steps[T]]) -> list[T | Exception]:
+    """Drive many batches' steps, running all their tasks in one Spark job.
+
+    The tables of a routed pipeline each have a batch of their own, with its own plan,
+    lock, commits and ledger; what they share is the read. Each batch's steps run up to
+    its tasks; the tasks of all of them run as one Spark job (tasks spread across topics
+    and tables); then each batch goes on, committing on its own. A batch that fails
+    (before, in or after its tasks) fails alone, with its error in its place of the
+    list; the others commit. When the shared job fails, each batch's tasks run again
+    in a job of their own, so a task that fails for one table fails that table alone
+    and cannot hold the others back run after run.
+
+    Args:
+        steps: The batches' steps (`write_and_commit`, or a step wrapping it).
+
+    Returns:
+        Each batch's result, or the error that stopped it, in the order given.
+    """
+    out: list[T | Exception | None] = [None] * len(steps)
+    waiting: dict[int, TaskRequest] = {}
+    _each(steps, [(i, None) for i in range(len(steps))], out, waiting)
+    shared = [i for i, r in waiting.items() if not r.work.reducers]
+    if len(shared) > 1:
+        try:
+            results = _run_jobs([waiting[i] for i in shared])
+        except Exception:  # noqa: BLE001 - each batch's tasks run again alone, below
+            # What the failed job's attempts wrote is theirs, by its attempt ids: each
+            # batch keeps only what its own job returns (`write_and_commit`).
+            logger.warning("the shared job of %d batches failed; each runs alone", len(shared))
+        else:
+            for i in shared:
+                waiting.pop(i)
+            _each(steps, list(zip(shared, results, strict=True)), out, waiting)
+    for i in sorted(waiting):
+        request = waiting.pop(i)
+        try:
+            got = _run_jobs([request])[0]
+        except Exception as exc:  # noqa: BLE001 - this batch fails alone
+            _advance(out, waiting, i, steps[i], exc)
+        else:
+            _advance(out, waiting, i, steps[i], got)
+    for i, request in waiting.items():
+        out[i] = RuntimeError(f"{request.label} asked for its tasks twice")
+    return cast("list[T | Exception]", out)
+
+
+def run_alone(step: Steps[T]) -> T:
+    """Drive one batch's steps to their end, its tasks in a Spark job of their own."""
+    got = run_steps([step])[0]
+    if isinstance(got, Exception):
+        raise got
+    return got
+
+
+# How many batches plan, or commit, at once: the steps around the tasks wait on storage
+# (Delta's log, the files' fsync) more than they compute.
+STEP_THREADS = 4
+
+
+def _each(
+    steps: Sequence[Steps[Any]],
+    given: list[tuple[int, list[SplitResult] | None]],
+    out: list[Any],
+    waiting: dict[int, TaskRequest],
+) -> None:
+    """Take the given batches' steps on (`_advance`), a few at once when there are many.
+
+    Each batch is its own: its own lock, plan, tables and ledger. Its steps are taken
+    by one thread at a time, and what they touch in common (the Kafka clients,
+    `strata.batch._clients`) is made for it.
+    """
+    if len(given) <= 1 or STEP_THREADS <= 1:
+        for i, got in given:
+            _advance(out, waiting, i, steps[i], got)
+        return
+    with ThreadPoolExecutor(min(STEP_THREADS, len(given)), "strata-batch") as pool:
+        for future in [pool.submit(_advance, out, waiting, i, steps[i], got) for i, got in given]:
+            future.result()
+
+
+def _advance(
+    out: list[Any],
+    waiting: dict[int, TaskRequest],
+    i: int,
+    step: Steps[Any],
+    got: list[SplitResult] | Exception | None,
+) -> None:
+    """Take batch `i`'s steps on to its tasks or its end, with what its tasks gave."""
+    try:
+        if isinstance(got, Exception):
+            waiting[i] = step.throw(got)
+        elif got is None:
+            waiting[i] = next(step)
+        else:
+            waiting[i] = step.send(got)
+    except StopIteration as stop:
+        out[i] = stop.value
+    except Exception as exc:  # noqa: BLE001 - one batch's failure must not stop the others
+        out[i] = exc
+
+
+def _run_jobs(requests: list[TaskRequest]) -> list[list[SplitResult]]:
+    """Start Spark and run the requests' tasks in one job; each request's results.
+
+    Every file name carries its run's id, so files of another runner, or of an
     earlier attempt, are never overwritten: only the commit decides which count.
     """
-    jobs = [
-        SplitJob(work.task, plan.batch, i, split, write, source, run_id, raw_batch)
-        for i, split in enumerate(plan.splits)
-    ]
-    t0 = time.monotonic()
-    with outcome.stages.timed("spark_start"):
-        spark = work.session()
-    outcome.spark_seconds = time.monotonic() - t0
+    first = requests[0]
+    t0, cpu = time.monotonic(), time.thread_time()
+    spark = first.work.session()
+    started, started_cpu = time.monotonic() - t0, time.thread_time() - cpu
+    for request in requests:
+        request.outcome.spark_seconds = started
+        request.outcome.stages.add("spark_start", started, started_cpu)
+        _check_session(spark, request.work)
+    jobs = [job for r in requests for job in r.jobs]
+    label = first.label if len(requests) == 1 else f"{len(requests)} batches"
+    t1, cpu = time.monotonic(), time.thread_time()
+    results = execute(spark, jobs, label, first.work.reducers, pack=len(requests) > 1)
+    took, took_cpu = time.monotonic() - t1, time.thread_time() - cpu
+    out: list[list[SplitResult]] = []
+    at = 0
+    for request in requests:
+        request.outcome.read_seconds = took
+        request.outcome.stages.add("tasks", took, took_cpu)
+        if first.work.reducers:
+            # The shuffle layout's reducers report in a result of their own (task -1).
+            out.append(results)
+            break
+        out.append(results[at : at + len(request.jobs)])
+        at += len(request.jobs)
+    return out
+
+
+def _check_session(spark: SparkSession, work: BatchWork) -> None:
+    """Refuse a Spark session the batch's tables cannot be written from safely."""
     # Under spark-submit the submitted master wins over the pipeline's.
     shared = work.places.shared_storage_error(spark.sparkContext.master or work.master)
     if shared:
@@ -436,12 +584,6 @@ def run_tasks(
             "spark.speculation is on; plain Parquet tables need it off (every file in their "
             "directories is read). Set spark.speculation=false for this job."
         )
-    t1 = time.monotonic()
-    with outcome.stages.timed("tasks"):
-        name = f"{work.places.pipeline} batch {plan.batch}"
-        results = execute(spark, jobs, name, work.reducers)
-    outcome.read_seconds = time.monotonic() - t1
-    return results
 
 
 def remove_batch_files(

@@ -11,6 +11,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +24,9 @@ from confluent_kafka import (
     TopicPartition,
     libversion,
 )
+from confluent_kafka.admin import AdminClient
 
+from strata.batch import _clients
 from strata.batch.plan import PartitionState
 from strata.config import KafkaConfig, KafkaSource
 from strata.errors import KafkaUnavailable
@@ -104,16 +107,24 @@ def client_conf(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:  # noqa: AN
     return conf
 
 
-def _consumer(source: KafkaSource, group: str) -> Consumer:
-    return Consumer(
+def _consumer(source: KafkaSource) -> AbstractContextManager[Consumer]:
+    """The driver's consumer of the pipeline's group, kept and reused (`_clients`)."""
+    return _clients.consumer(
         client_conf(
             source.kafka,
             **{
-                "group.id": group,
+                "group.id": source.group_id,
                 "enable.auto.commit": False,
                 "socket.timeout.ms": int(source.kafka.timeout_s * 1000),
             },
         )
+    )
+
+
+def _admin(source: KafkaSource) -> AbstractContextManager[AdminClient]:
+    """The driver's admin client of the pipeline's brokers, kept and reused (`_clients`)."""
+    return _clients.admin(
+        client_conf(source.kafka, **{"socket.timeout.ms": int(source.kafka.timeout_s * 1000)})
     )
 
 
@@ -182,11 +193,8 @@ def pipeline_topics(source: KafkaSource) -> list[str]:
     """
     if source.pattern is None:
         return list(source.topics)
-    consumer = _consumer(source, source.group_id)
-    try:
+    with _consumer(source) as consumer:
         return list(_topic_partitions(source, consumer))
-    finally:
-        consumer.close()
 
 
 def partition_states(
@@ -208,8 +216,7 @@ def partition_states(
     Raises:
         KafkaUnavailable: If the brokers or a topic cannot be reached within the timeout.
     """
-    consumer = _consumer(source, source.group_id)
-    try:
+    with _consumer(source) as consumer:
         asked = [
             TopicPartition(topic, partition)
             for topic, partitions in _topic_partitions(source, consumer).items()
@@ -230,8 +237,6 @@ def partition_states(
                 for s in states
             ]
         return states
-    finally:
-        consumer.close()
 
 
 def _watermarks(
@@ -333,28 +338,27 @@ def topic_ids(source: KafkaSource, topics: Iterable[str] | None = None) -> dict[
         KafkaUnavailable: If the brokers do not answer within `kafka.timeout_s`.
     """
     from confluent_kafka import TopicCollection
-    from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(
-        client_conf(source.kafka, **{"socket.timeout.ms": int(source.kafka.timeout_s * 1000)})
-    )
     found: dict[str, str] = {}
     asked = sorted(pipeline_topics(source) if topics is None else topics)
     if not asked:
         return found
-    try:
-        futures = admin.describe_topics(
-            TopicCollection(asked), request_timeout=source.kafka.timeout_s
-        )
-    except (KafkaException, ValueError, TypeError):
-        return found
-    for topic, future in futures.items():
+    with _admin(source) as admin:
         try:
-            described = future.result(source.kafka.timeout_s)
-        except KafkaException:
-            continue
-        except TimeoutError:
-            raise _unreachable(source) from None
+            futures = admin.describe_topics(
+                TopicCollection(asked), request_timeout=source.kafka.timeout_s
+            )
+        except (KafkaException, ValueError, TypeError):
+            return found
+        described_all = {}
+        for topic, future in futures.items():
+            try:
+                described_all[topic] = future.result(source.kafka.timeout_s)
+            except KafkaException:
+                continue
+            except TimeoutError:
+                raise _unreachable(source) from None
+    for topic, described in described_all.items():
         uid = str(described.topic_id) if described.topic_id is not None else ""
         # An all-zero id is how the protocol says "none".
         if uid and uid.strip("A=") != "":
@@ -378,14 +382,12 @@ def publish_offsets(source: KafkaSource, ranges: list[OffsetRange]) -> str | Non
     offsets = [TopicPartition(r.topic, r.partition, r.end) for r in ranges]
     if not offsets:
         return None
-    consumer = _consumer(source, source.group_id)
     try:
-        consumer.commit(offsets=offsets, asynchronous=False)
+        with _consumer(source) as consumer:
+            consumer.commit(offsets=offsets, asynchronous=False)
         return None
     except KafkaException as exc:
         return f"could not publish offsets to consumer group {source.group_id!r}: {exc.args[0]}"
-    finally:
-        consumer.close()
 
 
 def retention_limits(
@@ -404,29 +406,29 @@ def retention_limits(
         KafkaUnavailable: If the brokers do not answer within `kafka.timeout_s`.
     """
     # The admin module defines ConfigResource without listing it in `__all__`.
-    from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+    from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
-    admin = AdminClient(
-        client_conf(source.kafka, **{"socket.timeout.ms": int(source.kafka.timeout_s * 1000)})
-    )
     asked = sorted(pipeline_topics(source) if topics is None else topics)
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in asked]
     if not resources:
         return {}
+    answers: dict[str, Any] = {}
+    with _admin(source) as admin:
+        for resource, future in admin.describe_configs(resources).items():
+            try:
+                answers[resource.name] = future.result(source.kafka.timeout_s)
+            except KafkaException:
+                answers[resource.name] = {}
+            except TimeoutError:
+                raise _unreachable(source) from None
     out: dict[str, dict[str, int | None]] = {}
-    for resource, future in admin.describe_configs(resources).items():
-        try:
-            entries = future.result(source.kafka.timeout_s)
-        except KafkaException:
-            entries = {}
-        except TimeoutError:
-            raise _unreachable(source) from None
+    for name, entries in answers.items():
         limits: dict[str, int | None] = {}
         for key in ("ms", "bytes"):
             entry = entries.get(f"retention.{key}")
             value = int(entry.value) if entry is not None and entry.value not in (None, "") else -1
             limits[key] = value if value > 0 else None
-        out[resource.name] = limits
+        out[name] = limits
     return out
 
 

@@ -25,7 +25,8 @@ class Seen:
     """What an idle run read, for its summary's view: nothing was committed since.
 
     Attributes:
-        rows: The ledger's `RUN_COLUMNS`.
+        rows: The ledger's `RUN_COLUMNS`, of its newest batches at least
+            (`strata.store.ledger.recent_ledger`).
         state: Where reading goes on.
         states: The partitions' watermarks on the brokers.
     """

@@ -8,6 +8,7 @@ writer, and only file metadata and counts go back to the driver.
 from __future__ import annotations
 
 import ctypes
+import heapq
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -327,6 +328,44 @@ def run_split(job: SplitJob) -> SplitResult:
     raise AssertionError("a split always ends with its result")
 
 
+def run_splits(jobs: list[SplitJob]) -> list[SplitResult]:
+    """Several splits, one after another, in one task (`execute` with `pack`).
+
+    A Spark task costs tens of milliseconds before it reads anything (scheduling, a
+    Python worker's round trip): for hundreds of small tables' splits, more than the
+    reading itself. Each split still closes its files before the next begins.
+    """
+    return [run_split(job) for job in jobs]
+
+
+# Up to this many splits per core run a task each; more are packed into this many per core.
+SPLITS_PER_SLOT = 4
+# What a split costs beyond its offsets (a consumer, three writers, their files), counted
+# in offsets, so that many small splits and a few large ones are spread evenly.
+SPLIT_COST_OFFSETS = 20_000
+
+
+def _packs(jobs: list[SplitJob], slots: int) -> list[list[int]]:
+    """The splits (by index) packed into `SPLITS_PER_SLOT` tasks per core, evenly by cost.
+
+    Returns:
+        The packs, each in the splits' order; none when the splits are few enough to
+        run a task each.
+    """
+    count = max(slots, 1) * SPLITS_PER_SLOT
+    if len(jobs) <= count:
+        return []
+    cost = [SPLIT_COST_OFFSETS + sum(r.count for r in job.ranges) for job in jobs]
+    # The largest first, each onto the least loaded pack (longest processing time first).
+    loads = [(0, n) for n in range(count)]
+    packs: list[list[int]] = [[] for _ in range(count)]
+    for i in sorted(range(len(jobs)), key=lambda i: -cost[i]):
+        load, n = heapq.heappop(loads)
+        packs[n].append(i)
+        heapq.heappush(loads, (load + cost[i], n))
+    return [sorted(p) for p in packs if p]
+
+
 META = ""
 
 
@@ -384,7 +423,7 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 def execute(
-    spark: SparkSession, jobs: list[SplitJob], label: str, reducers: int = 0
+    spark: SparkSession, jobs: list[SplitJob], label: str, reducers: int = 0, pack: bool = False
 ) -> list[SplitResult]:
     """Run one task per split and collect their metadata.
 
@@ -394,14 +433,24 @@ def execute(
         label: Printed with progress lines.
         reducers: 0 for the `per_task` layout; otherwise the `shuffle` layout with
             this many writing tasks.
+        pack: The splits are of many batches (the tables of a routed pipeline): beyond
+            `SPLITS_PER_SLOT` per core, they run packed into that many tasks per core.
 
     Returns:
-        Each task's result (with `shuffle`, plus one holding the reducers' files).
+        Each split's result, in order (with `shuffle`, plus one holding the reducers'
+        files).
     """
     from strata.spark.session import progress, run_each
 
     if not reducers:
-        return run_each(spark, run_split, jobs, label)
+        packs = _packs(jobs, spark.sparkContext.defaultParallelism) if pack else []
+        if not packs:
+            return run_each(spark, run_split, jobs, label)
+        ran = run_each(spark, run_splits, [[jobs[i] for i in p] for p in packs], label)
+        by_index: dict[int, SplitResult] = {}
+        for indices, each in zip(packs, ran, strict=True):
+            by_index.update(zip(indices, each, strict=True))
+        return [by_index[i] for i in range(len(jobs))]
     sc = spark.sparkContext
     sc.setJobDescription(label)
     with progress(sc, label, len(jobs)):

@@ -8,13 +8,14 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from strata.errors import UnsafePartitionValue
-from strata.store.parquet import OpenFile, WrittenFile, file_name, partition_path
+from strata.store.parquet import OpenFile, WrittenFile, file_name, offset_tally, partition_path
 
 
 class PartitionedWriter:
@@ -70,6 +71,7 @@ class PartitionedWriter:
         self.fs, self.root = fs, root
         self.partition_by = partition_by
         self.file_schema = pa.schema([f for f in schema if f.name not in partition_by])
+        self.coordinates = {"_topic", "_partition", "_offset"} <= set(self.file_schema.names)
         self.batch, self.tag = batch, tag
         self.attempt, self.run_id = attempt, run_id
         self.target_bytes, self.row_group_rows = target_bytes, row_group_rows
@@ -78,7 +80,7 @@ class PartitionedWriter:
         self.locations = dict(locations or {})
         self._held: dict[tuple[str, ...], int] = {}
         self._held_total = 0
-        self._buffers: dict[tuple[str, ...], list[pa.Table]] = {}
+        self._buffers: dict[tuple[str, ...], list[_Piece]] = {}
         self._buffered: dict[tuple[str, ...], int] = {}
         # Least recently written first.
         self._open: OrderedDict[tuple[str, ...], OpenFile] = OrderedDict()
@@ -98,11 +100,22 @@ class PartitionedWriter:
         """
         if table.num_rows == 0:
             return
-        for key, part in split_by(table, self.partition_by):
-            body = part.select(self.file_schema.names).cast(self.file_schema)
-            self._buffers.setdefault(key, []).append(body)
-            self._buffered[key] = self._buffered.get(key, 0) + body.num_rows
-            self._hold(key, self._held.get(key, 0) + body.nbytes)
+        # Cast and count once for the whole chunk, never once per partition value: a
+        # chunk spread over thousands of event hours made those per-part calls (and a
+        # `take` that concatenated the chunk's chunks again for each part) most of a
+        # task's time.
+        body = table.select(self.file_schema.names).cast(self.file_schema).combine_chunks()
+        groups = _group_by_values(table, self.partition_by)
+        tallies = _offset_tallies(body, groups) if self.coordinates else {}
+        # A part's memory is its share of the chunk's: `nbytes` costs tens of
+        # microseconds a call, more than taking a part of a few rows.
+        per_row = body.nbytes / body.num_rows
+        for key, rows in groups.parts():
+            part = body if rows is None else body.take(rows)
+            held = round(part.num_rows * per_row)
+            self._buffers.setdefault(key, []).append(_Piece(part, held, tallies.get(key)))
+            self._buffered[key] = self._buffered.get(key, 0) + part.num_rows
+            self._hold(key, self._held.get(key, 0) + held)
             while self._buffered[key] >= self.row_group_rows:
                 self._write_group(key, self.row_group_rows)
         if self._held_total > self.buffer_bytes:
@@ -117,11 +130,30 @@ class PartitionedWriter:
         self._held[key] = nbytes
 
     def _write_group(self, key: tuple[str, ...], rows: int) -> None:
-        buffered = pa.concat_tables(self._buffers[key])
-        group, rest = buffered.slice(0, rows), buffered.slice(rows)
-        self._buffers[key] = [rest] if rest.num_rows else []
-        self._buffered[key] = rest.num_rows
-        self._hold(key, rest.nbytes if rest.num_rows else 0)
+        taken: list[pa.Table] = []
+        tally: Tally | None = {} if self.coordinates else None
+        rest: list[_Piece] = []
+        due = rows
+        for piece in self._buffers[key]:
+            if due >= piece.rows.num_rows:
+                taken.append(piece.rows)
+                tally = _added(tally, piece.tally)
+                due -= piece.rows.num_rows
+            elif due:
+                head, tail = piece.rows.slice(0, due), piece.rows.slice(due)
+                # Cut inside a piece: its head is counted, its tail keeps the rest.
+                counted = offset_tally(head) if piece.tally is not None else None
+                taken.append(head)
+                tally = _added(tally, counted)
+                held = round(piece.nbytes * tail.num_rows / piece.rows.num_rows)
+                rest.append(_Piece(tail, held, _taken_away(piece.tally, counted)))
+                due = 0
+            else:
+                rest.append(piece)
+        group = pa.concat_tables(taken)
+        self._buffers[key] = rest
+        self._buffered[key] = sum(piece.rows.num_rows for piece in rest)
+        self._hold(key, sum(piece.nbytes for piece in rest))
         out = self._open.get(key)
         if out is None:
             while len(self._open) >= self.max_open_files:
@@ -142,7 +174,7 @@ class PartitionedWriter:
             self._open[key] = out
         else:
             self._open.move_to_end(key)
-        out.write(group)
+        out.write(group, tally)
         if out.bytes_written >= self.target_bytes:
             self.files.append(out.close())
             del self._open[key]
@@ -168,10 +200,8 @@ _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_:+-][A-Za-z0-9_.:+-]*$")
 def split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...], pa.Table]]:
     """Split rows by the values of partition columns, keeping their order within each.
 
-    One stable sort on the values' dictionary codes groups the rows, so the cost
-    stays O(rows log rows) however many values there are. Each part is taken as a
-    compact copy of its own rows: a part buffered for later never keeps the whole
-    input alive.
+    Each part is taken as a compact copy of its own rows: a part buffered for later
+    never keeps the whole input alive.
 
     Args:
         table: Rows holding the columns.
@@ -184,10 +214,63 @@ def split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...],
         UnsafePartitionValue: If a value is null, empty, or could escape the table
             directory (`/`, `..`, leading dots, other special characters).
     """
+    groups = _group_by_values(table, columns)
+    if groups.order is not None:
+        # A take from a table of several chunks concatenates them again for every part.
+        table = table.combine_chunks()
+    return [(key, table if rows is None else table.take(rows)) for key, rows in groups.parts()]
+
+
+@dataclass(frozen=True)
+class _ValueGroups:
+    """Rows grouped by the values of partition columns: which rows hold which values.
+
+    Attributes:
+        keys: The distinct values, sorted.
+        codes: Per row, the code of its values (None with one part only).
+        order: Row indices, stably sorted by code (None with one part only).
+        bounds: Per key, its rows' `[lo, hi)` within `order`.
+        key_of: The values of each code.
+    """
+
+    keys: list[tuple[str, ...]]
+    codes: pa.Array | None = None
+    order: pa.Array | None = None
+    bounds: dict[tuple[str, ...], tuple[int, int]] = field(default_factory=dict)
+    key_of: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def parts(self) -> list[tuple[tuple[str, ...], pa.Array | None]]:
+        """(values, their rows' indices in order) per key, sorted; None for every row."""
+        if self.order is None:
+            return [(key, None) for key in self.keys]
+        return [
+            (key, self.order.slice(lo, hi - lo))
+            for key in self.keys
+            for lo, hi in [self.bounds[key]]
+        ]
+
+
+def _group_by_values(table: pa.Table, columns: list[str]) -> _ValueGroups:
+    """Group rows by the values of partition columns, keeping their order within each.
+
+    One stable sort on the values' dictionary codes groups the rows, so the cost
+    stays O(rows log rows) however many values there are.
+
+    Args:
+        table: Rows holding the columns.
+        columns: Partition columns (strings).
+
+    Returns:
+        The groups (none for no rows; one for every row without columns).
+
+    Raises:
+        UnsafePartitionValue: If a value is null, empty, or could escape the table
+            directory (`/`, `..`, leading dots, other special characters).
+    """
     if not columns:
-        return [((), table)]
+        return _ValueGroups([()])
     if table.num_rows == 0:
-        return []
+        return _ValueGroups([])
     dictionaries = []
     codes: pa.Array | None = None
     for column in columns:
@@ -216,18 +299,89 @@ def split_by(table: pa.Table, columns: list[str]) -> list[tuple[tuple[str, ...],
                 )
         keyed.append(values)
     if len(distinct) == 1:
-        return [(keyed[0], table)]
+        return _ValueGroups(keyed)
+    key_of = dict(zip(distinct, keyed, strict=True))
     order = pc.sort_indices(codes)
     ordered = pc.take(codes, order)
     # Where the sorted codes change, a part ends; parts come out in code order.
     ends = pc.indices_nonzero(
         pc.not_equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))
     ).to_pylist()
-    bounds = [0] + [e + 1 for e in ends] + [len(ordered)]
-    by_code = dict(zip(distinct, keyed, strict=True))
-    parts = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        values = by_code[ordered[lo].as_py()]
-        parts.append((values, table.take(order.slice(lo, hi - lo))))
-    parts.sort(key=lambda part: part[0])
-    return parts
+    starts = [0] + [e + 1 for e in ends]
+    firsts = pc.take(ordered, pa.array(starts)).to_pylist()
+    bounds = {
+        key_of[code]: (lo, hi)
+        for code, lo, hi in zip(firsts, starts, [*starts[1:], len(ordered)], strict=True)
+    }
+    return _ValueGroups(sorted(keyed), codes, order, bounds, key_of)
+
+
+Tally = dict[str, list[int]]
+"""Per `"topic:partition"`, `[rows, sum of offsets]` (see `WrittenFile.offsets`)."""
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """Buffered rows of one partition value: the memory they hold, their offset tally."""
+
+    rows: pa.Table
+    nbytes: int
+    tally: Tally | None
+
+
+def _offset_tallies(body: pa.Table, groups: _ValueGroups) -> dict[tuple[str, ...], Tally]:
+    """Each part's offset tally, counted for the whole chunk at once.
+
+    One grouped sum over the chunk, rather than one per part: the rows counted are the
+    very rows each part takes, so a file's tally is still that of the rows handed to
+    its Parquet writer.
+    """
+    if groups.codes is None:
+        return {key: offset_tally(body) for key in groups.keys}
+    grouped = (
+        pa.table(
+            {
+                "code": groups.codes,
+                "topic": body.column("_topic"),
+                "partition": body.column("_partition"),
+                "offset": body.column("_offset"),
+            }
+        )
+        .group_by(["code", "topic", "partition"], use_threads=False)
+        .aggregate([("offset", "count"), ("offset", "sum")])
+    )
+    tallies: dict[tuple[str, ...], Tally] = {}
+    for code, topic, partition, rows, total in zip(
+        grouped.column("code").to_pylist(),
+        grouped.column("topic").to_pylist(),
+        grouped.column("partition").to_pylist(),
+        grouped.column("offset_count").to_pylist(),
+        grouped.column("offset_sum").to_pylist(),
+        strict=True,
+    ):
+        tallies.setdefault(groups.key_of[code], {})[f"{topic}:{partition}"] = [rows, total]
+    return tallies
+
+
+def _added(a: Tally | None, b: Tally | None) -> Tally | None:
+    """Two tallies added up; None (count the rows again) if either is unknown."""
+    if a is None or b is None:
+        return None
+    out = {key: list(value) for key, value in a.items()}
+    for key, (rows, total) in b.items():
+        entry = out.setdefault(key, [0, 0])
+        entry[0] += rows
+        entry[1] += total
+    return out
+
+
+def _taken_away(whole: Tally | None, head: Tally | None) -> Tally | None:
+    """What is left of a tally once a head of its rows is taken; None if either is unknown."""
+    if whole is None or head is None:
+        return None
+    out = {}
+    for key, (rows, total) in whole.items():
+        got = head.get(key, [0, 0])
+        if rows - got[0]:
+            out[key] = [rows - got[0], total - got[1]]
+    return out

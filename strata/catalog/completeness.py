@@ -18,23 +18,25 @@ whose first rows arrive after its completion is complete, and all its rows are l
 
 The pure rule (`watermarks`, `completing_batch`, `partition_states`) takes Arrow and
 plain values; `completeness` reads the ledger, the data table's file list and the
-quality marks, and `write_markers` writes the `_SUCCESS` files.
+quality marks, and `write_markers` writes the `_SUCCESS` files. What a run asks after
+its batch (the partitions it completed, its rows late after completion) is had from
+the watermarks its ledger commit recorded (`strata.store.ledger.batch_state`) and the
+batch's own files, so it costs the same after years of batches.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
-from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from strata.catalog._files import DataFile, candidates, late_rows, table_files
 from strata.config import CompletenessConfig, PartitioningConfig
 from strata.durations import parse_duration_ms
 from strata.quality.store import ResultStore
@@ -42,9 +44,16 @@ from strata.schema.avro import partition_columns
 from strata.schema.partitions import partition_span
 from strata.store.delta import open_table
 from strata.store.files import write_bytes_atomically
-from strata.store.ledger import READ_KINDS, read_ledger
-from strata.store.locations import current_files, current_locations, place
-from strata.store.parquet import file_batch, partition_path
+from strata.store.ledger import (
+    READ_KINDS,
+    LedgerState,
+    batch_state,
+    from_us,
+    ledger_state,
+    read_ledger,
+    recent_ledger,
+)
+from strata.store.locations import current_locations, place
 from strata.store.places import Places, TableRef
 
 MARKER = "_SUCCESS"
@@ -80,6 +89,9 @@ class Watermark:
 def watermarks(ledger: pa.Table) -> list[Watermark]:
     """The watermark after each ingest batch of the ledger, oldest batch first.
 
+    The ledger's own fold (`strata.store.ledger.LedgerState.after`), which each ledger
+    commit records for its batch, run over the rows.
+
     Args:
         ledger: Ledger rows (`strata.store.ledger.read_ledger`); kinds other than `ingest` are
             ignored: losses, seeks and re-reads of committed offsets bring no new event
@@ -91,42 +103,25 @@ def watermarks(ledger: pa.Table) -> list[Watermark]:
     rows = ledger.filter(pc.equal(ledger.column("kind"), "ingest"))
     if rows.num_rows == 0:
         return []
-    rows = rows.sort_by([("batch", "ascending")])
-    newest: dict[str, datetime] = {}
-    # Per Kafka partition: the last batch that read a message from it, and whether that
-    # batch read it to the end the broker reported when the batch was planned.
-    last_read: dict[str, int] = {}
-    drained: dict[str, bool] = {}
+    columns = ["batch", "kind", "topic", "partition", "messages", "end_offset"]
+    ordered = (
+        rows.select([*columns, "high_watermark", "max_event_time", "committed_at"])
+        .sort_by([("batch", "ascending")])
+        .to_pylist()
+    )
+    state = LedgerState(0, {})
     out: list[Watermark] = []
-    current: datetime | None = None
-    columns = ("batch", "topic", "partition", "messages", "end_offset", "high_watermark")
-    values = [rows.column(c).to_pylist() for c in (*columns, "max_event_time", "committed_at")]
     at = 0
-    while at < rows.num_rows:
-        batch, committed_at = values[0][at], values[7][at]
-        while at < rows.num_rows and values[0][at] == batch:
-            _, topic, partition, messages, end, high, newest_here, _ = (v[at] for v in values)
-            key = f"{topic}:{partition}"
-            if messages > 0:
-                last_read[key] = batch
-            # A range that read nothing but reached the end (its last offsets were
-            # transaction markers or compacted away) drains the partition all the same.
-            if high is not None and end >= high:
-                drained[key] = True
-            elif messages > 0:
-                drained[key] = False
-            if newest_here is not None and (key not in newest or newest_here > newest[key]):
-                newest[key] = newest_here
-            at += 1
-        holding = [
-            (mark, key)
-            for key, mark in newest.items()
-            if not (drained.get(key, False) and last_read.get(key, batch) < batch)
-        ]
-        low = min(holding, default=None)
-        if low is not None and (current is None or low[0] > current):
-            current = low[0]
-        out.append(Watermark(batch, committed_at, current, None if low is None else low[1]))
+    while at < len(ordered):
+        batch, committed_at = ordered[at]["batch"], ordered[at]["committed_at"]
+        end = at
+        while end < len(ordered) and ordered[end]["batch"] == batch:
+            end += 1
+        state = state.after(batch, committed_at, ordered[at:end])
+        mark = state.mark
+        assert mark is not None  # an ingest batch always leaves one
+        out.append(Watermark(batch, committed_at, from_us(mark.at_us), mark.holding))
+        at = end
     return out
 
 
@@ -242,99 +237,6 @@ def _iso(moment: datetime) -> str:
     return moment.isoformat().replace("+00:00", "Z")
 
 
-@dataclass(frozen=True)
-class _File:
-    """A data file of the table: its partition and the batches its rows may be of."""
-
-    path: str
-    partition: str
-    low: int | None
-    high: int | None
-
-
-def _table_files(ref: TableRef, partitioning: PartitioningConfig) -> list[_File]:
-    """The data table's current files, each with its partition and batch bounds.
-
-    Delta: from the log's add actions (partition values, `_batch` statistics). Plain
-    Parquet: each partition's directory in use; a file's name carries its batch, and a
-    compaction's file (rows of many batches) has no bounds.
-    """
-    columns = partition_columns(partitioning)
-    if ref.format == "delta":
-        table = open_table(ref.uri, ref.options)
-        if table is None:
-            return []
-        adds = pa.table(table.get_add_actions(flatten=True))
-        if adds.num_rows == 0:
-            return []
-        names = set(adds.column_names)
-        values = [adds.column(f"partition.{c}").to_pylist() for c in columns]
-        low = adds.column("min._batch").to_pylist() if "min._batch" in names else None
-        high = adds.column("max._batch").to_pylist() if "max._batch" in names else None
-        return [
-            _File(
-                path,
-                partition_path(columns, [str(v[i]) for v in values]),
-                None if low is None else low[i],
-                None if high is None else high[i],
-            )
-            for i, path in enumerate(adds.column("path").to_pylist())
-        ]
-    fs, root = ref.filesystem()
-    out = []
-    for f in current_files(fs, root):
-        batch = file_batch(f.path)
-        out.append(_File(f.path, f.partition, batch, batch))
-    return out
-
-
-def late_rows(
-    ref: TableRef,
-    files: list[_File],
-    since: dict[str, int],
-    ingested: set[int],
-    only: int | None = None,
-) -> dict[str, int]:
-    """Rows per partition that ingest batches landed after the batch completing it.
-
-    Only files that can hold such rows are read, and only their `_batch` column.
-
-    Args:
-        ref: The data table.
-        files: The data table's files (`_table_files`).
-        since: Per partition, the batch that completed it.
-        ingested: The ingest batches of the ledger (backfills and replays re-write
-            committed offsets by an operator's decision and are reported by them).
-        only: Count the rows of this batch only.
-
-    Returns:
-        Partitions with late rows, and how many.
-    """
-    fs, root = ref.filesystem()
-    by_partition: dict[str, list[str]] = defaultdict(list)
-    for f in files:
-        after = since.get(f.partition)
-        if after is None or (f.high is not None and f.high <= after):
-            continue
-        # A batch's rows are in files named by it: a file without bounds (a compaction's,
-        # of rows of settled, older batches) is not read for one batch's count.
-        if only is not None and (
-            only <= after or f.low is None or f.high is None or not f.low <= only <= f.high
-        ):
-            continue
-        by_partition[f.partition].append(f"{root}/{f.path}")
-    counts = {}
-    for partition, paths in sorted(by_partition.items()):
-        batches = {only} if only is not None else ingested
-        where = (ds.field("_batch") > since[partition]) & ds.field("_batch").isin(
-            sorted(batches & ingested)
-        )
-        found = ds.dataset(paths, format="parquet", filesystem=fs).count_rows(filter=where)
-        if found:
-            counts[partition] = found
-    return counts
-
-
 @dataclass
 class Completeness:
     """A pipeline's completeness as the ledger stands.
@@ -372,27 +274,26 @@ class Completeness:
         return _iso(datetime.fromisoformat(self.watermark) - _lateness(self.lateness))
 
 
-def watermark_now(settings: CompletenessConfig, ledger: pa.Table) -> dict[str, str | None] | None:
+def watermark_now(settings: CompletenessConfig, state: LedgerState) -> dict[str, str | None] | None:
     """The watermark after the newest ingest batch, for `strata status` and the metrics.
 
     Args:
         settings: The pipeline's `completeness` settings.
-        ledger: The ledger rows.
+        state: What the ledger says now (`strata.store.ledger.ledger_state`).
 
     Returns:
         `at`, `holding` (the Kafka partition holding it back) and `complete_before` (a
         partition ending by then is complete, unless the quality gate holds it); None
         when completeness is off or no event time was read yet.
     """
-    if not settings.enabled:
+    if not settings.enabled or state.mark is None:
         return None
-    marks = watermarks(ledger)
-    if not marks or marks[-1].at is None:
+    at = from_us(state.mark.at_us)
+    if at is None:
         return None
-    at = marks[-1].at
     return {
         "at": _iso(at),
-        "holding": marks[-1].holding,
+        "holding": state.mark.holding,
         "complete_before": _iso(at - _lateness(settings.lateness)),
     }
 
@@ -441,13 +342,19 @@ def completeness(
     Returns:
         The completeness.
     """
+    if not totals and ledger is None and (since is None or batch is None or since >= batch - 1):
+        found = _batch_completeness(
+            places, settings, partitioning, gate, asset, batch, quality=quality, since=since
+        )
+        if found is not None:
+            return found
     rows = read_ledger(places) if ledger is None else ledger
     marks = watermarks(rows)
     ingested = {m.batch for m in marks}
     if batch is None and marks:
         batch = marks[-1].batch
     table = places.table("table")
-    files = _table_files(table, partitioning)
+    files = table_files(table, partitioning)
     held = _held(ResultStore.of(places), gate, rows, files) if quality else {}
     states = partition_states(
         sorted({f.partition for f in files}),
@@ -483,8 +390,95 @@ def completeness(
     return found
 
 
+def _batch_completeness(
+    places: Places,
+    settings: CompletenessConfig,
+    partitioning: PartitioningConfig,
+    gate: str,
+    asset: str,
+    batch: int | None,
+    *,
+    quality: bool,
+    since: int | None,
+) -> Completeness | None:
+    """What one ingest batch changed, from the states its ledger commit recorded.
+
+    The watermark only rises, so a partition due (its end plus the lateness) by the
+    watermark before the batch was complete before it: the batch's rows there are
+    late; one due between that watermark and the batch's own was completed by the
+    batch. Only the batch's own files, the partitions whose spans end in that interval
+    and those a quality mark holds are looked at, never the ledger's history, so a run
+    costs the same after years of batches. `partitions` lists those alone.
+
+    Returns:
+        The completeness, or None where the rows must decide: a plain Parquet table
+        (its files are listed from storage), a ledger whose commit of the batch
+        recorded no state, or a batch that is not an ingest.
+    """
+    table = places.table("table")
+    if table.format != "delta":
+        return None
+    state = ledger_state(places) if batch is None else batch_state(places, batch)
+    mark = None if state is None else state.mark
+    if mark is None or (batch is not None and mark.batch != batch):
+        return None
+    lateness = _lateness(settings.lateness)
+    now, before = from_us(mark.at_us), from_us(mark.before_us)
+    delta = open_table(table.uri, table.options)
+    adds = pa.table(delta.get_add_actions(flatten=True)) if delta is not None else None
+    columns = partition_columns(partitioning)
+    held = ResultStore.of(places).incomplete() if quality else {}
+    wrote = candidates(adds, columns, mark.batch, None, None, set())
+    due = candidates(adds, columns, None, before, now, set(held), lateness)
+    # By path, in a set: a batch over thousands of hours wrote thousands of files.
+    seen = {f.path for f in wrote}
+    files = wrote + [f for f in due if f.path not in seen]
+    if quality and gate == "fail":
+        rows = recent_ledger(places, ["batch", "kind", "rows"])
+        held = _held(ResultStore.of(places), gate, rows, files)
+    states = partition_states(
+        sorted({f.partition for f in files}),
+        []
+        if now is None
+        else [Watermark(mark.batch, from_us(mark.committed_at_us) or now, now, mark.holding)],
+        lateness,
+        partitioning.timezone,
+        held,
+    )
+    earlier = {
+        s.partition
+        for s in states
+        if before is not None
+        and s.completed_batch is not None
+        and datetime.fromisoformat(s.end) + lateness <= before
+    }
+    late = late_rows(
+        table, wrote, {p: mark.batch - 1 for p in earlier}, {mark.batch}, only=mark.batch
+    )
+    # The batch completed those due after the watermark before it; the others were
+    # complete before it, and their completing batch is not looked for.
+    kept = [s for s in states if s.partition not in earlier]
+    kept += [
+        replace(s, completed_batch=None, completed_at=None, watermark=None)
+        for s in states
+        if s.partition in earlier and s.held_by
+    ]
+    announced = since is not None and since >= mark.batch
+    return Completeness(
+        places.pipeline,
+        asset,
+        settings.lateness,
+        mark.batch,
+        None if now is None else _iso(now),
+        mark.holding,
+        sorted(kept, key=lambda s: s.partition),
+        [] if announced else [s.partition for s in kept if s.complete],
+        late,
+    )
+
+
 def _held(
-    store: ResultStore, gate: str, rows: pa.Table, files: list[_File]
+    store: ResultStore, gate: str, rows: pa.Table, files: list[DataFile]
 ) -> dict[str, list[int]]:
     """Partitions the quality gate holds, with the batches holding them.
 

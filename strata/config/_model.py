@@ -137,6 +137,9 @@ class PipelineConfig(_Strict):
     _neighbours: tuple[OwnedTable, ...] = PrivateAttr(default=())
     # Its places and names (`places`), built on first use.
     _places: Places | None = PrivateAttr(default=None)
+    # Each table of a routed pipeline, once configured: the namespace checks at load and
+    # every command on the tables ask for the same hundreds of tables again.
+    _routes: dict[str, PipelineConfig] = PrivateAttr(default_factory=dict)
 
     name: str
     topics: list[str] = Field(default_factory=list)
@@ -315,6 +318,13 @@ class PipelineConfig(_Strict):
             raise ConfigError(f"pipeline {self.name} does not route its topics to tables")
         if not is_name(table):
             raise ConfigError(f"{table!r} is not a table name; {NAME_RULE}")
+        if table not in self._routes:
+            self._routes[table] = self._configure_route(table)
+        return self._routes[table]
+
+    def _configure_route(self, table: str) -> PipelineConfig:
+        """The configuration of one table of this routed pipeline, made anew (`route`)."""
+        assert self.routing is not None  # noqa: S101 - `route` checked it
         data = self.model_dump(exclude_unset=False)
         data["name"] = table
         if self.topics:
@@ -520,6 +530,8 @@ class PipelineConfig(_Strict):
             The copy.
         """
         copy = super().model_copy(update=update, deep=deep)
+        # Its own record of its tables: a copy with keys changed makes them anew.
+        copy._routes = {} if update else dict(self._routes)
         if update:
             # A changed key (the warehouse, a location, the table format, the metastore)
             # may move a table: the places this configuration built are not the copy's.

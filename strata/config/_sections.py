@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -419,9 +420,15 @@ class RoutingConfig(_Strict):
         """The table a topic lands in."""
         if topic in self.tables:
             return self.tables[topic]
-        plain = re.sub(r"[^a-z0-9_]", "_", topic.lower())
-        name = self.table.replace("{topic}", plain)
-        return name if is_name(name) else f"t_{name}"[:63]
+        return _table_name(self.table, topic)
+
+
+@lru_cache(maxsize=65_536)
+def _table_name(template: str, topic: str) -> str:
+    """The table `template` names for a topic (asked for every topic by every table)."""
+    plain = re.sub(r"[^a-z0-9_]", "_", topic.lower())
+    name = template.replace("{topic}", plain)
+    return name if is_name(name) else f"t_{name}"[:63]
 
 
 class SparkConfig(_Strict):

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from typing import Any
 
+from strata.batch.outcome import RunOutcome
 from strata.cli import run_guarded
 from strata.config import PipelineConfig, load_pipeline
-from strata.edge import each_table, status_settings
+from strata.edge import alone, each_table, status_settings, then_each
 from strata.log import configure as configure_logging
 from strata.operations.metrics import after_run
 from strata.operations.report import render_summary, summary_dict
-from strata.run import run_batch
+from strata.run import run_batches
 from strata.spark.session import build_session, submitted_master
 
 
@@ -58,25 +60,35 @@ def main() -> int:
     args = parser.parse_args()
     configure_logging()
 
-    def run(cfg: PipelineConfig) -> tuple[str, dict[str, Any]]:
-        master = submitted_master() or cfg.spark.master
-        if not master.startswith("local") and not cfg.spark.tasks:
+    def run_tables(tables: list[PipelineConfig]) -> list[tuple[str, dict[str, Any]] | Exception]:
+        first = tables[0]
+        master = submitted_master() or first.spark.master
+        if not master.startswith("local") and not first.spark.tasks:
             # Started before the plan, so the batch is split over the cluster's cores.
-            build_session(cfg.spark, cfg.name)
-        outcome = run_batch(
-            cfg,
+            build_session(first.spark, first.name)
+        outcomes = run_batches(
+            tables,
             max_offsets=args.max_offsets,
             session=lambda table: build_session(table.spark, table.name),
             register_tables=not args.no_register,
         )
+        return then_each(tables, outcomes, after)
+
+    def after(cfg: PipelineConfig, outcome: RunOutcome) -> tuple[str, dict[str, Any]]:
         # The same warnings and metrics as a run in the Airflow worker or at the prompt.
         after_run(cfg.places(), status_settings(cfg), cfg.metrics, outcome)
         return render_summary(outcome), summary_dict(outcome)
 
-    # A pipeline routing its topics to tables runs each table in this one
-    # application, on the one session.
+    # A pipeline routing its topics to tables runs all its tables in this one
+    # application: their reads in one Spark job, their commits each its own.
     return run_guarded(
-        lambda: each_table(load_pipeline(args.pipeline, args.conf_dir), "run", run), args.json
+        lambda: each_table(
+            load_pipeline(args.pipeline, args.conf_dir),
+            "run",
+            partial(alone, run_tables),
+            run_tables,
+        ),
+        args.json,
     )
 
 

@@ -44,7 +44,7 @@ from strata.log import get_logger
 from strata.maintenance.compact import MAINTAINED
 from strata.store.delta import committed_batch, fence_maintenance, newest_commit, open_table
 from strata.store.files import read_bytes
-from strata.store.ledger import COLUMNS_KEY, TOPIC_IDS_KEY, ledger_state
+from strata.store.ledger import COLUMNS_KEY, STATE_KEY, TOPIC_IDS_KEY, ledger_state
 from strata.store.locations import (
     GENERATION,
     TableFile,
@@ -126,7 +126,7 @@ def checkpoint(places: Places) -> dict[str, Any]:
       left unfinished) keeps its log: finishing or dropping that batch reads the
       batch's commit;
     - the ledger keeps its log while the newest commit recording the data table's
-      columns, or the one recording the topics' ids, would expire: plans read them.
+      columns, the topics' ids or the ledger's state would expire: plans read them.
 
     Args:
         places: The pipeline's places.
@@ -160,7 +160,7 @@ def _cleanup_allowed(ledger: DeltaTable) -> bool:
     if retention is None:
         return False
     horizon = datetime.now(UTC) - retention + timedelta(days=1)
-    for key in (COLUMNS_KEY, TOPIC_IDS_KEY):
+    for key in (COLUMNS_KEY, TOPIC_IDS_KEY, STATE_KEY):
         newest = newest_commit(ledger, partial(_records, key))
         if newest is not None:
             made = datetime.fromtimestamp(int(newest["timestamp"]) / 1000, UTC)

@@ -22,7 +22,15 @@ from strata.config import CompletenessConfig, KafkaSource
 from strata.durations import human_duration
 from strata.errors import KafkaUnavailable, PlanError
 from strata.maintenance.vacuum import table_health
-from strata.store.ledger import RUN_COLUMNS, LedgerState, lag_after, ledger_state, read_ledger
+from strata.store.ledger import (
+    RECENT_BATCHES,
+    RUN_COLUMNS,
+    LedgerState,
+    lag_after,
+    ledger_state,
+    read_ledger,
+    recent_ledger,
+)
 from strata.store.places import Places
 
 if TYPE_CHECKING:
@@ -95,7 +103,7 @@ def pipeline_status(places: Places, settings: StatusSettings, history: int = 10)
         for r in (edits.to_pylist() if rows.num_rows else [])
     ]
     out["unfinished"] = _unfinished(places, state.last_batch + 1)
-    out["watermark"] = watermark_now(settings.completeness, rows)
+    out["watermark"] = watermark_now(settings.completeness, state)
     out["tables"] = table_health(places, settings.small_file_bytes)
     small = sum(t["small_files"] for name, t in out["tables"].items() if name != "ledger")
     if small >= 100:
@@ -115,8 +123,7 @@ def pipeline_view(
     Args:
         places: The pipeline's (or routed table's) places.
         settings: What else the view reads (`StatusSettings`).
-        watermark: Also work out the completeness watermark (for the metrics; it
-            costs a pass over every ingest row of the ledger).
+        watermark: Also give the completeness watermark (for the metrics).
         seen: What an idle run just read of the ledger and the brokers, taken instead
             of reading them again.
 
@@ -126,13 +133,14 @@ def pipeline_view(
         `broker_error`; with `watermark`, `watermark` too.
     """
     if seen is not None:
-        rows = seen.rows
-        out = _view(places, settings, rows, seen.state, listed=False, states=seen.states)
+        state = seen.state
+        out = _view(places, settings, seen.rows, state, listed=False, states=seen.states)
     else:
-        rows = read_ledger(places, RUN_COLUMNS)
-        out = _view(places, settings, rows, ledger_state(places, rows), listed=False)
+        # The newest batches are all the view shows: a ledger of years is not read.
+        state = ledger_state(places)
+        out = _view(places, settings, recent_ledger(places, RUN_COLUMNS), state, listed=False)
     if watermark:
-        out["watermark"] = watermark_now(settings.completeness, rows)
+        out["watermark"] = watermark_now(settings.completeness, state)
     return out
 
 
@@ -180,7 +188,8 @@ def _view(
                 unread[(s.topic, s.partition)] = max(position, s.low)
         # Sizes and rates matter only where something is unread; a caught-up pipeline
         # skips the pass over every ingest row.
-        _retention(settings.source, unread, lag, out["warnings"], _observed(rows) if unread else {})
+        seen = _observed(rows, state) if unread else {}
+        _retention(settings.source, unread, lag, out["warnings"], seen)
         if listed:
             out["warnings"] += [
                 f"topic `{topic}` matched topics_pattern and has committed offsets, but the "
@@ -300,25 +309,32 @@ class Observed:
 RATE_WINDOW = 10
 
 
-def _observed(rows: pa.Table) -> dict[tuple[str, int], Observed]:
-    """Per partition: mean message size, and a past high watermark with its time."""
-    if rows.num_rows == 0:
-        return {}
-    ingested = rows.filter(pc.equal(rows.column("kind"), "ingest")).sort_by(
-        [("batch", "descending")]
-    )
-    grouped: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for r in ingested.to_pylist():
-        grouped.setdefault((r["topic"], r["partition"]), []).append(r)
+def _observed(rows: pa.Table, state: LedgerState) -> dict[tuple[str, int], Observed]:
+    """Per partition: mean message size, and a past high watermark with its time.
+
+    The size is of every message ingested (the ledger's state counts them); the rate is
+    measured over the newest rows, of the newest `RECENT_BATCHES` batches at most.
+    """
+    recent: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    if rows.num_rows:
+        ingested = rows.filter(pc.equal(rows.column("kind"), "ingest"))
+        newest = pc.max(ingested.column("batch")).as_py() if ingested.num_rows else None
+        if newest is not None:
+            ingested = ingested.filter(
+                pc.greater(ingested.column("batch"), newest - RECENT_BATCHES)
+            ).sort_by([("batch", "descending")])
+        for r in ingested.to_pylist():
+            recent.setdefault((r["topic"], r["partition"]), []).append(r)
     out = {}
-    for key, recs in grouped.items():
-        messages = sum(r["messages"] for r in recs)
-        if not messages:
+    for name, traffic in state.traffic.items():
+        topic, _, partition = name.rpartition(":")
+        key = (topic, int(partition))
+        if not traffic.messages:
             continue
-        marked = [r for r in recs[:RATE_WINDOW] if r["high_watermark"] is not None]
+        marked = [r for r in recent.get(key, [])[:RATE_WINDOW] if r["high_watermark"] is not None]
         since = marked[-1] if marked else None
         out[key] = Observed(
-            sum(r["bytes"] for r in recs) / messages,
+            traffic.bytes / traffic.messages,
             since["high_watermark"] if since else None,
             since["committed_at"].timestamp() if since else None,
         )

@@ -20,6 +20,7 @@ import copy
 import html
 import json
 import logging
+import threading
 import warnings
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -109,7 +110,40 @@ def suite_expectations(
     return out
 
 
+# Great Expectations keeps its current project (the data context) process-wide: suites
+# run at once, by the tables of a routed pipeline taking their turns together, would
+# validate in each other's context. They run one at a time.
+_ONE_SUITE_AT_A_TIME = threading.Lock()
+
+
 def run_suite(
+    name: str,
+    batch: int,
+    expectations: list[Any],
+    rows: pa.Table,
+    neighbours: pa.Table,
+    docs_dir: Path,
+) -> tuple[list[Check], str | None, list[dict[str, Any]]]:
+    """Run the suite on the batch's rows, and table-wide uniqueness on their neighbours.
+
+    One suite at a time in a process (`_validate` does the work).
+
+    Args:
+        name: The pipeline's name, which names the suites.
+        batch: The batch checked.
+        expectations: The suite's expectations (`suite_expectations`).
+        rows: The rows to validate (the batch's, or a sample of them).
+        neighbours: Coordinates of every row of the table within the batch's offsets.
+        docs_dir: A local directory to build the Data Docs pages in (no index).
+
+    Returns:
+        As `_validate`.
+    """
+    with _ONE_SUITE_AT_A_TIME:
+        return _validate(name, batch, expectations, rows, neighbours, docs_dir)
+
+
+def _validate(
     name: str,
     batch: int,
     expectations: list[Any],

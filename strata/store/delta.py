@@ -310,14 +310,20 @@ def batch_metadata(uri: str, batch: int, options: dict[str, str], key: str) -> A
 
 
 def newest_commit(
-    table: DeltaTable, match: Callable[[dict[str, Any]], bool]
+    table: DeltaTable, match: Callable[[dict[str, Any]], bool], whole: bool = True
 ) -> dict[str, Any] | None:
     """The newest commit whose info matches, or None.
 
     Asked almost always about recent commits: the last 20 are read first, the whole
     history only when they do not hold it (it grows with the table's age).
+
+    Args:
+        table: The table.
+        match: Whether a commit's info is the one wanted.
+        whole: Read the whole history when the last 20 commits do not hold it; without,
+            a caller that has another way answers for older commits.
     """
-    for limit in (20, None):
+    for limit in (20, None) if whole else (20,):
         for commit in table.history(limit):
             if match(commit):
                 return commit

@@ -184,6 +184,9 @@ def put_if_absent(uri: str, options: dict[str, str], data: bytes) -> bool:
             raise _store_error(uri, "create the object", exc) from exc
         return True
     path = _local(uri)
+    if path.exists():
+        # Already there: no need to write and sync a copy only to be refused the name.
+        return False
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

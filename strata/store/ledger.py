@@ -21,11 +21,15 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
+# The state is the ledger's: its users import it from here.
+from strata.store._ledger_state import LedgerState as LedgerState
+from strata.store._ledger_state import Mark as Mark
+from strata.store._ledger_state import Traffic as Traffic
+from strata.store._ledger_state import from_us as from_us
 from strata.store.delta import BATCH_KEY, commit_files, ensure_table, newest_commit, open_table
 from strata.store.files import filesystem
 from strata.store.parquet import write_file
@@ -39,6 +43,12 @@ TOPIC_IDS_KEY = "strata.topic_ids"
 PARTITION_IDS_KEY = "strata.partition_topic_ids"
 # The Avro schema a batch was read with, when its table follows its registry subject.
 READER_SCHEMA_KEY = "strata.reader_schema"
+# The state after the batch (`LedgerState.record`): where reading goes on and the
+# watermark's facts, so a run reads one commit's info instead of every row.
+STATE_KEY = "strata.state"
+# How many of the newest commits are searched for the state: commits that record none
+# (a compaction's, a maintenance fence) are few between two batches.
+_STATE_SEARCH = 20
 # The kinds of row that say where reading goes on, in batch order.
 POSITION_KINDS = ("ingest", "seek")
 READ_KINDS = ("ingest", "backfill", "replay")
@@ -67,21 +77,6 @@ LEDGER_SCHEMA = pa.schema(
         pa.field("note", pa.string()),
     ]
 )
-
-
-@dataclass(frozen=True)
-class LedgerState:
-    """What the ledger says about a pipeline.
-
-    Attributes:
-        last_batch: Highest committed batch (of any kind), or 0 if none.
-        committed: Where reading goes on per (topic, partition): the end of the latest
-            ingested range, or where an operator's seek put it. Backfills and replays
-            re-read old offsets and never move it.
-    """
-
-    last_batch: int
-    committed: dict[tuple[str, int], int]
 
 
 @dataclass(frozen=True)
@@ -169,8 +164,8 @@ RUN_COLUMNS = [
     "high_watermark",
     "committed_at",
 ]
-"""The ledger's columns a run reads once: where reading goes on (`ledger_state`), and
-what an idle run's summary and metrics show (lag trend, time to retention, watermark)."""
+"""The ledger's columns a run reads of its newest batches: what an idle run's summary and
+metrics show (lag trend, produce rate); where reading goes on is the state's."""
 
 
 def read_ledger(places: Places, columns: list[str] | None = None) -> pa.Table:
@@ -187,70 +182,149 @@ def read_ledger(places: Places, columns: list[str] | None = None) -> pa.Table:
     return _rows(places, table, columns)
 
 
+RECENT_BATCHES = 80
+"""The batches `recent_ledger` reads: enough for a run's view of the newest batches (the
+lag trend looks back over 64 ingest batches, the produce rate over 10)."""
+
+
+def recent_ledger(
+    places: Places, columns: list[str] | None = None, batches: int = RECENT_BATCHES
+) -> pa.Table:
+    """The ledger rows of the newest `batches` batches (empty if nothing was committed yet).
+
+    Only the files that can hold them are read, told by their `batch` statistics: what a
+    run reads of the ledger stays the same however many batches it holds.
+
+    Args:
+        places: The pipeline's places (its ledger, its name).
+        columns: The columns to read; all of them if None.
+        batches: How many of the newest batch numbers.
+    """
+    table = open_table(places.ledger.uri, places.options)
+    if table is None:
+        empty = LEDGER_SCHEMA.empty_table()
+        return empty if columns is None else empty.select(columns)
+    since = (table.transaction_version(places.pipeline) or 0) - batches
+    return _rows(places, table, columns, ds.field("batch") > since, since)
+
+
 def _rows(
     places: Places,
     table: DeltaTable,
     columns: list[str] | None = None,
     where: ds.Expression | None = None,
+    after: int | None = None,
 ) -> pa.Table:
     """Rows of the ledger's current files, read as plain Parquet.
 
     The ledger has no partitions and one schema, so its files are read directly: a
     Delta dataset costs about a millisecond per file more to build, which a ledger of
     many small files (before `strata compact` merges them) pays on every run.
+
+    Args:
+        places: The pipeline's places.
+        table: The ledger.
+        columns: The columns to read; all of them if None.
+        where: Which rows.
+        after: Read only the files that may hold batches after this one: a batch's own
+            file by its name (`ledger_file_prefix`); any other (a compaction's) is read.
     """
     fs, root = places.ledger.filesystem()
-    paths = [f"{root}/{p}" for p in pa.table(table.get_add_actions()).column("path").to_pylist()]
-    found = ds.dataset(paths, schema=LEDGER_SCHEMA, format="parquet", filesystem=fs)
+    paths = pa.table(table.get_add_actions()).column("path").to_pylist()
+    if after is not None:
+        # By name, not statistics: parsing every file's statistics costs more than the
+        # read it saves, on a ledger of a file per batch.
+        floor = ledger_file_prefix(after + 1)
+        paths = [p for p in paths if not p.startswith("ledger-b") or p >= floor]
+    found = ds.dataset(
+        [f"{root}/{p}" for p in paths],
+        schema=LEDGER_SCHEMA,
+        format="parquet",
+        filesystem=fs,
+    )
     return found.to_table(columns=columns, filter=where)
 
 
 def ledger_state(places: Places, rows: pa.Table | None = None) -> LedgerState:
-    """The last committed batch and where reading goes on in every partition.
+    """The last committed batch, where reading goes on in every partition, and the watermark.
 
-    Only the rows that move a position are read, and only their five columns: what a
-    run reads stays small however long the pipeline has run (the log itself stays
-    short through `strata checkpoint`, its files few through `strata compact`).
+    Read from the newest ledger commit's info, which records the whole state after its
+    batch (`STATE_KEY`): what a run reads stays the same however long the pipeline has
+    run. A ledger whose newest batch recorded none (written before the state was
+    recorded) is folded from its rows instead, until its next commit records it.
 
     Args:
         places: The pipeline's places (its ledger, its name).
-        rows: The ledger, if already read.
+        rows: The ledger, if already read; only used for a ledger without a recorded
+            state.
     """
     table = open_table(places.ledger.uri, places.options)
     if table is None:
         return LedgerState(0, {})
-    kinds = (*POSITION_KINDS, "abandon")
-    if rows is None:
-        rows = _rows(
-            places,
-            table,
-            ["batch", "kind", "topic", "partition", "end_offset"],
-            ds.field("kind").isin(list(kinds)),
-        )
+    return _current_state(places, table, rows)
+
+
+def _current_state(places: Places, table: DeltaTable, rows: pa.Table | None = None) -> LedgerState:
+    """The state as of the table's snapshot: recorded by its newest batch, else folded."""
     # A batch can be committed without rows (an abandoned plan of a pipeline that has
     # read nothing yet): its number is taken all the same.
     last = table.transaction_version(places.pipeline) or 0
+    recorded = recorded_state(table, last)
+    if recorded is not None:
+        return recorded
+    if rows is None:
+        columns = [c for c in RUN_COLUMNS if c != "batch"]
+        rows = _rows(places, table, ["batch", *columns])
+    return fold_rows(rows, last)
+
+
+def recorded_state(table: DeltaTable, last: int) -> LedgerState | None:
+    """The state the ledger's batch `last` recorded in its commit, or None.
+
+    None when no recent commit records a state, or the newest that does is of an older
+    batch: a runner of an earlier version committed since, so the rows decide.
+    """
+    for commit in table.history(_STATE_SEARCH):
+        if STATE_KEY in commit:
+            state = LedgerState.from_record(json.loads(commit[STATE_KEY]))
+            return state if state.last_batch == last else None
+    return None
+
+
+def batch_state(places: Places, batch: int) -> LedgerState | None:
+    """The state right after `batch`, as its ledger commit recorded it; None if it recorded
+    none (or is not among the newest commits, which a run asks about)."""
+    table = open_table(places.ledger.uri, places.options)
+    if table is None:
+        return None
+    found = newest_commit(table, lambda c: c.get(BATCH_KEY) == batch and STATE_KEY in c, False)
+    return None if found is None else LedgerState.from_record(json.loads(found[STATE_KEY]))
+
+
+def fold_rows(rows: pa.Table, last: int = 0) -> LedgerState:
+    """The state after every batch of the rows, folded batch by batch (`LedgerState.after`).
+
+    Args:
+        rows: Ledger rows, with at least `batch`, `kind`, `topic`, `partition` and
+            `end_offset`; the watermark's columns (`RUN_COLUMNS`) where present.
+        last: The ledger's last batch, when a batch without rows may be newer.
+    """
+    state = LedgerState(last, {})
     if rows.num_rows == 0:
-        return LedgerState(last, {})
-    last = max(last, pc.max(rows.column("batch")).as_py())
-    committed: dict[tuple[str, int], int] = {}
-    positions = rows.filter(pc.is_in(rows.column("kind"), pa.array(kinds)))
-    ordered = positions.sort_by([("batch", "ascending")])
-    for kind, topic, partition, end in zip(
-        ordered.column("kind").to_pylist(),
-        ordered.column("topic").to_pylist(),
-        ordered.column("partition").to_pylist(),
-        ordered.column("end_offset").to_pylist(),
-        strict=True,
-    ):
-        # An abandoned plan read nothing, but where it would have started a partition
-        # never read before is where that partition starts: the next plan must not
-        # start it elsewhere (at a log start moved by retention, or at `latest`) and
-        # skip offsets without a record.
-        if kind == "abandon" and (topic, partition) in committed:
-            continue
-        committed[(topic, partition)] = end
-    return LedgerState(last, committed)
+        return state
+    ordered = rows.sort_by([("batch", "ascending")]).to_pylist()
+    at = 0
+    while at < len(ordered):
+        batch = ordered[at]["batch"]
+        end = at
+        while end < len(ordered) and ordered[end]["batch"] == batch:
+            end += 1
+        times = [r["committed_at"] for r in ordered[at:end] if r.get("committed_at")]
+        when = max(times) if times else from_us(0)
+        assert when is not None
+        state = state.after(batch, when, ordered[at:end])
+        at = end
+    return state
 
 
 def lag_after(rows: list[dict[str, Any]]) -> int | None:
@@ -389,10 +463,14 @@ def commit_ledger(
     ]
     meta: dict[str, object] = {} if columns is None else {COLUMNS_KEY: columns}
     if topic_ids or partition_ids:
-        recorded = committed_log_ids(places) or LogIds()
+        # Read from the snapshot this commit builds on, not a table opened again.
+        recorded = _log_ids(table) or LogIds()
         meta.update(recorded.vouched(topic_ids or {}, partition_ids or {}).metadata())
     if reader_schema is not None:
         meta[READER_SCHEMA_KEY] = reader_schema
+    # Folded from the state this commit builds on: another runner's commit landing after
+    # this snapshot makes delta-rs refuse this one, so the state never skips a batch.
+    meta[STATE_KEY] = _current_state(places, table).after(batch, now, full).record()
     if not full:
         # A batch with nothing to record (an abandoned first plan) still takes its number.
         return commit_files(table, LEDGER_SCHEMA, [], [], places.pipeline, batch, meta)
@@ -401,7 +479,8 @@ def commit_ledger(
     name = f"{ledger_file_prefix(batch)}{uuid.uuid4().hex[:12]}.parquet"
     written = write_file(fs, root, name, data, {})
     committed = commit_files(table, LEDGER_SCHEMA, [], [written], places.pipeline, batch, meta)
-    _remove_other_attempts(places, batch, keep=written.path if committed else None)
+    if places.format == "parquet" or not committed:
+        _remove_other_attempts(places, batch, keep=written.path if committed else None)
     return committed
 
 
@@ -411,7 +490,13 @@ def ledger_file_prefix(batch: int) -> str:
 
 
 def _remove_other_attempts(places: Places, batch: int, keep: str | None) -> None:
-    """Delete the batch's ledger files that its commit does not hold."""
+    """Delete the batch's ledger files that its commit does not hold.
+
+    It lists the ledger's folder, which grows by a file a batch until `strata compact`:
+    a Delta pipeline's ledger is read through its log, so there it is called only by an
+    attempt that lost, for its own file; other attempts' files are vacuum's. A plain
+    Parquet pipeline's ledger is read as a directory too, and is cleared at every commit.
+    """
     uri = places.ledger.uri
     table = open_table(uri, places.options)
     if table is None:
@@ -443,8 +528,10 @@ def committed_log_ids(places: Places) -> LogIds | None:
         The map recorded by the newest batch that recorded one, or None before any did.
     """
     table = open_table(places.ledger.uri, places.options)
-    if table is None:
-        return None
+    return None if table is None else _log_ids(table)
+
+
+def _log_ids(table: DeltaTable) -> LogIds | None:
     commit = newest_commit(table, lambda c: TOPIC_IDS_KEY in c)
     return None if commit is None else LogIds.from_commit(commit)
 

@@ -143,37 +143,22 @@ class OpenFile:
         self.coordinates = {"_topic", "_partition", "_offset"} <= names
         self.offsets: dict[str, list[int]] = {}
 
-    def write(self, table: pa.Table) -> None:
+    def write(self, table: pa.Table, offsets: dict[str, list[int]] | None = None) -> None:
+        """Add a row group.
+
+        Args:
+            table: The row group's rows.
+            offsets: Their `offset_tally`, if the caller counted it already (from these
+                very rows); None counts it here.
+        """
         self.writer.write_table(table, row_group_size=table.num_rows)
         self.rows += table.num_rows
         if self.coordinates and table.num_rows:
-            self._count_offsets(table)
-
-    def _count_offsets(self, table: pa.Table) -> None:
-        """Add a row group's rows and offset sum per partition to the file's tally."""
-        topics = pc.min_max(table.column("_topic"))
-        partitions = pc.min_max(table.column("_partition"))
-        if topics["min"] == topics["max"] and partitions["min"] == partitions["max"]:
-            # The usual row group holds one partition: two sums, no grouping.
-            counts = [(topics["min"].as_py(), partitions["min"].as_py(), table.num_rows)]
-            sums = [pc.sum(table.column("_offset")).as_py()]
-        else:
-            grouped = table.group_by(["_topic", "_partition"], use_threads=False).aggregate(
-                [("_offset", "count"), ("_offset", "sum")]
-            )
-            counts = list(
-                zip(
-                    grouped.column("_topic").to_pylist(),
-                    grouped.column("_partition").to_pylist(),
-                    grouped.column("_offset_count").to_pylist(),
-                    strict=True,
-                )
-            )
-            sums = grouped.column("_offset_sum").to_pylist()
-        for (topic, partition, rows), total in zip(counts, sums, strict=True):
-            entry = self.offsets.setdefault(f"{topic}:{partition}", [0, 0])
-            entry[0] += rows
-            entry[1] += total
+            counted = offset_tally(table) if offsets is None else offsets
+            for key, (rows, total) in counted.items():
+                entry = self.offsets.setdefault(key, [0, 0])
+                entry[0] += rows
+                entry[1] += total
 
     @property
     def bytes_written(self) -> int:
@@ -196,6 +181,31 @@ class OpenFile:
             json.dumps(stats),
             self.offsets,
         )
+
+
+def offset_tally(table: pa.Table) -> dict[str, list[int]]:
+    """Rows and offset sum per `"topic:partition"` of rows holding Kafka coordinates."""
+    if table.num_rows == 0:
+        return {}
+    topics = pc.min_max(table.column("_topic"))
+    partitions = pc.min_max(table.column("_partition"))
+    if topics["min"] == topics["max"] and partitions["min"] == partitions["max"]:
+        # The usual row group holds one partition: two sums, no grouping.
+        total = pc.sum(table.column("_offset")).as_py()
+        return {f"{topics['min'].as_py()}:{partitions['min'].as_py()}": [table.num_rows, total]}
+    grouped = table.group_by(["_topic", "_partition"], use_threads=False).aggregate(
+        [("_offset", "count"), ("_offset", "sum")]
+    )
+    return {
+        f"{topic}:{partition}": [rows, total]
+        for topic, partition, rows, total in zip(
+            grouped.column("_topic").to_pylist(),
+            grouped.column("_partition").to_pylist(),
+            grouped.column("_offset_count").to_pylist(),
+            grouped.column("_offset_sum").to_pylist(),
+            strict=True,
+        )
+    }
 
 
 def delta_stats(footer: Any, schema: pa.Schema, rows: int) -> dict[str, Any]:  # noqa: ANN401
@@ -306,7 +316,14 @@ def _stat_bounds(kind: pa.DataType, low: Any, high: Any) -> tuple[Any, Any] | No
 
 def _iso_ms(moment: datetime) -> str:
     utc = moment.astimezone(UTC) if moment.tzinfo else moment
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    if utc.year < 1000:
+        # strftime writes a year below 1000 without leading zeros: kept as it was.
+        return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+    # Formatted by hand: strftime took a tenth of a small file's whole statistics.
+    return (
+        f"{utc.year}-{utc.month:02d}-{utc.day:02d}T{utc.hour:02d}:{utc.minute:02d}:"
+        f"{utc.second:02d}.{utc.microsecond // 1000:03d}Z"
+    )
 
 
 def write_file(

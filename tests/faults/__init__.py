@@ -41,6 +41,9 @@ ONCE_MARKER = "STRATA_FAIL_ONCE_MARKER"
 # `topic:partition:offset` of one message the read drops as if the consumer had never
 # delivered it.
 READ_SKIP = "STRATA_READ_SKIP"
+# A topic whose messages make every read of them fail, as a topic the client may not
+# read would: a task's failure bound to one table of a routed pipeline.
+READ_FAIL_TOPIC = "STRATA_READ_FAIL_TOPIC"
 
 # The directory whose `sitecustomize` installs the faults when a process imports strata.
 SITE = Path(__file__).resolve().parent / "site"
@@ -57,6 +60,7 @@ class Injected(faults.Handler):
         once: A marker file: only the first process to reach its point is hit, and
             the file names the point and that process's id.
         skip: `(topic, partition, offset)` of a message the read never sees.
+        fail_topic: A topic whose messages, delivered, fail the read every time.
     """
 
     crash_at: str | None = None
@@ -64,6 +68,7 @@ class Injected(faults.Handler):
     fail_once_at: str | None = None
     once: str | None = None
     skip: tuple[str, int, int] | None = None
+    fail_topic: str | None = None
 
     def __post_init__(self) -> None:
         for point in (self.crash_at, self.stop_at, self.fail_once_at):
@@ -81,9 +86,10 @@ class Injected(faults.Handler):
             topic, partition, offset = env[READ_SKIP].rsplit(":", 2)
             skip = (topic, int(partition), int(offset))
         crash, stop, fail = (env.get(name) or None for name in (CRASH_AT, STOP_AT, FAIL_ONCE_AT))
-        if crash is None and stop is None and fail is None and skip is None:
+        fail_topic = env.get(READ_FAIL_TOPIC) or None
+        if crash is None and stop is None and fail is None and skip is None and not fail_topic:
             return None
-        return cls(crash, stop, fail, env.get(ONCE_MARKER) or None, skip)
+        return cls(crash, stop, fail, env.get(ONCE_MARKER) or None, skip, fail_topic)
 
     def env(self) -> dict[str, str]:
         """The variables that arm these faults in another process."""
@@ -93,6 +99,7 @@ class Injected(faults.Handler):
             FAIL_ONCE_AT: self.fail_once_at,
             ONCE_MARKER: self.once,
             READ_SKIP: None if self.skip is None else ":".join(map(str, self.skip)),
+            READ_FAIL_TOPIC: self.fail_topic,
         }
         return {k: v for k, v in values.items() if v is not None}
 
@@ -108,6 +115,11 @@ class Injected(faults.Handler):
             raise RuntimeError(f"injected failure at {point}")
 
     def delivered(self, messages: pa.Table) -> pa.ChunkedArray | None:
+        if (
+            self.fail_topic is not None
+            and pc.any(pc.equal(messages.column("_topic"), self.fail_topic)).as_py()
+        ):
+            raise RuntimeError(f"injected: topic {self.fail_topic} may not be read")
         if self.skip is None:
             return None
         topic, partition, offset = self.skip
@@ -141,6 +153,7 @@ def armed(
     fail_once_at: str | None = None,
     once: Path | None = None,
     skip: tuple[str, int, int] | None = None,
+    fail_topic: str | None = None,
 ) -> dict[str, str]:
     """The environment variables that arm faults in the processes started with them.
 
@@ -150,12 +163,15 @@ def armed(
         fail_once_at: A point where it raises, once (needs `once`).
         once: The marker file that lets only the first process reaching its point be hit.
         skip: `(topic, partition, offset)` of a message the read never sees.
+        fail_topic: A topic whose messages fail every read of them.
 
     Returns:
         The variables, and PYTHONPATH with `SITE` first (this process's PYTHONPATH after
         it), to add to the process's environment.
     """
-    handler = Injected(crash_at, stop_at, fail_once_at, None if once is None else str(once), skip)
+    handler = Injected(
+        crash_at, stop_at, fail_once_at, None if once is None else str(once), skip, fail_topic
+    )
     path = [str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])]
     return {**handler.env(), "PYTHONPATH": os.pathsep.join(path)}
 

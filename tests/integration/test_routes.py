@@ -14,6 +14,7 @@ from strata.cli import main
 from strata.config import load_pipeline
 from strata.store.ledger import read_ledger
 from tests.conftest import ROOT, produce_clicks
+from tests.faults import armed
 
 
 def _route(p, topics: list[str] | None = None, pattern: str | None = None) -> None:
@@ -50,18 +51,29 @@ def _landed(cfg) -> Counter[tuple[str, int, int]]:
     return _rows(cfg, "table") + _rows(cfg, "quarantine")
 
 
-def test_three_topics_land_in_three_tables_with_ledgers_of_their_own(make_pipeline, broker, spark):
-    p = make_pipeline(partitions=2)
-    topics = [f"{p.topic}.{kind}" for kind in ("web", "app", "tv")]
+def _three_tables(p, broker, name: str) -> tuple[list[str], dict[str, dict[int, int]]]:
+    """Three topics with messages, each routed to a table of its own with a schema."""
+    topics = [f"{p.topic}.{name}{i}" for i in range(3)]
     counts = {}
     for i, topic in enumerate(topics):
         broker.create_topic(topic, 2)
-        counts[topic] = produce_clicks(broker, topic, 2, 20 + 10 * i, seed=i)
+        counts[topic] = produce_clicks(broker, topic, 2, 9 + 4 * i, seed=i)
     _route(p, topics=topics)
     cfg = load_pipeline(p.name, p.conf_dir)
+    for topic in topics:
+        _schema_for(p, cfg.table_for(topic))
+    return topics, counts
+
+
+def _exact(cfg, topic: str, counts: dict[int, int]) -> Counter[tuple[str, int, int]]:
+    return Counter({(topic, q, o): 1 for q, n in counts.items() for o in range(n)})
+
+
+def test_three_topics_land_in_three_tables_with_ledgers_of_their_own(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=2)
+    topics, counts = _three_tables(p, broker, "kind")
+    cfg = load_pipeline(p.name, p.conf_dir)
     tables = [cfg.table_for(t) for t in topics]
-    for table in tables:
-        _schema_for(p, table)
 
     # One `strata run` process runs every table, on one Spark session.
     done = p.cli("run", "--json")
@@ -90,6 +102,61 @@ def test_three_topics_land_in_three_tables_with_ledgers_of_their_own(make_pipeli
     app = cfg.route(tables[1])
     assert sum(_landed(app).values()) == sum(counts[topics[1]].values()) + sum(more.values())
     assert max(_landed(app).values()) == 1
+
+
+def test_a_routed_run_reads_every_table_in_one_spark_job(make_pipeline, broker, spark, monkeypatch):
+    p = make_pipeline(partitions=2)
+    topics, counts = _three_tables(p, broker, "one")
+    cfg = load_pipeline(p.name, p.conf_dir)
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    # Fewer tasks than splits: the splits of the three tables are packed into tasks.
+    monkeypatch.setattr("strata.batch.task.SPLITS_PER_SLOT", 1)
+    slots = spark.sparkContext.defaultParallelism
+    assert len(topics) * 2 > slots
+
+    assert main(["run", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)]) == 0
+
+    # The tables' batches are their own (plans, commits, ledgers); their reads are one job.
+    jobs = set(tracker.getJobIdsForGroup()) - before
+    assert len(jobs) == 1
+    stages = tracker.getJobInfo(jobs.pop()).stageIds
+    assert sum(tracker.getStageInfo(s).numTasks for s in stages) == slots
+    for topic in topics:
+        table = cfg.route(cfg.table_for(topic))
+        assert _landed(table) == _exact(cfg, topic, counts[topic])
+        assert {r["batch"] for r in read_ledger(table.places()).to_pylist()} == {1}
+
+
+def test_a_task_failing_for_one_table_of_the_shared_job_fails_that_table_alone(
+    make_pipeline, broker
+):
+    p = make_pipeline(partitions=2)
+    topics, counts = _three_tables(p, broker, "fail")
+    cfg = load_pipeline(p.name, p.conf_dir)
+    bad = topics[1]
+
+    # Every read of one topic fails in the Spark worker: the shared job fails, each
+    # table's tasks run again alone, and only the table of that topic fails.
+    failed = p.cli("run", "--json", env=p.env(**armed(fail_topic=bad)))
+    assert failed.returncode == 1, failed.stderr
+    body = json.loads(failed.stdout.strip().splitlines()[-1])
+    status = {t: b["status"] for t, b in body["tables"].items()}
+    assert status == {
+        cfg.table_for(topics[0]): "committed",
+        cfg.table_for(bad): "failed",
+        cfg.table_for(topics[2]): "committed",
+    }
+    assert f"table {cfg.table_for(bad)} of pipeline {p.name} failed" in failed.stderr
+    assert read_ledger(cfg.route(cfg.table_for(bad)).places()).num_rows == 0
+
+    # The next run finishes the failed table's saved plan; nothing lands twice.
+    again = p.cli("run", "--json")
+    assert again.returncode == 0, again.stderr
+    body = json.loads(again.stdout.strip().splitlines()[-1])
+    assert body["tables"][cfg.table_for(bad)]["status"] == "resumed"
+    for topic in topics:
+        assert _landed(cfg.route(cfg.table_for(topic))) == _exact(cfg, topic, counts[topic])
 
 
 def test_a_pattern_routes_a_new_topic_to_a_new_table_and_a_broken_table_stops_only_itself(

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+import pytest
 
 from strata.catalog.completeness import (
     MARKER,
@@ -195,3 +196,68 @@ def test_a_range_of_markers_only_that_reaches_the_end_drains_its_partition():
     marks = watermarks(ledger(*rows))
     assert [m.holding for m in marks] == ["t:0", "t:1", "t:1"]
     assert [m.at for m in marks] == [T0 + 0.5 * HOUR, T0 + 2.5 * HOUR, T0 + 4.5 * HOUR]
+
+
+def test_a_batchs_completeness_is_had_from_its_ledger_commit_and_its_own_files(
+    tmp_path, monkeypatch
+):
+    """What a run asks after its batch (late rows, partitions it completed) is what the
+    whole ledger says, and is had without reading the ledger's rows."""
+    from strata.catalog import completeness as module
+    from strata.config import EventTimeConfig, PipelineConfig
+    from strata.store.delta import commit_files, ensure_table
+    from strata.store.ledger import commit_ledger, read_ledger, unread_row
+    from strata.store.parquet import write_file
+    from tests.conftest import ROOT
+
+    cfg = PipelineConfig(
+        name="clicks",
+        topics=["clicks"],
+        schema_file="clicks.avsc",
+        schemas_dir=str(ROOT / "schemas"),
+        event_time=EventTimeConfig(field="ts"),
+        warehouse=str(tmp_path),
+    )
+    places = cfg.places()
+    ref = places.table("table")
+    schema = pa.schema([("_batch", pa.int64()), ("dt", pa.string()), ("hr", pa.string())])
+    table = ensure_table(ref.uri, schema, ["dt", "hr"], ref.options, ref.name)
+    fs, root = ref.filesystem()
+
+    def batch(number, hours, newest):
+        """Batch `number` lands `hours` ({hour: rows}); its newest event is `newest`h."""
+        files = []
+        for hour, count in hours.items():
+            values = {"dt": "2025-11-22", "hr": f"{10 + hour:02d}"}
+            rows = pa.table({"_batch": [number] * count})
+            name = f"dt=2025-11-22/hr={10 + hour:02d}/part-b{number:010d}-h{hour}.parquet"
+            files.append(write_file(fs, root, name, rows, values))
+        commit_files(table, schema, ["dt", "hr"], files, "clicks", number, {})
+        table.update_incremental()
+        ledger = unread_row("ingest", "clicks", 0, number - 1, number, 0, None)
+        ledger.update(messages=1, rows=1, high_watermark=number + 5)
+        ledger["max_event_time"] = T0 + newest * HOUR
+        commit_ledger(places, number, [ledger])
+
+    batch(1, {0: 3, 1: 2, 2: 1}, 2.5)
+    # Hour 10 was complete after batch 1 (due 12:00, watermark 12:30): these rows are
+    # late. Hours 11 and 12 are due at 13:00 and 14:00: batch 2 (14:30) completes them.
+    # Hour 13 stays open.
+    batch(2, {0: 2, 3: 4}, 4.5)
+
+    def asked(**how):
+        return module.completeness(
+            places, cfg.completeness, cfg.partitioning, "off", "", 2, totals=False, **how
+        )
+
+    full = asked(quality=False, ledger=read_ledger(places))
+    monkeypatch.setattr(module, "read_ledger", lambda *a, **k: pytest.fail("the rows were read"))
+    fast = asked(quality=False)
+    assert fast.late == full.late == {"dt=2025-11-22/hr=10": 2}
+    done = ["dt=2025-11-22/hr=11", "dt=2025-11-22/hr=12"]
+    assert fast.completed == full.completed == done
+    assert (fast.batch, fast.watermark, fast.holding) == (full.batch, full.watermark, full.holding)
+    everything = {s.partition: s for s in full.partitions}
+    assert fast.partitions == [everything[s.partition] for s in fast.partitions]
+    # Those the batch changed: completed, or written and open; not those complete before.
+    assert [s.partition for s in fast.partitions] == [*done, "dt=2025-11-22/hr=13"]

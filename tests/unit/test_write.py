@@ -236,3 +236,40 @@ def test_a_file_reports_rows_and_offset_sums_per_partition(tmp_path):
     assert written.rows == pq.read_metadata(tmp_path / "f.parquet").num_rows == 5
     plain = write_file(pafs.LocalFileSystem(), str(tmp_path), "g.parquet", pa.table({"v": [1]}), {})
     assert plain.offsets == {}
+
+
+def test_offsets_counted_per_chunk_match_each_files_rows_where_row_groups_cut_chunks(tmp_path):
+    # Two Kafka partitions interleaved over two hours, in chunks that row groups of 7 rows
+    # cut in the middle, and files rolled after a few groups: each file's reported
+    # offsets must be those of the rows it holds.
+    n = 400
+    table = pa.table(
+        {
+            "_topic": pa.array(["clicks"] * n),
+            "_partition": pa.array([i % 2 for i in range(n)], pa.int32()),
+            "_offset": pa.array([i // 2 for i in range(n)], pa.int64()),
+            "v": pa.array([f"payload-{i}" for i in range(n)]),
+            "dt": pa.array(["2025-11-22"] * n),
+            "hr": pa.array(["10" if i % 5 else "11" for i in range(n)]),
+        }
+    )
+    w = PartitionedWriter(
+        pafs.LocalFileSystem(), str(tmp_path), table.schema, ["dt", "hr"], 3, "t00001", 2000, 7
+    )
+    for at, size in [(0, 1), (1, 12), (13, 100), (113, 3), (116, 284)]:
+        w.write(table.slice(at, size))
+    files = w.close()
+    assert len(files) > 2
+    total: Counter[str] = Counter()
+    for f in files:
+        content = pq.read_table(tmp_path / f.path)
+        per: Counter[str] = Counter()
+        sums: Counter[str] = Counter()
+        for p, o in zip(
+            content["_partition"].to_pylist(), content["_offset"].to_pylist(), strict=True
+        ):
+            per[f"clicks:{p}"] += 1
+            sums[f"clicks:{p}"] += o
+        assert f.offsets == {k: [per[k], sums[k]] for k in per}
+        total.update(per)
+    assert total == {"clicks:0": n // 2, "clicks:1": n // 2}
