@@ -67,7 +67,7 @@ from strata.store.ledger import (
     ledger_row,
     ledger_state,
     loss_row,
-    recent_ledger,
+    recent_state,
 )
 from strata.store.locations import void_unfinished_moves
 from strata.store.lock import BothLocks, RunLock, run_lock
@@ -169,8 +169,7 @@ def _run_steps(
             # Where reading goes on is the state the newest ledger commit recorded; an
             # idle run's summary (`strata.operations.metrics.after_run`) reads the newest
             # batches' rows only: neither grows with the pipeline's history.
-            rows = recent_ledger(cfg.places(), RUN_COLUMNS)
-            state = ledger_state(cfg.places())
+            rows, state = recent_state(cfg.places(), RUN_COLUMNS)
             plan, resumed, states = _load_or_plan(
                 places, plan_settings(cfg), state, max_offsets, accept_loss
             )

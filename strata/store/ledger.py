@@ -204,6 +204,27 @@ def recent_ledger(
     if table is None:
         empty = LEDGER_SCHEMA.empty_table()
         return empty if columns is None else empty.select(columns)
+    return _recent(places, table, columns, batches)
+
+
+def recent_state(places: Places, columns: list[str]) -> tuple[pa.Table, LedgerState]:
+    """The newest batches' rows (`recent_ledger`) and the state (`ledger_state`) at once.
+
+    One snapshot of the ledger serves both: a run opens its ledger once, which a
+    pipeline routing to hundreds of tables does hundreds of times.
+
+    Args:
+        places: The pipeline's places (its ledger, its name).
+        columns: The columns of the rows to read.
+    """
+    table = open_table(places.ledger.uri, places.options)
+    if table is None:
+        return LEDGER_SCHEMA.empty_table().select(columns), LedgerState(0, {})
+    return _recent(places, table, columns, RECENT_BATCHES), _current_state(places, table)
+
+
+def _recent(places: Places, table: DeltaTable, columns: list[str] | None, batches: int) -> pa.Table:
+    """The rows of the snapshot's newest `batches` batches."""
     since = (table.transaction_version(places.pipeline) or 0) - batches
     return _rows(places, table, columns, ds.field("batch") > since, since)
 

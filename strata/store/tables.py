@@ -147,6 +147,8 @@ def file_counts(ref: TableRef, paths: list[str]) -> Counts:
 
 # Files read at once: each open file's metadata stays in memory until its group is done.
 _FILES_AT_ONCE = 256
+# Rows counted at once: two narrow columns, a few tens of MB at most.
+_ROWS_AT_ONCE = 1_000_000
 
 
 def _counted_files(fs: pafs.FileSystem, paths: list[str], where: ds.Expression | None) -> Counts:
@@ -158,7 +160,17 @@ def _counted_files(fs: pafs.FileSystem, paths: list[str], where: ds.Expression |
     counts: Counter[tuple[str, int]] = Counter()
     for at in range(0, len(paths), _FILES_AT_ONCE):
         files = ds.dataset(paths[at : at + _FILES_AT_ONCE], format="parquet", filesystem=fs)
+        # Grouped per group of files (or million rows), not per record batch: a batch
+        # over thousands of event hours has thousands of small files, a call each.
+        held: list[pa.RecordBatch] = []
+        rows_held = 0
         for rows in files.to_batches(columns=["_topic", "_partition"], filter=where):
             if rows.num_rows:
-                counts.update(count_by_partition(pa.Table.from_batches([rows])))
+                held.append(rows)
+                rows_held += rows.num_rows
+            if rows_held >= _ROWS_AT_ONCE:
+                counts.update(count_by_partition(pa.Table.from_batches(held)))
+                held, rows_held = [], 0
+        if held:
+            counts.update(count_by_partition(pa.Table.from_batches(held)))
     return dict(counts)
