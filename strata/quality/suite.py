@@ -17,15 +17,16 @@ a command that never checks quality should not pay for it.
 from __future__ import annotations
 
 import copy
+import functools
 import html
 import json
 import logging
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import pyarrow as pa
 
@@ -115,35 +116,23 @@ def suite_expectations(
 # validate in each other's context. They run one at a time.
 _ONE_SUITE_AT_A_TIME = threading.Lock()
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
+
+def _one_at_a_time(run: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`run`, holding `_ONE_SUITE_AT_A_TIME` while it runs."""
+
+    @functools.wraps(run)
+    def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with _ONE_SUITE_AT_A_TIME:
+            return run(*args, **kwargs)
+
+    return locked
+
+
+@_one_at_a_time
 def run_suite(
-    name: str,
-    batch: int,
-    expectations: list[Any],
-    rows: pa.Table,
-    neighbours: pa.Table,
-    docs_dir: Path,
-) -> tuple[list[Check], str | None, list[dict[str, Any]]]:
-    """Run the suite on the batch's rows, and table-wide uniqueness on their neighbours.
-
-    One suite at a time in a process (`_validate` does the work).
-
-    Args:
-        name: The pipeline's name, which names the suites.
-        batch: The batch checked.
-        expectations: The suite's expectations (`suite_expectations`).
-        rows: The rows to validate (the batch's, or a sample of them).
-        neighbours: Coordinates of every row of the table within the batch's offsets.
-        docs_dir: A local directory to build the Data Docs pages in (no index).
-
-    Returns:
-        As `_validate`.
-    """
-    with _ONE_SUITE_AT_A_TIME:
-        return _validate(name, batch, expectations, rows, neighbours, docs_dir)
-
-
-def _validate(
     name: str,
     batch: int,
     expectations: list[Any],
