@@ -432,7 +432,8 @@ def _register(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[
     from strata.edge import registration
     from strata.quality.table import register_written
 
-    report = register_tables(registration(cfg))
+    # Asked for by hand: every partition is compared, not only those changed since.
+    report = register_tables(registration(cfg), full=True)
     register_written(cfg.places(), cfg.metastore, cfg.warehouse, report)
     return render_registration(report), asdict(report)
 

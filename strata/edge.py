@@ -20,6 +20,7 @@ from strata.errors import ConfigError, StrataError
 from strata.operations.routes import (
     remembered_tables,
     require_one_table,
+    retired_tables,
     topic_routes,
     unplaced_tables,
 )
@@ -106,7 +107,9 @@ def compact_pipeline(
     )
 
 
-def table_configs(cfg: PipelineConfig) -> list[tuple[str, PipelineConfig | StrataError]]:
+def table_configs(
+    cfg: PipelineConfig, *, running: bool = False
+) -> list[tuple[str, PipelineConfig | StrataError]]:
     """Each table of a routed pipeline, configured, or why it cannot run.
 
     A table that would take another's place or metastore name cannot run
@@ -114,6 +117,8 @@ def table_configs(cfg: PipelineConfig) -> list[tuple[str, PipelineConfig | Strat
 
     Args:
         cfg: A routed pipeline (`cfg.routed`).
+        running: For a run: leave out the tables retired while no topic routes to them
+            (`strata.operations.routes.retire_table`).
 
     Returns:
         `(table, its configuration or the error that stops it)`, sorted by table.
@@ -125,9 +130,12 @@ def table_configs(cfg: PipelineConfig) -> list[tuple[str, PipelineConfig | Strat
         raise ConfigError(f"pipeline {cfg.name} does not route its topics to tables")
     known = set(remembered_tables(cfg.places()))
     routes = topic_routes(cfg.source(), cfg.routing)
+    names = known | set(routes)
+    if running:
+        names -= retired_tables(cfg.places()) - set(routes)
     out: dict[str, PipelineConfig | StrataError] = {}
     owned: dict[str, list[OwnedTable]] = {}
-    for name in sorted(known | set(routes)):
+    for name in sorted(names):
         try:
             table = out[name] = cfg.route(name)
         except StrataError as exc:
@@ -164,13 +172,14 @@ def as_evolved(cfg: PipelineConfig) -> PipelineConfig:
 
 
 def table_turns(
-    cfg: PipelineConfig, step: Callable[[PipelineConfig], T]
+    cfg: PipelineConfig, step: Callable[[PipelineConfig], T], *, running: bool = False
 ) -> list[tuple[str, T | Exception]]:
     """A step on each table of a routed pipeline, each having its turn whatever another's did.
 
     Args:
         cfg: A routed pipeline (`cfg.routed`).
         step: The step on one table, given with the schema its table evolved to.
+        running: The step is part of a run (planning it): retired tables are left out.
 
     Returns:
         `(table, what the step returned or the error that stopped it)`, sorted by table.
@@ -188,7 +197,7 @@ def table_turns(
                 turns.append(exc)
         return turns
 
-    return shared_turns(cfg, each)
+    return _turns(cfg, each, running=running)
 
 
 def then_each(
@@ -243,6 +252,8 @@ def shared_turns(
 ) -> list[tuple[str, T | Exception]]:
     """A step taken on all tables of a routed pipeline at once (one Spark job for all).
 
+    This is a run: tables retired while no topic routes to them are left out.
+
     Args:
         cfg: A routed pipeline (`cfg.routed`).
         steps: The step on the tables that can run, each given with the schema its
@@ -255,9 +266,19 @@ def shared_turns(
     Raises:
         KafkaUnavailable: If a pattern's topics cannot be listed.
     """
+    return _turns(cfg, steps, running=True)
+
+
+def _turns(
+    cfg: PipelineConfig,
+    steps: Callable[[list[PipelineConfig]], list[T | Exception]],
+    *,
+    running: bool,
+) -> list[tuple[str, T | Exception]]:
+    """A step on the tables of a routed pipeline; for a run, without the retired ones."""
     turns: dict[str, T | Exception] = {}
     ready: list[tuple[str, PipelineConfig]] = []
-    for name, table in table_configs(cfg):
+    for name, table in table_configs(cfg, running=running):
         if isinstance(table, StrataError):
             turns[name] = table
             continue

@@ -27,13 +27,16 @@ def _each_table(
     conf_dir: str,
     step: Callable[[PipelineConfig], dict[str, Any]],
     together: Callable[[list[PipelineConfig]], list[dict[str, Any] | Exception]] | None = None,
+    *,
+    running: bool = False,
 ) -> dict[str, Any]:
     """One step on a pipeline, or on each table of a pipeline that routes to tables.
 
     Every table has its turn whatever another's did (`strata.edge.table_turns`), or
     all take it at once when they share work (`together`, `strata.edge.shared_turns`);
     then the first failure is raised, so Airflow retries the step, and a retry finds
-    the tables that went through idle or done.
+    the tables that went through idle or done. A step of a run (`running`, or one
+    taken `together`) leaves out the tables retired while no topic routes to them.
     """
     from strata.edge import as_evolved, shared_turns, table_turns
 
@@ -42,7 +45,10 @@ def _each_table(
         return step(as_evolved(cfg))
     tables: dict[str, Any] = {}
     failures: list[tuple[str, Exception]] = []
-    turns = table_turns(cfg, step) if together is None else shared_turns(cfg, together)
+    if together is None:
+        turns = table_turns(cfg, step, running=running)
+    else:
+        turns = shared_turns(cfg, together)
     for name, got in turns:
         if isinstance(got, Exception):
             failures.append((name, got))
@@ -73,7 +79,7 @@ def _plan_one(cfg: PipelineConfig) -> dict[str, Any]:
 
 def plan_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Plan (and persist) the next batch, of each table if it routes; no JVM starts here."""
-    return _each_table(pipeline, conf_dir, _plan_one)
+    return _each_table(pipeline, conf_dir, _plan_one, running=True)
 
 
 def _ingest_tables(tables: list[PipelineConfig]) -> list[dict[str, Any] | Exception]:

@@ -57,7 +57,12 @@ from strata.batch.task import TaskSpec
 from strata.config import KafkaSource, PipelineConfig, TrinoConfig
 from strata.edge import registration
 from strata.errors import PlanError, StorageError
-from strata.operations.routes import remember_table, require_one_table
+from strata.operations.routes import (
+    remember_table,
+    require_one_table,
+    retire_table,
+    revive_table,
+)
 from strata.schema.evolve import evolved, table_schema
 from strata.stages import Stages
 from strata.store.ledger import (
@@ -183,6 +188,13 @@ def _run_steps(
             # Catch the consumer group up with the ledger, in case a run died before.
             ranges = [OffsetRange(t, p, e, e) for (t, p), e in state.committed.items()]
             _publish_offsets(cfg.source(), ranges, outcome)
+            if places.route_of is not None and not states:
+                retire_table(places)
+                outcome.warnings.append(
+                    f"no topic on the brokers is routed to table {cfg.name} now: the "
+                    "pipeline's runs leave it out until one is again (its tables, ledger "
+                    "and status stay)"
+                )
         elif plan.kind == "ingest":
             outcome = yield from _ingest(batch_work(cfg, session), plan, state, resumed, lock)
         else:
@@ -559,6 +571,8 @@ def reprocess(
     work = batch_work(cfg, session)
     with run_lock(work.places) as lock:
         plan, resumed = reprocess_plan(work.places, plan_settings(cfg), targets, reason, kind)
+        # A plan left unfinished is finished by the next run: the table must be among them.
+        revive_table(work.places)
         outcome = run_alone(execute_reprocess(work, plan, lock, resumed))
         register(registration(cfg), cfg.trino, outcome)
         outcome.seconds = time.monotonic() - began

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Collection, Generator, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -51,10 +51,13 @@ from strata.store.delta import (
     batch_metadata,
     batch_removes,
     commit_files,
+    commit_metadata,
     commit_removes,
     committed_batch,
+    create_with_files,
     ensure_table,
     open_table,
+    up_to_date,
     without_ranges,
 )
 from strata.store.ledger import (
@@ -66,6 +69,7 @@ from strata.store.places import Places
 from strata.store.ranges import OffsetRange
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
 
@@ -137,13 +141,17 @@ def write_and_commit(
     places = work.places
     parquet = places.format == "parquet"
     replacing = None if plan.kind == "ingest" else plan.ranges
-    # Plain Parquet tables have no commits of their own: the ledger decides.
-    done = {name: False for name in tables} if parquet else tables_done(places, tables, plan.batch)
+    # Each Delta table is opened once for the batch, and the handle passed along: to
+    # tell whether the batch stands in it, to commit to it, and to read it back. Plain
+    # Parquet tables have no commits of their own (the ledger decides): none is opened.
+    handles = dict.fromkeys(tables) if parquet else open_tables(places, tables)
+    done = tables_done(handles, places.pipeline, plan.batch)
     run_id = uuid.uuid4().hex[:8]
     nothing: dict[TableName, list[WrittenFile]] = {name: [] for name in TABLES}
     if all(done.values()):
-        results = planned_results(plan, stored_results(places, plan.batch))
-        reconcile_tables({n: places.table(n) for n in tables}, plan, results)
+        # The handles were read from the logs just now: they are the tables as they stand.
+        results = planned_results(plan, stored_results(places, plan.batch, handles.get("table")))
+        reconcile_tables({n: places.table(n) for n in tables}, plan, results, tables=handles)
         return BatchWrite(results, nothing, run_id)
     if plan.offsets == 0:
         return BatchWrite(planned_results(plan, []), nothing, run_id)
@@ -176,7 +184,9 @@ def write_and_commit(
     reconcile_files(plan, results, written, write)
     if any(done.values()):
         stood = next(n for n in TABLES if done.get(n))
-        reconcile_resumed(places.pipeline, plan, results, stood, places.table(stood))
+        reconcile_resumed(
+            places.pipeline, plan, results, stood, places.table(stood), handles.get(stood)
+        )
     if parquet:
         # Files of this run's failed task attempts are not the batch's: readers must not
         # see them. Only this run's: other runs' files went at resume, or go once the
@@ -187,15 +197,19 @@ def write_and_commit(
     meta: dict[str, Any] = {RANGES_KEY: [vars(r) for r in results]}
     if plan.kind != "ingest":
         meta[f"strata.{plan.kind}"] = plan.note
+    created: dict[TableName, list[WrittenFile]] = {}
     for name in tables:
         outcome.files[name] = len(written[name])
         if not (done[name] or parquet):
             lock.check()
             faults.reached(faults.BEFORE_COMMIT[name])
             with outcome.stages.timed("commit"):
-                added = commit_table(
-                    places, work.schemas, name, written[name], plan.batch, meta, replacing
+                files, table = written[name], handles[name]
+                added, handles[name] = commit_table(
+                    places, work.schemas, name, files, plan.batch, meta, replacing, table
                 )
+                if handles[name] is None:
+                    created[name] = files
             if added:
                 outcome.warnings.append(
                     f"the schema gained {', '.join(f'`{c}`' for c in added)}: the data table "
@@ -207,6 +221,8 @@ def write_and_commit(
             plan,
             results,
             written if parquet else None,
+            up_to_date(handles),
+            created,
         )
     return BatchWrite(results, written, run_id)
 
@@ -321,18 +337,33 @@ def raw_covers(places: Places, target: OffsetRange) -> bool:
     return reach >= target.end
 
 
-def tables_done(places: Places, names: tuple[TableName, ...], batch: int) -> dict[TableName, bool]:
-    """Whether each Delta table already holds the batch's commit (its app transaction)."""
+def open_tables(places: Places, names: tuple[TableName, ...]) -> dict[TableName, DeltaTable | None]:
+    """A batch's Delta tables, each opened once for the batch; None where there is none yet."""
+    return {name: open_table(places.table(name).uri, places.options) for name in names}
+
+
+def tables_done(
+    tables: Mapping[TableName, DeltaTable | None], pipeline: str, batch: int
+) -> dict[TableName, bool]:
+    """Whether each Delta table (as just opened; None: none) holds the batch's commit."""
     return {
-        name: (committed_batch(places.table(name).uri, places.pipeline, places.options) or 0)
-        >= batch
-        for name in names
+        name: table is not None and (table.transaction_version(pipeline) or 0) >= batch
+        for name, table in tables.items()
     }
 
 
-def stored_results(places: Places, batch: int) -> list[RangeResult]:
-    """A committed batch's per-partition results, from the data table's commit info."""
-    stored = batch_metadata(places.table("table").uri, batch, places.options, RANGES_KEY)
+def stored_results(
+    places: Places, batch: int, table: DeltaTable | None = None
+) -> list[RangeResult]:
+    """A committed batch's per-partition results, from the data table's commit info.
+
+    The data table is opened, unless given (`table`, at a snapshot holding the commit).
+    """
+    stored = (
+        batch_metadata(places.table("table").uri, batch, places.options, RANGES_KEY)
+        if table is None
+        else commit_metadata(table, batch, RANGES_KEY)
+    )
     if stored is None:
         raise ReconcileError(
             f"batch {batch}: the data table records it but its commit has no ranges; "
@@ -350,8 +381,11 @@ def commit_table(
     batch: int,
     meta: dict[str, Any],
     replacing: list[OffsetRange] | None = None,
-) -> list[str]:
+    table: DeltaTable | None = None,
+) -> tuple[list[str], DeltaTable | None]:
     """Commit a batch's files to one Delta table, with its app transaction, once.
+
+    A table that did not exist is created with the batch's files in one transaction.
 
     Args:
         places: Where the tables are, and their names.
@@ -363,16 +397,40 @@ def commit_table(
         replacing: Ranges whose existing rows this commit removes (a backfill or
             replay): the files holding them are rewritten without them, in the same
             transaction.
+        table: The table as opened earlier in the batch (`open_tables`); None if there
+            was none then.
 
     Returns:
-        The columns added to the table first, because the schema gained fields.
+        The columns added to the table first, because the schema gained fields; and the
+        table, at the snapshot its commit was built on (`up_to_date` moves it onto
+        the commit), or None if this call created it.
     """
     ref = places.table(name)
     schema, partition_by = table_layout(schemas, name)
-    table = ensure_table(ref.uri, schema, partition_by, ref.options, ref.name)
+    if table is None:
+        # A new table holds no rows of ranges to replace and has every column of the
+        # schema: there is nothing to rewrite or add first. If another runner created
+        # it meanwhile, nothing was committed and it is committed to as any table is.
+        table = create_with_files(
+            ref.uri,
+            schema,
+            partition_by,
+            ref.options,
+            ref.name,
+            files,
+            places.pipeline,
+            batch,
+            meta,
+        )
+        if table is None:
+            faults.reached(faults.AFTER_COMMIT[name])
+            return [], None
+    else:
+        # Opened before the batch's tasks ran: the commits landed since are read, so the
+        # commit builds on the table as it stands, as one opened now would.
+        table.update_incremental()
     added = add_missing_columns(table, schema)
-    if added:
-        table = ensure_table(ref.uri, schema, partition_by, ref.options, ref.name)
+    # Adding columns moved the handle onto the version it committed.
     removes: list[RemoveAction] = []
     if replacing:
         fs, root = ref.filesystem()
@@ -380,7 +438,7 @@ def commit_table(
         files = files + rewritten
     commit_files(table, schema, partition_by, files, places.pipeline, batch, meta, removes)
     faults.reached(faults.AFTER_COMMIT[name])
-    return added
+    return added, table
 
 
 def fence_table(

@@ -9,19 +9,20 @@ rules here take plain figures and table references, never the whole configuratio
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
 from strata.batch.plan import drop_command
 from strata.batch.task import RangeResult
 from strata.config import TableName
 from strata.errors import ReconcileError
-from strata.store.delta import batch_metadata
+from strata.store.delta import batch_metadata, commit_metadata
 from strata.store.places import TableRef
 from strata.store.tables import Counts, batch_counts, file_counts, range_counts
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from deltalake import DeltaTable
 
     from strata.batch.plan import BatchPlan
     from strata.batch.task import SplitResult
@@ -206,7 +207,12 @@ def reconcile_files(
 
 
 def reconcile_resumed(
-    pipeline: str, plan: BatchPlan, results: list[RangeResult], committed: TableName, ref: TableRef
+    pipeline: str,
+    plan: BatchPlan,
+    results: list[RangeResult],
+    committed: TableName,
+    ref: TableRef,
+    table: DeltaTable | None = None,
 ) -> None:
     """A resumed batch decides as the attempt whose commits already stand did.
 
@@ -221,12 +227,18 @@ def reconcile_resumed(
         results: What this attempt read and decoded.
         committed: A table whose commit of the batch stands.
         ref: That table.
+        table: That table opened already, at a snapshot holding the batch's commit;
+            without, it is opened.
 
     Raises:
         ReconcileError: Naming the partition, before anything more is committed.
     """
     name = committed
-    stored = batch_metadata(ref.uri, plan.batch, ref.options, RANGES_KEY)
+    stored = (
+        batch_metadata(ref.uri, plan.batch, ref.options, RANGES_KEY)
+        if table is None
+        else commit_metadata(table, plan.batch, RANGES_KEY)
+    )
     if stored is None:
         return
     before = {(r["topic"], r["partition"]): r for r in stored}
@@ -271,6 +283,8 @@ def reconcile_tables(
     plan: BatchPlan,
     results: list[RangeResult],
     written: dict[TableName, list[WrittenFile]] | None = None,
+    tables: Mapping[TableName, DeltaTable | None] | None = None,
+    created: Mapping[TableName, list[WrittenFile]] | None = None,
 ) -> None:
     """Before the ledger commit: each table holds the batch's rows exactly once.
 
@@ -279,17 +293,36 @@ def reconcile_tables(
     logs, plain Parquet tables through the files the batch wrote. A mismatch stops
     before the ledger commit, so the batch is not done and no run goes on past it.
 
+    Args:
+        refs: The tables.
+        plan: The batch.
+        results: What the batch read and decoded, per planned range.
+        written: For plain Parquet, the files the batch wrote, per table.
+        tables: Delta tables opened already, each at a snapshot read from its log after
+            the batch's commit (`DeltaTable.update_incremental` after it); a table not
+            given, or given as None, is opened.
+        created: Delta tables the batch's commit created, with the files it committed.
+
     Raises:
         ReconcileError: Naming each partition and table that does not add up.
     """
     problems = []
     for name, ref in refs.items():
+        table = None if tables is None else tables.get(name)
         if written is not None:
             counted = file_counts(ref, [f.path for f in written[name]])
+        elif plan.kind == "ingest" and created is not None and name in created:
+            # The table's log is not read again: its version 0, written only if absent,
+            # is the commit that created it with exactly these files. No later commit
+            # adds rows of the batch (its app transaction stands, so every other commit
+            # of it is refused), and none removes them but under the run lock this run
+            # holds (a drop) or with its rows rewritten (a compaction). The files
+            # themselves are read, as from any table.
+            counted = file_counts(ref, [f.path for f in created[name]], plan.batch)
         elif plan.kind == "ingest":
-            counted = batch_counts(ref, plan.batch)
+            counted = batch_counts(ref, plan.batch, table)
         else:
-            counted = range_counts(ref, plan.ranges)
+            counted = range_counts(ref, plan.ranges, table)
         expected = {(r.topic, r.partition): getattr(r, EXPECTED[name]) for r in results}
         problems += count_problems(
             expected,

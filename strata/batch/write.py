@@ -15,7 +15,14 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from strata.errors import UnsafePartitionValue
-from strata.store.parquet import OpenFile, WrittenFile, file_name, offset_tally, partition_path
+from strata.store.parquet import (
+    OpenFile,
+    StatsLayout,
+    WrittenFile,
+    file_name,
+    offset_tally,
+    partition_path,
+)
 
 
 class PartitionedWriter:
@@ -71,6 +78,7 @@ class PartitionedWriter:
         self.fs, self.root = fs, root
         self.partition_by = partition_by
         self.file_schema = pa.schema([f for f in schema if f.name not in partition_by])
+        self.layout = StatsLayout(self.file_schema)
         self.coordinates = {"_topic", "_partition", "_offset"} <= set(self.file_schema.names)
         self.batch, self.tag = batch, tag
         self.attempt, self.run_id = attempt, run_id
@@ -170,6 +178,7 @@ class PartitionedWriter:
                 f"{directory}/{name}".lstrip("/"),
                 self.file_schema,
                 dict(zip(self.partition_by, key, strict=True)),
+                self.layout,
             )
             self._open[key] = out
         else:

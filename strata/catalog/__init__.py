@@ -2,6 +2,7 @@
 
 - `metastore`: a thin client of the metastore's thrift API;
 - `register`: the tables and their partitions registered, idempotently;
+- `_partitions`: the partitions on storage, and those changed since the last registration;
 - `sql`: Trino DDL and calls;
 - `types`: each Arrow type as Hive and Trino spell it;
 - `completeness`: when an event-time partition will not change any more.

@@ -4,7 +4,9 @@ Runs after the commit, so a registration failure never loses data: the batch sta
 and the next run (or `strata register`) completes the registration. Every call
 compares what the metastore holds with what it should hold and changes only the
 difference, so registering twice changes nothing, and a table whose location drifted
-is corrected.
+is corrected. Of a plain Parquet table's registered partitions, a run's registration
+reads back only those moved or completed since the last one (`strata.catalog._partitions`);
+`strata register` compares them all.
 
 Delta tables are registered the way Spark and Trino's Delta Lake connector expect
 them: an external table with the location, `spark.sql.sources.provider=delta`, and
@@ -19,13 +21,12 @@ as parameters of each complete partition of a Parquet table, and of the data tab
 from __future__ import annotations
 
 import copy
-import re
+import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from pymetastore.hive_metastore.ttypes import (
     FieldSchema,
     Partition,
@@ -34,12 +35,24 @@ from pymetastore.hive_metastore.ttypes import (
     Table,
 )
 
+from strata.catalog._partitions import (
+    REGISTERED_KEY,
+    Since,
+    moved_since,
+    registered_parts,
+    storage_partitions,
+)
+from strata.catalog._partitions import (
+    # Published here, with registration: vacuum asks where the metastore points partitions.
+    registered_locations as registered_locations,
+)
 from strata.catalog.completeness import (
     COMPLETE_BEFORE_KEY,
     PARTITION_KEYS,
     WATERMARK_KEY,
     Completeness,
     completeness,
+    watermark_now,
     write_markers,
 )
 from strata.catalog.metastore import MetastoreClient
@@ -47,8 +60,8 @@ from strata.catalog.types import sql_type
 from strata.config import CompletenessConfig, MetastoreConfig, PartitioningConfig, SchemaSpec
 from strata.errors import MetastoreError
 from strata.schema.avro import TABLE_SUFFIXES, partition_columns, table_layout
-from strata.store.ledger import LEDGER_SCHEMA
-from strata.store.locations import current_locations, place
+from strata.store.ledger import LEDGER_SCHEMA, ledger_state
+from strata.store.locations import place, read_markers
 from strata.store.parquet import partition_path
 from strata.store.places import Places, TableRef
 
@@ -103,6 +116,9 @@ class RegistrationReport:
             failed quality gate marked them incomplete.
         completeness_error: Why completeness could not be worked out; the tables and
             partitions are registered all the same.
+        full: Every registered partition was compared, not only those changed since
+            the last registration.
+        partitions_read: Registered partitions read back from the metastore to compare.
     """
 
     database: str
@@ -116,6 +132,8 @@ class RegistrationReport:
     partitions_completed: list[str] = field(default_factory=list)
     partitions_reopened: list[str] = field(default_factory=list)
     completeness_error: str | None = None
+    full: bool = False
+    partitions_read: int = 0
 
 
 def location_uri(location: str) -> str:
@@ -262,48 +280,11 @@ def _same(current: Table, wanted: Table) -> bool:
     )
 
 
-_TIME_VALUE = {"dt": re.compile(r"^\d{4}-\d{2}-\d{2}$"), "hr": re.compile(r"^\d{2}$")}
-
-
-def _written(partitioning: PartitioningConfig, column: str, value: str) -> bool:
-    """Whether Strata itself writes `value` into the data table's partition column."""
-    spec = partitioning.field
-    if spec is not None and column == spec.column:
-        return value in spec.values or value == spec.other
-    rule = _TIME_VALUE.get(column)
-    return rule is not None and rule.match(value) is not None
-
-
-def storage_partitions(ref: TableRef, partitioning: PartitioningConfig) -> list[tuple[str, ...]]:
-    """Partitions present on storage, from the directory names.
-
-    Only names Strata itself writes (`dt=YYYY-MM-DD`, `hr=HH`, a field partition's
-    listed values and `other`) are taken, so a stray directory can never become a
-    partition that points outside the table.
-
-    Args:
-        ref: The data table.
-        partitioning: Its partitioning.
-    """
-    fs, root = ref.filesystem()
-    columns = partition_columns(partitioning)
-    found: list[tuple[str, ...]] = [()]
-    for column in columns:
-        deeper = []
-        for prefix in found:
-            base = "/".join([root, *(f"{c}={v}" for c, v in zip(columns, prefix, strict=False))])
-            if fs.get_file_info(base).type != pafs.FileType.Directory:
-                continue
-            for info in fs.get_file_info(pafs.FileSelector(base)):
-                key, _, value = info.base_name.partition("=")
-                if (
-                    info.type == pafs.FileType.Directory
-                    and key == column
-                    and _written(partitioning, column, value)
-                ):
-                    deeper.append((*prefix, value))
-        found = deeper
-    return sorted(found)
+def _settings_key(registration: Registration) -> str:
+    """What a partition's completion depends on besides the ledger, in one string."""
+    done = registration.completeness
+    zone = registration.schemas.partitioning.timezone
+    return json.dumps([done.enabled, done.lateness, registration.gate, zone])
 
 
 def _reconcile_partitions(
@@ -314,12 +295,26 @@ def _reconcile_partitions(
     table: Table,
     report: RegistrationReport,
     found: Completeness | None,
-) -> None:
+    since: Since | None,
+    settings: str,
+    full: bool,
+) -> Since:
+    """Bring the data table's partitions in the metastore in line with storage.
+
+    Every partition on storage the metastore does not list is added (one listing of
+    each); of those it lists, only the ones moved or completed since the last
+    registration (`since`) are read back and corrected, every compacted one when `since`
+    is None, every one on `full`.
+
+    Returns:
+        The record of this registration, for the next one.
+    """
     columns = partition_columns(partitioning)
     on_storage = storage_partitions(ref, partitioning)
     report.partitions = len(on_storage)
     fs, root = ref.filesystem()
-    current = current_locations(fs, root)
+    markers = read_markers(fs, root)
+    current = markers.current()
 
     def name(values: tuple[str, ...]) -> str:
         return partition_path(columns, values)
@@ -328,7 +323,12 @@ def _reconcile_partitions(
         return f"{table.sd.location}/{place(partition, current)}"
 
     registered = set(client.partition_names(table.dbName, table.tableName))
-    _move_partitions(client, table, sorted(registered & set(current)), location, batch, report)
+    if full:
+        # Asked for by hand: a location changed in the metastore is put right too.
+        moved = sorted(registered & {name(v) for v in on_storage})
+    else:
+        moved = moved_since(markers, registered, None if since is None else since.moved_ms)
+    _move_partitions(client, table, moved, location, batch, report)
     missing = [values for values in on_storage if name(values) not in registered]
     wanted = {} if found is None else {s.partition: s.parameters() for s in found.partitions}
     report.partitions_unknown = sorted(registered - {name(v) for v in on_storage})
@@ -351,15 +351,24 @@ def _reconcile_partitions(
         client.add_partitions(table.dbName, table.tableName, parts)
     report.partitions_added = [name(v) for v in missing]
     report.partitions_completed = [p for p in report.partitions_added if wanted.get(p)]
+    held: list[str] = []
     if found is not None:
+        held = sorted(s.partition for s in found.partitions if s.held_by)
         # Only a partition whose span the watermark passed can carry the parameters (a
-        # mark may have reopened it since): the open ones are not even fetched.
+        # mark may have reopened it since): the open ones are not even fetched. Of the
+        # settled ones, those a batch after the last registration completed, and those
+        # held then or now: no other's parameters can have changed since.
+        last = None if since is None or since.held is None else since.batch
+        again = set(held) | set(() if since is None or since.held is None else since.held)
         settled = [
             s.partition
             for s in found.partitions
-            if s.completed_batch is not None and s.partition in registered
+            if s.completed_batch is not None
+            and s.partition in registered
+            and (last is None or s.completed_batch > last or s.partition in again)
         ]
         _mark_partitions(client, table, settled, wanted, batch, report)
+    return Since.after(None if found is None else found.batch, markers, held, settings)
 
 
 def _mark_partitions(
@@ -374,7 +383,8 @@ def _mark_partitions(
 
     Other parameters (the metastore's own, an operator's) are kept as they are.
     """
-    for parts in _registered(client, table, names, batch):
+    report.partitions_read += len(names)
+    for parts in registered_parts(client, table, names, batch):
         changed = []
         for partition, part in parts:
             params = dict(part.parameters or {})
@@ -386,45 +396,6 @@ def _mark_partitions(
             (report.partitions_completed if want else report.partitions_reopened).append(partition)
         if changed:
             client.alter_partitions(table.dbName, table.tableName, changed)
-
-
-def _registered(
-    client: MetastoreClient, table: Table, names: list[str], batch: int
-) -> Iterator[list[tuple[str, Partition]]]:
-    """The registered partitions of `names`, `batch` per metastore call, each with its path."""
-    keys = [c.name for c in table.partitionKeys]
-    for at in range(0, len(names), batch):
-        parts = client.partitions_by_names(table.dbName, table.tableName, names[at : at + batch])
-        yield [(partition_path(keys, [str(v) for v in p.values]), p) for p in parts]
-
-
-def registered_locations(
-    metastore: MetastoreConfig, table: str, partitions: list[str]
-) -> dict[str, str]:
-    """Where the metastore points a table's partitions, for those it lists.
-
-    Fetched `metastore.partition_batch` names per call, as registration fetches them.
-
-    Args:
-        metastore: The metastore settings; `uri` must be set.
-        table: The table's name in the metastore database.
-        partitions: Partition names (`dt=…/hr=…`).
-
-    Returns:
-        Per registered partition of `partitions`, its location as the metastore holds it;
-        nothing if the table is not registered.
-
-    Raises:
-        MetastoreError: If the metastore cannot be reached or answers with an error.
-    """
-    found: dict[str, str] = {}
-    with MetastoreClient(metastore.uri or "", metastore.timeout_s) as client:
-        registered = client.get_table(metastore.database, table)
-        if registered is None:
-            return found
-        for parts in _registered(client, registered, partitions, metastore.partition_batch):
-            found.update((name, part.sd.location) for name, part in parts)
-    return found
 
 
 def _move_partitions(
@@ -441,7 +412,8 @@ def _move_partitions(
     the metastore; one killed in between, or a location changed by hand, is put right
     here.
     """
-    for parts in _registered(client, table, names, batch):
+    report.partitions_read += len(names)
+    for parts in registered_parts(client, table, names, batch):
         moved = []
         for partition, part in parts:
             if part.sd.location != location(partition):
@@ -452,11 +424,19 @@ def _move_partitions(
             client.alter_partitions(table.dbName, table.tableName, moved)
 
 
-def register_tables(registration: Registration) -> RegistrationReport:
+def register_tables(registration: Registration, *, full: bool = False) -> RegistrationReport:
     """Register the pipeline's data, raw, quarantine and ledger tables.
+
+    The tables' definitions are compared every time (four calls). Of a plain Parquet
+    data table's partitions, those on storage the metastore lacks are added; of those
+    it lists, only the ones moved or completed since the table's last registration
+    (its `REGISTERED_KEY` record) are read back and corrected, so a run's registration
+    costs the same after years of partitions. `full` compares every partition, which
+    also puts right a partition changed by hand (`strata register`).
 
     Args:
         registration: What to register, and where; `metastore.uri` must be set.
+        full: Compare every registered partition, whatever the last registration did.
 
     Returns:
         What changed.
@@ -470,13 +450,18 @@ def register_tables(registration: Registration) -> RegistrationReport:
             "no metastore configured; set metastore.uri (or STRATA_METASTORE_URI) to "
             "thrift://host:port"
         )
-    report = RegistrationReport(ms.database)
-    found = None
+    report = RegistrationReport(ms.database, full=full)
+    parquet = places.format == "parquet"
+    found, marks = None, {}
     if registration.completeness.enabled:
         try:
-            found = _completeness(registration)
+            marks = _table_marks(registration)
+            # A Delta table's partitions are not listed in the metastore: the table's
+            # parameters, from the ledger's newest state, are all it needs.
+            found = _completeness(registration) if parquet else None
         except Exception as exc:  # noqa: BLE001 - completeness never stops registration
             report.completeness_error = f"completeness unknown: {exc}"
+    settings = _settings_key(registration)
     with MetastoreClient(ms.uri, ms.timeout_s) as client:
         client.ensure_database(
             ms.database, location_uri(registration.warehouse), "Tables landed from Kafka by Strata"
@@ -484,7 +469,7 @@ def register_tables(registration: Registration) -> RegistrationReport:
         for which, suffix in TABLE_SUFFIXES.items():
             name = f"{places.pipeline}{suffix}"
             location = places.table(which).uri
-            if places.format == "parquet":
+            if parquet:
                 schema, partition_by = (
                     (LEDGER_SCHEMA, [])
                     if which == "ledger"
@@ -495,14 +480,17 @@ def register_tables(registration: Registration) -> RegistrationReport:
                 )
             else:
                 wanted = delta_table(ms.database, name, location, places.pipeline)
-            if which == "table" and found is not None:
-                wanted.parameters.update(_table_marks(found))
+            if which == "table":
+                wanted.parameters.update(marks)
             done, current = ensure_definition(client, wanted)
             getattr(report, done).append(name)
-            if done == "unchanged" and current is not None:
-                _update_marks(client, current, wanted)
-            if which == "table" and places.format == "parquet":
-                _reconcile_partitions(
+            # The definition the metastore holds now, whose parameters are brought up to date.
+            stored = current if done == "unchanged" and current is not None else None
+            if which == "table" and parquet:
+                since = None
+                if not full and stored is not None:
+                    since = Since.read(stored.parameters, settings)
+                record = _reconcile_partitions(
                     client,
                     places.table("table"),
                     registration.schemas.partitioning,
@@ -510,7 +498,16 @@ def register_tables(registration: Registration) -> RegistrationReport:
                     wanted,
                     report,
                     found,
+                    since,
+                    settings,
+                    full,
                 )
+                # Recorded last, once every partition is in line: a registration that
+                # failed half way leaves the record of the one before it.
+                stored = stored or copy.deepcopy(wanted)
+                wanted.parameters[REGISTERED_KEY] = record.text()
+            if stored is not None:
+                _update_marks(client, stored, wanted)
     return report
 
 
@@ -531,17 +528,19 @@ def _completeness(
     )
 
 
-def _table_marks(found: Completeness) -> dict[str, str]:
-    """The data table's completeness parameters: for Delta tables, whose partitions the
-    metastore does not list, the only place a metastore reader finds them."""
-    before = found.complete_before()
-    if found.watermark is None or before is None:
+def _table_marks(registration: Registration) -> dict[str, str]:
+    """The data table's completeness parameters, from the ledger's newest state: for
+    Delta tables, whose partitions the metastore does not list, the only place a
+    metastore reader finds them."""
+    now = watermark_now(registration.completeness, ledger_state(registration.places))
+    if now is None or now["at"] is None or now["complete_before"] is None:
         return {}
-    return {WATERMARK_KEY: found.watermark, COMPLETE_BEFORE_KEY: before}
+    return {WATERMARK_KEY: now["at"], COMPLETE_BEFORE_KEY: now["complete_before"]}
 
 
 def _update_marks(client: MetastoreClient, current: Table, wanted: Table) -> None:
-    """Bring a table's completeness parameters up to date; its other ones stay."""
+    """Bring a table's completeness parameters (and its registration record) up to date;
+    its other ones stay."""
     params = dict(current.parameters or {})
     marks = {k: v for k, v in (wanted.parameters or {}).items() if k in _TABLE_KEYS}
     if {k: params[k] for k in _TABLE_KEYS if k in params} != marks:
@@ -549,7 +548,7 @@ def _update_marks(client: MetastoreClient, current: Table, wanted: Table) -> Non
         client.alter_table(current)
 
 
-_TABLE_KEYS = (WATERMARK_KEY, COMPLETE_BEFORE_KEY)
+_TABLE_KEYS = (WATERMARK_KEY, COMPLETE_BEFORE_KEY, REGISTERED_KEY)
 
 
 def render_registration(report: RegistrationReport) -> str:
@@ -575,6 +574,9 @@ def render_registration(report: RegistrationReport) -> str:
         parts.append(report.completeness_error)
     if report.partitions_moved:
         parts.append(f"{len(report.partitions_moved)} partitions moved to their compacted files")
+    if report.partitions_read:
+        compared = "every registered partition" if report.full else "registered partitions"
+        parts.append(f"{report.partitions_read} {compared} read back and compared")
     if report.partitions_unknown:
         parts.append(
             f"{len(report.partitions_unknown)} registered partitions have no data on storage "

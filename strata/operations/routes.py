@@ -16,10 +16,11 @@ from collections.abc import Collection, Iterable, Mapping
 
 from strata.config import KafkaSource, RoutingConfig
 from strata.errors import ConfigError
-from strata.store.files import list_names, put_if_absent
+from strata.store.files import delete_object, list_names, put_if_absent
 from strata.store.places import Namespace, OwnedTable, Places, describe_clash
 
 _TABLES = "tables"
+_RETIRED = "retired"
 
 
 def remembered_tables(places: Places) -> list[str]:
@@ -42,8 +43,46 @@ def remember_table(places: Places) -> None:
     """
     if places.route_of is None:
         return
-    parent_state = places.state.uri.rsplit("/", 1)[0]
-    put_if_absent(f"{parent_state}/{_TABLES}/{places.pipeline}", places.options, b"")
+    put_if_absent(f"{_parent_state(places)}/{_TABLES}/{places.pipeline}", places.options, b"")
+
+
+def _parent_state(places: Places) -> str:
+    """The routed pipeline's state, from one of its tables' places."""
+    return places.state.uri.rsplit("/", 1)[0]
+
+
+def retired_tables(places: Places) -> set[str]:
+    """The tables of a routed pipeline that runs leave out while no topic routes to them.
+
+    Args:
+        places: The routed pipeline's places.
+    """
+    return set(list_names(f"{places.state.uri}/{_RETIRED}", places.options))
+
+
+def retire_table(places: Places) -> None:
+    """Leave a table out of the pipeline's runs while no topic on the brokers routes to it.
+
+    A pattern's topics come and go (a topic a day, deleted after its retention): a table
+    whose topics are all gone would otherwise be planned by every run for ever. Its
+    tables, ledger and status stay; a topic routed to it again brings it back at once
+    (`strata.edge.table_configs` leaves out only retired tables no topic routes to).
+
+    Args:
+        places: A table's places (`places.route_of` set); others are left alone.
+    """
+    if places.route_of is not None:
+        put_if_absent(f"{_parent_state(places)}/{_RETIRED}/{places.pipeline}", places.options, b"")
+
+
+def revive_table(places: Places) -> None:
+    """Take a table back into its pipeline's runs (a backfill or replay saved a plan for it).
+
+    Args:
+        places: A table's places (`places.route_of` set); others are left alone.
+    """
+    if places.route_of is not None:
+        delete_object(f"{_parent_state(places)}/{_RETIRED}/{places.pipeline}", places.options)
 
 
 def topic_routes(source: KafkaSource, routing: RoutingConfig) -> dict[str, list[str]]:

@@ -24,7 +24,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,13 +33,20 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction, RemoveAction, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import (
+    AddAction,
+    RemoveAction,
+    Transaction,
+    create_table_with_add_actions,
+)
 
 from strata.errors import LeaseLost, MaintenanceError
 from strata.store.files import delta_options
 from strata.store.parquet import WrittenFile, write_file
 from strata.store.ranges import OffsetRange
+
+Key = TypeVar("Key")
 
 BATCH_KEY = "strata.batch"
 # The commit info of a maintenance fence: the token, and what fenced.
@@ -82,6 +89,78 @@ def ensure_table(
         name=name,
         storage_options=delta_options(uri, options),
     )
+
+
+def create_with_files(
+    uri: str,
+    schema: pa.Schema,
+    partition_by: list[str],
+    options: dict[str, str],
+    name: str,
+    files: list[WrittenFile],
+    app_id: str,
+    batch: int,
+    metadata: dict[str, Any],
+) -> DeltaTable | None:
+    """Create a table whose first commit holds a batch's files and app transaction.
+
+    One transaction where creating the table empty (`ensure_table`) and then committing
+    (`commit_files`) took two, and a third reading of the log between them. Version 0 is
+    written only if it is absent, as every commit is: of two runners creating the table
+    at once, one creates it and the other finds it there.
+
+    Args:
+        uri: Table location.
+        schema: Arrow schema of the table (and of the files).
+        partition_by: Partition columns.
+        options: Storage options.
+        name: Table name recorded in the Delta metadata.
+        files: Files to add (may be empty: the transaction still records the batch).
+        app_id: The pipeline name.
+        batch: The batch number.
+        metadata: Custom commit metadata (ranges and counts).
+
+    Returns:
+        None if this call created the table with the batch. If a table stood at `uri`
+        already, that table, which this call left as it was: commit to it as to any
+        table (`commit_files`, whose check tells whether it holds the batch).
+
+    Raises:
+        DeltaError: If the table could not be created and none stands there.
+    """
+    try:
+        create_table_with_add_actions(
+            uri,
+            DeltaSchema.from_arrow(schema),
+            _adds(files),
+            mode="error",
+            partition_by=partition_by or None,
+            name=name,
+            storage_options=delta_options(uri, options),
+            commit_properties=_batch_properties(app_id, batch, metadata),
+        )
+    except DeltaError:
+        # A table created meanwhile (by another runner) is the one case that is not a
+        # failure; delta-rs gives it no type of its own, so the table itself tells.
+        standing = open_table(uri, options)
+        if standing is None:
+            raise
+        return standing
+    return None
+
+
+def up_to_date(tables: dict[Key, DeltaTable | None]) -> dict[Key, DeltaTable | None]:
+    """The tables, each handle moved onto the newest version of its table's log.
+
+    Only the commits made since a handle's snapshot are read: the table as opening it
+    again would show it, without reading again what the handle holds. delta-rs leaves
+    a handle at the snapshot its own commit was built on, so a read after a commit
+    goes through here.
+    """
+    for table in tables.values():
+        if table is not None:
+            table.update_incremental()
+    return tables
 
 
 def range_filter(r: OffsetRange) -> ds.Expression:
@@ -230,22 +309,14 @@ def commit_files(
     """
     if (table.transaction_version(app_id) or 0) >= batch:
         return False
-    now = int(time.time() * 1000)
-    actions: list[AddAction | RemoveAction] = list(removes or [])
-    actions += [AddAction(f.path, f.size, f.partition_values, now, True, f.stats) for f in files]
+    actions: list[AddAction | RemoveAction] = [*(removes or []), *_adds(files)]
     try:
         table.create_write_transaction(
             actions,
             mode="append",
             schema=schema,
             partition_by=partition_by or None,
-            commit_properties=CommitProperties(
-                custom_metadata={
-                    BATCH_KEY: batch,
-                    **{k: json.dumps(v) for k, v in metadata.items()},
-                },
-                app_transactions=[Transaction(app_id, batch)],
-            ),
+            commit_properties=_batch_properties(app_id, batch, metadata),
         )
     except CommitFailedError:
         # delta-rs found a transaction that landed after our snapshot and conflicts:
@@ -255,6 +326,20 @@ def commit_files(
             return False
         raise
     return True
+
+
+def _adds(files: list[WrittenFile]) -> list[AddAction]:
+    """Add actions for files written into the table."""
+    now = int(time.time() * 1000)
+    return [AddAction(f.path, f.size, f.partition_values, now, True, f.stats) for f in files]
+
+
+def _batch_properties(app_id: str, batch: int, metadata: dict[str, Any]) -> CommitProperties:
+    """What a batch's commit carries: its number and metadata, and its app transaction."""
+    return CommitProperties(
+        custom_metadata={BATCH_KEY: batch, **{k: json.dumps(v) for k, v in metadata.items()}},
+        app_transactions=[Transaction(app_id, batch)],
+    )
 
 
 def batch_removes(table: DeltaTable, batch: int) -> list[RemoveAction]:
@@ -303,8 +388,17 @@ def commit_removes(
 def batch_metadata(uri: str, batch: int, options: dict[str, str], key: str) -> Any:  # noqa: ANN401
     """A custom metadata value of the commit that recorded `batch`, or None."""
     table = open_table(uri, options)
-    if table is None:
-        return None
+    return None if table is None else commit_metadata(table, batch, key)
+
+
+def commit_metadata(table: DeltaTable, batch: int, key: str) -> Any:  # noqa: ANN401
+    """A custom metadata value of the commit that recorded `batch` in an open table, or None.
+
+    Args:
+        table: The table, at a snapshot that holds the batch's commit.
+        batch: The batch number.
+        key: The metadata key.
+    """
     found = newest_commit(table, lambda c: c.get(BATCH_KEY) == batch and key in c)
     return None if found is None else json.loads(found[key])
 

@@ -30,7 +30,13 @@ from strata.store._ledger_state import LedgerState as LedgerState
 from strata.store._ledger_state import Mark as Mark
 from strata.store._ledger_state import Traffic as Traffic
 from strata.store._ledger_state import from_us as from_us
-from strata.store.delta import BATCH_KEY, commit_files, ensure_table, newest_commit, open_table
+from strata.store.delta import (
+    BATCH_KEY,
+    commit_files,
+    create_with_files,
+    newest_commit,
+    open_table,
+)
 from strata.store.files import filesystem
 from strata.store.parquet import write_file
 from strata.store.places import Places
@@ -220,12 +226,25 @@ def recent_state(places: Places, columns: list[str]) -> tuple[pa.Table, LedgerSt
     table = open_table(places.ledger.uri, places.options)
     if table is None:
         return LEDGER_SCHEMA.empty_table().select(columns), LedgerState(0, {})
-    return _recent(places, table, columns, RECENT_BATCHES), _current_state(places, table)
+    # The last batch is read from the snapshot once, for both.
+    last = table.transaction_version(places.pipeline) or 0
+    return (
+        _recent(places, table, columns, RECENT_BATCHES, last),
+        _current_state(places, table, last=last),
+    )
 
 
-def _recent(places: Places, table: DeltaTable, columns: list[str] | None, batches: int) -> pa.Table:
-    """The rows of the snapshot's newest `batches` batches."""
-    since = (table.transaction_version(places.pipeline) or 0) - batches
+def _recent(
+    places: Places,
+    table: DeltaTable,
+    columns: list[str] | None,
+    batches: int,
+    last: int | None = None,
+) -> pa.Table:
+    """The rows of the snapshot's newest `batches` batches (`last`: its last batch, if read)."""
+    if last is None:
+        last = table.transaction_version(places.pipeline) or 0
+    since = last - batches
     return _rows(places, table, columns, ds.field("batch") > since, since)
 
 
@@ -285,11 +304,17 @@ def ledger_state(places: Places, rows: pa.Table | None = None) -> LedgerState:
     return _current_state(places, table, rows)
 
 
-def _current_state(places: Places, table: DeltaTable, rows: pa.Table | None = None) -> LedgerState:
-    """The state as of the table's snapshot: recorded by its newest batch, else folded."""
+def _current_state(
+    places: Places, table: DeltaTable, rows: pa.Table | None = None, last: int | None = None
+) -> LedgerState:
+    """The state as of the table's snapshot: recorded by its newest batch, else folded.
+
+    `last` is the snapshot's last batch, if read already.
+    """
     # A batch can be committed without rows (an abandoned plan of a pipeline that has
     # read nothing yet): its number is taken all the same.
-    last = table.transaction_version(places.pipeline) or 0
+    if last is None:
+        last = table.transaction_version(places.pipeline) or 0
     recorded = recorded_state(table, last)
     if recorded is not None:
         return recorded
@@ -474,34 +499,59 @@ def commit_ledger(
         True if this call committed the batch, False if the ledger already held it.
     """
     uri = places.ledger.uri
-    table = ensure_table(uri, LEDGER_SCHEMA, [], places.options, places.ledger.name)
-    if (table.transaction_version(places.pipeline) or 0) >= batch:
+    table = open_table(uri, places.options)
+    if table is not None and (table.transaction_version(places.pipeline) or 0) >= batch:
         return False
     now = datetime.now(UTC)
     full = [
         {"pipeline": places.pipeline, "batch": batch, "committed_at": now, "note": None, **r}
         for r in rows
     ]
-    meta: dict[str, object] = {} if columns is None else {COLUMNS_KEY: columns}
-    if topic_ids or partition_ids:
-        # Read from the snapshot this commit builds on, not a table opened again.
-        recorded = _log_ids(table) or LogIds()
-        meta.update(recorded.vouched(topic_ids or {}, partition_ids or {}).metadata())
-    if reader_schema is not None:
-        meta[READER_SCHEMA_KEY] = reader_schema
-    # Folded from the state this commit builds on: another runner's commit landing after
-    # this snapshot makes delta-rs refuse this one, so the state never skips a batch.
-    meta[STATE_KEY] = _current_state(places, table).after(batch, now, full).record()
-    if not full:
-        # A batch with nothing to record (an abandoned first plan) still takes its number.
-        return commit_files(table, LEDGER_SCHEMA, [], [], places.pipeline, batch, meta)
-    data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
-    fs, root = filesystem(uri, places.options)
-    name = f"{ledger_file_prefix(batch)}{uuid.uuid4().hex[:12]}.parquet"
-    written = write_file(fs, root, name, data, {})
-    committed = commit_files(table, LEDGER_SCHEMA, [], [written], places.pipeline, batch, meta)
-    if places.format == "parquet" or not committed:
-        _remove_other_attempts(places, batch, keep=written.path if committed else None)
+
+    def metadata(table: DeltaTable | None) -> dict[str, object]:
+        """The commit's metadata, read from the snapshot it builds on (None: no ledger)."""
+        meta: dict[str, object] = {} if columns is None else {COLUMNS_KEY: columns}
+        if topic_ids or partition_ids:
+            # Read from the snapshot this commit builds on, not a table opened again.
+            recorded = (None if table is None else _log_ids(table)) or LogIds()
+            meta.update(recorded.vouched(topic_ids or {}, partition_ids or {}).metadata())
+        if reader_schema is not None:
+            meta[READER_SCHEMA_KEY] = reader_schema
+        # Folded from the state this commit builds on: another runner's commit landing
+        # after this snapshot makes delta-rs refuse this one, so the state never skips a
+        # batch. Before the ledger exists the state is that of an empty one.
+        state = LedgerState(0, {}) if table is None else _current_state(places, table)
+        meta[STATE_KEY] = state.after(batch, now, full).record()
+        return meta
+
+    # A batch with nothing to record (an abandoned first plan) still takes its number.
+    files = []
+    if full:
+        data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
+        fs, root = filesystem(uri, places.options)
+        name = f"{ledger_file_prefix(batch)}{uuid.uuid4().hex[:12]}.parquet"
+        files.append(write_file(fs, root, name, data, {}))
+    committed = True
+    if table is None:
+        # The first batch creates the ledger and commits its rows in one transaction.
+        # None back: it did; a ledger back: another runner created it meanwhile.
+        table = create_with_files(
+            uri,
+            LEDGER_SCHEMA,
+            [],
+            places.options,
+            places.ledger.name,
+            files,
+            places.pipeline,
+            batch,
+            metadata(None),
+        )
+    if table is not None:
+        committed = commit_files(
+            table, LEDGER_SCHEMA, [], files, places.pipeline, batch, metadata(table)
+        )
+    if files and (places.format == "parquet" or not committed):
+        _remove_other_attempts(places, batch, keep=files[0].path if committed else None)
     return committed
 
 

@@ -28,6 +28,9 @@ import pyarrow.parquet as pq
 
 # Longer string bounds are left out of the statistics rather than bloat the log.
 _MAX_STAT_STRING = 64
+# Bytes a file being written holds before they go to its stream: a small file goes in
+# one write, and a writer's open files (`max_open_files`) hold little memory.
+_WRITE_BUFFER = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,19 @@ class OpenFile:
         rel: str,
         schema: pa.Schema,
         partition_values: dict[str, str],
+        layout: StatsLayout | None = None,
     ) -> None:
+        """Begin a file, hidden until it is closed whole.
+
+        Args:
+            fs: Filesystem of the table.
+            root: Table root path inside `fs`.
+            rel: The file's path relative to the root.
+            schema: The file's Arrow schema.
+            partition_values: The file's partition values.
+            layout: The schema's `StatsLayout`, shared by a writer's files; None
+                works it out for this file.
+        """
         self.fs, self.root, self.rel = fs, root, rel
         self.partition_values = partition_values
         final = f"{root}/{rel}"
@@ -135,9 +150,12 @@ class OpenFile:
         directory, _, base = final.rpartition("/")
         hidden = f"{directory}/.{base}.tmp-{uuid.uuid4().hex}"
         self.target = hidden if self.local else final
-        self.stream = fs.open_output_stream(self.target)
+        # A Parquet writer writes each page, and asks its position, on its own: on a
+        # local file that is a hundred system calls for a small file, most of what a
+        # file of a few hundred rows costs beyond its encoding.
+        self.stream = fs.open_output_stream(self.target, buffer_size=_WRITE_BUFFER)
         self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
-        self.schema = schema
+        self.layout = StatsLayout(schema) if layout is None else layout
         self.rows = 0
         names = set(schema.names)
         self.coordinates = {"_topic", "_partition", "_offset"} <= names
@@ -166,20 +184,16 @@ class OpenFile:
 
     def close(self) -> WrittenFile:
         self.writer.close()
+        # What was written is the file's size: no look at the file (a HEAD request on
+        # an object store) for each of a batch's thousands of small files.
+        size = self.bytes_written
         self.stream.close()
         footer = self.writer.writer.metadata
-        final = f"{self.root}/{self.rel}"
         if self.local:
-            self.fs.move(self.target, final)
-        size = self.fs.get_file_info(final).size
-        stats = delta_stats(footer, self.schema, footer.num_rows)
+            self.fs.move(self.target, f"{self.root}/{self.rel}")
+        stats = self.layout.stats(footer, footer.num_rows)
         return WrittenFile(
-            self.rel,
-            int(size or 0),
-            self.partition_values,
-            footer.num_rows,
-            json.dumps(stats),
-            self.offsets,
+            self.rel, size, self.partition_values, footer.num_rows, json.dumps(stats), self.offsets
         )
 
 
@@ -223,84 +237,174 @@ def delta_stats(footer: Any, schema: pa.Schema, rows: int) -> dict[str, Any]:  #
     Returns:
         `numRecords`, `minValues`, `maxValues`, `nullCount`.
     """
-    leaves: dict[str, list[Any]] = {}
-    for g in range(footer.num_row_groups):
-        group = footer.row_group(g)
-        for i in range(group.num_columns):
-            column = group.column(i)
-            stats = column.statistics
-            entry = leaves.setdefault(column.path_in_schema, [None, None, 0, True])
-            if stats is None or not stats.has_null_count:
-                entry[2], entry[3] = None, False
-                continue
-            if entry[2] is not None:
-                entry[2] += stats.null_count
-            if stats.has_min_max:
-                try:
-                    low, high = stats.min, stats.max
-                except (OverflowError, ValueError):
-                    # A producer-set Kafka timestamp (or date) beyond what Python's
-                    # datetime holds: keep the null count, give no bounds.
-                    entry[3] = False
+    return StatsLayout(schema).stats(footer, rows)
+
+
+class StatsLayout:
+    """Which footer columns give which of a schema's Delta statistics, worked out once.
+
+    A batch over thousands of event hours writes thousands of small files of one
+    schema: walking the schema's types again for every footer, and converting bounds
+    Delta keeps none of (binary, booleans, decimals), cost more than reading the
+    footer itself.
+    """
+
+    def __init__(self, schema: pa.Schema) -> None:
+        """Plan the statistics of files of a schema.
+
+        Args:
+            schema: The files' Arrow schema.
+        """
+        self.fields = [_StatsField.of(f, f.name) for f in schema]
+        # Per leaf kept, (path, bounds wanted); resolved from the first footer, since
+        # every file of the schema has the same Parquet leaves.
+        self._leaves: list[tuple[str, int, bool]] | None = None
+        self._columns = -1
+
+    def stats(self, footer: Any, rows: int) -> dict[str, Any]:  # noqa: ANN401
+        """A file's Delta statistics (see `delta_stats`).
+
+        Args:
+            footer: The file's `pyarrow.parquet.FileMetaData`.
+            rows: Rows in the file.
+        """
+        if self._leaves is None or footer.num_columns != self._columns:
+            self._leaves = self._resolve(footer)
+            self._columns = footer.num_columns
+        leaves: dict[str, list[Any]] = {}
+        for g in range(footer.num_row_groups):
+            group = footer.row_group(g)
+            for path, i, bounded in self._leaves:
+                stats = group.column(i).statistics
+                entry = leaves.setdefault(path, [None, None, 0, True])
+                if stats is None or not stats.has_null_count:
+                    entry[2], entry[3] = None, False
                     continue
-                entry[0] = low if entry[0] is None else min(entry[0], low)
-                entry[1] = high if entry[1] is None else max(entry[1], high)
-            elif stats.null_count != group.num_rows:
-                entry[3] = False
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, Any] = {}
-    for column in schema:
-        _field_stats(column, column.name, leaves, mins, maxs, nulls)
-    return {"numRecords": rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+                if entry[2] is not None:
+                    entry[2] += stats.null_count
+                if not bounded:
+                    continue
+                if stats.has_min_max:
+                    try:
+                        low, high = stats.min, stats.max
+                    except (OverflowError, ValueError):
+                        # A producer-set Kafka timestamp (or date) beyond what Python's
+                        # datetime holds: keep the null count, give no bounds.
+                        entry[3] = False
+                        continue
+                    entry[0] = low if entry[0] is None else min(entry[0], low)
+                    entry[1] = high if entry[1] is None else max(entry[1], high)
+                elif stats.null_count != group.num_rows:
+                    entry[3] = False
+        mins: dict[str, Any] = {}
+        maxs: dict[str, Any] = {}
+        nulls: dict[str, Any] = {}
+        for column in self.fields:
+            column.collect(leaves, mins, maxs, nulls)
+        return {"numRecords": rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+    def _resolve(self, footer: Any) -> list[tuple[str, int, bool]]:  # noqa: ANN401
+        at = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
+        wanted: dict[str, bool] = {}
+        for column in self.fields:
+            column.leaves(wanted)
+        # Lists and maps are no leaves of their own name: Delta keeps no statistics for them.
+        return [(path, at[path], bounded) for path, bounded in wanted.items() if path in at]
 
 
-def _field_stats(
-    field: pa.Field,
-    path: str,
-    leaves: dict[str, list[Any]],
-    mins: dict[str, Any],
-    maxs: dict[str, Any],
-    nulls: dict[str, Any],
-) -> None:
-    kind = field.type
-    if pa.types.is_struct(kind):
-        child_min: dict[str, Any] = {}
-        child_max: dict[str, Any] = {}
-        child_nulls: dict[str, Any] = {}
-        for i in range(kind.num_fields):
-            child = kind.field(i)
-            _field_stats(child, f"{path}.{child.name}", leaves, child_min, child_max, child_nulls)
-        for target, values in ((mins, child_min), (maxs, child_max), (nulls, child_nulls)):
-            if values:
-                target[field.name] = values
-        return
-    leaf = leaves.get(path)
-    if leaf is None:
-        return  # lists and maps: Delta keeps no statistics for them
-    low, high, null_count, exact = leaf
-    if null_count is None:
-        return
-    nulls[field.name] = null_count
-    if not exact or low is None:
-        return
-    bounds = _stat_bounds(kind, low, high)
-    if bounds is not None:
-        mins[field.name], maxs[field.name] = bounds
+@dataclass(frozen=True)
+class _StatsField:
+    """A field of a schema as its statistics are gathered: a struct, or a leaf.
+
+    Attributes:
+        name: The field's name.
+        path: Its dotted path, as a Parquet footer names its column.
+        kind: What bounds Delta keeps for it (see `_stat_bounds`); None for none.
+        children: A struct's fields; None for a leaf.
+    """
+
+    name: str
+    path: str
+    kind: str | None
+    children: tuple[_StatsField, ...] | None
+
+    @classmethod
+    def of(cls, field: pa.Field, path: str) -> _StatsField:
+        kind = field.type
+        if pa.types.is_struct(kind):
+            children = tuple(
+                cls.of(kind.field(i), f"{path}.{kind.field(i).name}")
+                for i in range(kind.num_fields)
+            )
+            return cls(field.name, path, None, children)
+        return cls(field.name, path, _bounds_kind(kind), None)
+
+    def leaves(self, wanted: dict[str, bool]) -> None:
+        """Add each leaf's path, and whether its bounds are wanted."""
+        if self.children is None:
+            wanted[self.path] = self.kind is not None
+            return
+        for child in self.children:
+            child.leaves(wanted)
+
+    def collect(
+        self,
+        leaves: dict[str, list[Any]],
+        mins: dict[str, Any],
+        maxs: dict[str, Any],
+        nulls: dict[str, Any],
+    ) -> None:
+        """Add this field's statistics, from its leaves' `[low, high, nulls, exact]`."""
+        if self.children is not None:
+            child_min: dict[str, Any] = {}
+            child_max: dict[str, Any] = {}
+            child_nulls: dict[str, Any] = {}
+            for child in self.children:
+                child.collect(leaves, child_min, child_max, child_nulls)
+            for target, values in ((mins, child_min), (maxs, child_max), (nulls, child_nulls)):
+                if values:
+                    target[self.name] = values
+            return
+        leaf = leaves.get(self.path)
+        if leaf is None:
+            return
+        low, high, null_count, exact = leaf
+        if null_count is None:
+            return
+        nulls[self.name] = null_count
+        if not exact or low is None or self.kind is None:
+            return
+        bounds = _stat_bounds(self.kind, low, high)
+        if bounds is not None:
+            mins[self.name], maxs[self.name] = bounds
 
 
-def _stat_bounds(kind: pa.DataType, low: Any, high: Any) -> tuple[Any, Any] | None:  # noqa: ANN401
-    if pa.types.is_integer(kind):
+def _bounds_kind(kind: pa.DataType) -> str | None:
+    """Which bounds Delta keeps for a leaf type; None for none (binary, bool, decimal)."""
+    for name, test in (
+        ("integer", pa.types.is_integer),
+        ("floating", pa.types.is_floating),
+        ("string", pa.types.is_string),
+        ("timestamp", pa.types.is_timestamp),
+        ("date", pa.types.is_date),
+    ):
+        if test(kind):
+            return name
+    return None
+
+
+def _stat_bounds(kind: str, low: Any, high: Any) -> tuple[Any, Any] | None:  # noqa: ANN401
+    if kind == "integer":
         return low, high
-    if pa.types.is_floating(kind):
+    if kind == "floating":
         # An infinite or NaN bound is not JSON, and delta-rs then drops the whole file's
         # statistics, its row count included.
         return (low, high) if math.isfinite(low) and math.isfinite(high) else None
-    if pa.types.is_string(kind):
+    if kind == "string":
         if len(low) > _MAX_STAT_STRING or len(high) > _MAX_STAT_STRING:
             return None
         return low, high
-    if pa.types.is_timestamp(kind):
+    if kind == "timestamp":
         # Delta keeps milliseconds: round the lower bound down and the upper one up.
         floor = low.replace(microsecond=low.microsecond // 1000 * 1000)
         ceil_us = -(-high.microsecond // 1000) * 1000
@@ -309,9 +413,7 @@ def _stat_bounds(kind: pa.DataType, low: Any, high: Any) -> tuple[Any, Any] | No
         except OverflowError:
             return None  # rounding up passes year 9999
         return _iso_ms(floor), _iso_ms(ceil)
-    if pa.types.is_date(kind):
-        return low.isoformat(), high.isoformat()
-    return None
+    return low.isoformat(), high.isoformat()
 
 
 def _iso_ms(moment: datetime) -> str:
@@ -372,6 +474,7 @@ def write_sized(
     """
     files: list[WrittenFile] = []
     out: OpenFile | None = None
+    layout = StatsLayout(table.schema)
     group = 0
     for start in range(0, table.num_rows, row_group_rows):
         if out is not None and out.bytes_written + group > target_bytes:
@@ -379,7 +482,7 @@ def write_sized(
             out = None
         if out is None:
             rel = f"{stem}-f{len(files):03d}.snappy.parquet"
-            out = OpenFile(fs, root, rel, table.schema, partition_values)
+            out = OpenFile(fs, root, rel, table.schema, partition_values, layout)
         before = out.bytes_written
         out.write(table.slice(start, row_group_rows))
         group = out.bytes_written - before

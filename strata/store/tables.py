@@ -24,19 +24,25 @@ from strata.store.locations import current_files
 from strata.store.places import TableRef
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
     from strata.store.ranges import OffsetRange
 
 Counts = dict[tuple[str, int], int]
 """Rows per (topic, partition)."""
 
 
-def dataset(ref: TableRef, schema: pa.Schema | None = None) -> ds.Dataset | None:
+def dataset(
+    ref: TableRef, schema: pa.Schema | None = None, table: DeltaTable | None = None
+) -> ds.Dataset | None:
     """The table's current files as one Arrow dataset, or None if there is no table yet.
 
     Args:
         ref: The table.
         schema: For plain Parquet, the schema to read with; files that do not match it
             (a stray file in the directory) are left out rather than failing the read.
+        table: For Delta, the table opened already, at the snapshot to read; without,
+            it is opened.
 
     Returns:
         The dataset: for Delta, the files of the current snapshot; for Parquet, the
@@ -44,7 +50,8 @@ def dataset(ref: TableRef, schema: pa.Schema | None = None) -> ds.Dataset | None
         (None while there is none).
     """
     if ref.format == "delta":
-        table = open_table(ref.uri, ref.options)
+        if table is None:
+            table = open_table(ref.uri, ref.options)
         return None if table is None else table.to_pyarrow_dataset()
     fs, root = filesystem(ref.uri, ref.options)
     # Each partition's files are those of its directory in use (see strata.store.locations).
@@ -102,19 +109,26 @@ def count_by_partition(data: pa.Table) -> Counts:
     }
 
 
-def batch_counts(ref: TableRef, batch: int) -> Counts:
+def batch_counts(ref: TableRef, batch: int, table: DeltaTable | None = None) -> Counts:
     """Rows of one batch in the table, per (topic, partition).
 
     Of a Delta table, only the files whose `_batch` statistics can hold the batch are
     read (a file without them is read too); of plain Parquet, each partition's
     directory in use. Scanning the whole table as one dataset kept every file's
     metadata in memory: a batch of 10,000 files took 1.3 GB to count.
+
+    Args:
+        ref: The table.
+        batch: The batch number.
+        table: For Delta, the table opened already, at the snapshot to count; without,
+            it is opened.
     """
     where = ds.field("_batch") == batch
     fs, root = filesystem(ref.uri, ref.options)
     if ref.format != "delta":
         return _counted_files(fs, [f"{root}/{f.path}" for f in current_files(fs, root)], where)
-    table = open_table(ref.uri, ref.options)
+    if table is None:
+        table = open_table(ref.uri, ref.options)
     if table is None:
         return {}
     adds = pa.table(table.get_add_actions(flatten=True))
@@ -131,18 +145,34 @@ def batch_counts(ref: TableRef, batch: int) -> Counts:
     return _counted_files(fs, [f"{root}/{p}" for p in paths.to_pylist()], where)
 
 
-def range_counts(ref: TableRef, ranges: list[OffsetRange]) -> Counts:
-    """Rows of the table within each offset range, of any batch, per (topic, partition)."""
-    found = dataset(ref)
+def range_counts(
+    ref: TableRef, ranges: list[OffsetRange], table: DeltaTable | None = None
+) -> Counts:
+    """Rows of the table within each offset range, of any batch, per (topic, partition).
+
+    Args:
+        ref: The table.
+        ranges: The ranges.
+        table: For Delta, the table opened already, at the snapshot to count; without,
+            it is opened.
+    """
+    found = dataset(ref, table=table)
     if found is None:
         return {}
     return {(r.topic, r.partition): found.count_rows(filter=range_filter(r)) for r in ranges}
 
 
-def file_counts(ref: TableRef, paths: list[str]) -> Counts:
-    """Rows of the given data files (relative to the table), per (topic, partition)."""
+def file_counts(ref: TableRef, paths: list[str], batch: int | None = None) -> Counts:
+    """Rows of the given data files (relative to the table), per (topic, partition).
+
+    Args:
+        ref: The table.
+        paths: The files, relative to the table's root.
+        batch: Count only the rows of this batch (by their `_batch`); all rows if None.
+    """
     fs, root = filesystem(ref.uri, ref.options)
-    return _counted_files(fs, [f"{root}/{p}" for p in paths], None)
+    where = None if batch is None else ds.field("_batch") == batch
+    return _counted_files(fs, [f"{root}/{p}" for p in paths], where)
 
 
 # Files read at once: each open file's metadata stays in memory until its group is done.

@@ -533,7 +533,7 @@ def test_vacuum_keeps_a_directory_the_metastore_still_points_at(
 
     # The way out: registration points the partition at its directory in use; the
     # next vacuum deletes the old one.
-    assert register_tables(registration(cfg)).partitions_moved == [stuck]
+    assert register_tables(registration(cfg), full=True).partitions_moved == [stuck]
     done = p.cli("vacuum", "--json")
     assert done.returncode == 0, done.stderr
     assert not {f.directory for f in visible_files(fs, root) if f.directory == f.partition}

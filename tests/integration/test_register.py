@@ -12,7 +12,7 @@ from strata.catalog.register import location_uri
 from strata.local.service import free_port
 from strata.run import run_batch
 from strata.schema.avro import TABLE_SUFFIXES
-from tests.conftest import produce_clicks
+from tests.conftest import START_MS, produce_clicks
 from tests.fake_trino import FakeTrino
 
 
@@ -269,3 +269,70 @@ def test_delta_tables_are_registered_in_a_trino_on_another_metastore(
     assert (
         f"table_location => 'file://{p.cfg().location('raw')}'" in calls[1]
     )  # already there: not an error
+
+
+def test_a_runs_registration_reads_back_only_the_partitions_changed_since_the_last(
+    make_pipeline, broker, spark, metastore
+):
+    p = make_pipeline(
+        partitions=2, overrides={"table_format": "parquet", "metastore": {"uri": metastore.uri}}
+    )
+    hour_ms = 3_600_000
+    hours = [f"dt=2025-11-22/hr={h}" for h in range(10, 18)]
+    # 10:00-16:00: with the hour of lateness, 10:00-14:00 are complete.
+    produce_clicks(broker, p.topic, 2, 600, hours=6)
+    first = run_batch(p.cfg(), session=lambda _: spark)
+    assert first.register_error is None, first.register_error
+    with MetastoreClient(metastore.uri, 30) as client:
+        record = client.get_table("strata", p.name).parameters["strata.registered"]
+    assert json.loads(record)["batch"] == 1
+
+    # Nothing changed: no partition is read back from the metastore.
+    idle = run_batch(p.cfg(), session=lambda _: spark)
+    assert idle.status == "idle" and idle.register_error is None
+    assert "read back" not in idle.registered and "partitions" not in idle.registered
+
+    # 16:00-18:00: completes 14:00 and 15:00, adds 16:00 and 17:00; only the two
+    # completed ones are read back and marked.
+    produce_clicks(broker, p.topic, 2, 200, hours=2, start_ms=START_MS + 6 * hour_ms)
+    second = p.cli("run", "--no-quality", "--json")
+    assert second.returncode == 0, second.stderr
+    assert (
+        "2 partitions added; 2 partitions marked complete; "
+        "2 registered partitions read back and compared"
+    ) in second.stdout
+    with MetastoreClient(metastore.uri, 30) as client:
+        params = {
+            f"dt={part.values[0]}/hr={part.values[1]}": part.parameters
+            for part in client.partitions("strata", p.name)
+        }
+        record = json.loads(client.get_table("strata", p.name).parameters["strata.registered"])
+    assert sorted(params) == hours
+    assert [h for h in hours if params[h].get("strata.complete") == "true"] == hours[:6]
+    assert {params[h]["strata.completed_batch"] for h in hours[4:6]} == {"2"}
+    assert record["batch"] == 2
+
+    # An old partition pointed elsewhere by hand: `strata register` compares every one.
+    with MetastoreClient(metastore.uri, 30) as client:
+        [part] = client.partitions_by_names("strata", p.name, [hours[0]])
+        part.sd.location = "file:/elsewhere"
+        client.alter_partitions("strata", p.name, [part])
+    shown = p.cli("register", "--json")
+    assert shown.returncode == 0, shown.stderr
+    full = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert full["full"] is True and full["partitions_moved"] == [hours[0]]
+    assert full["partitions_read"] >= len(hours)
+
+    # The record goes with the table: a table re-created by hand is registered whole.
+    with MetastoreClient(metastore.uri, 30) as client:
+        client._client.drop_table("strata", p.name, False)  # noqa: SLF001
+    again = run_batch(p.cfg(), session=lambda _: spark)
+    assert again.register_error is None, again.register_error
+    with MetastoreClient(metastore.uri, 30) as client:
+        assert sorted(client.partition_names("strata", p.name)) == hours
+        marked = [
+            f"dt={part.values[0]}/hr={part.values[1]}"
+            for part in client.partitions("strata", p.name)
+            if (part.parameters or {}).get("strata.complete") == "true"
+        ]
+    assert sorted(marked) == hours[:6]

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
+import time
 from collections import Counter
 
 import pytest
 import yaml
+from deltalake import DeltaTable
 
+from strata import faults
 from strata.cli import main
 from strata.config import load_pipeline
 from strata.store.ledger import read_ledger
-from tests.conftest import ROOT, produce_clicks
+from tests.conftest import ROOT, produce_clicks, s3_pipeline
 from tests.faults import armed
+from tests.integration.test_runners import second_host, wait_frozen
 
 
 def _route(p, topics: list[str] | None = None, pattern: str | None = None) -> None:
@@ -207,6 +213,48 @@ def test_a_pattern_routes_a_new_topic_to_a_new_table_and_a_broken_table_stops_on
     assert f"name it as --pipeline {p.name}:TABLE" in capsys.readouterr().err
 
 
+def test_a_table_whose_topics_are_all_gone_is_left_out_of_runs_until_one_comes_back(
+    make_pipeline, broker, spark, capsys
+):
+    p = make_pipeline(partitions=1)
+    kept, gone = (f"{p.topic}.{k}" for k in ("kept", "gone"))
+    _route(p, pattern=rf"{re.escape(p.topic)}\..+")
+    cfg = load_pipeline(p.name, p.conf_dir)
+    argv = ["--pipeline", p.name, "--conf-dir", str(p.conf_dir)]
+    for topic in (kept, gone):
+        broker.create_topic(topic, 1)
+        produce_clicks(broker, topic, 1, 6)
+        _schema_for(p, cfg.table_for(topic))
+    assert main(["run", *argv]) == 0
+
+    def run() -> dict:
+        capsys.readouterr()
+        assert main(["run", "--json", *argv]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tables"]
+
+    # A pattern's topic deleted (its retention over): one more run says so, then the
+    # runs leave its table out; its status stays.
+    broker.delete_topic(gone)
+    said = run()[cfg.table_for(gone)]
+    assert said["status"] == "idle"
+    assert any("runs leave it out" in w for w in said["warnings"]), said
+    assert sorted(run()) == [cfg.table_for(kept)]
+    capsys.readouterr()
+    assert main(["status", "--json", *argv]) == 0
+    status = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert status["tables"][cfg.table_for(gone)]["last_batch"] == 1
+
+    # A topic of that name again: its table is run again at once, and (a new topic
+    # under an old name) stops, naming the way on.
+    broker.create_topic(gone, 1)
+    produce_clicks(broker, gone, 1, 12, seed=3)
+    capsys.readouterr()
+    assert main(["run", "--json", *argv]) == 1
+    back = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tables"]
+    assert sorted(back) == sorted(cfg.table_for(t) for t in (kept, gone))
+    assert "was deleted and created again" in back[cfg.table_for(gone)]["error"]
+
+
 def test_the_ingest_dag_runs_every_table_and_shows_each(
     make_pipeline, broker, spark, airflow_db, monkeypatch
 ):
@@ -306,3 +354,49 @@ def test_a_table_a_pattern_matches_later_that_would_clash_fails_alone(
     assert _rows(cfg, "raw") == expected
     tables = p.warehouse / "_strata" / p.name / "tables"
     assert sorted(f.name for f in tables.iterdir()) == [base]
+
+
+def test_a_routed_runner_frozen_past_its_leases_commits_nothing_when_it_wakes(
+    make_pipeline, broker, s3_endpoint, tmp_path
+):
+    # Runner A freezes at its first commit, after the shared job read all three tables,
+    # while its other tables' steps are anywhere on their way (four at a time). Its
+    # leases run out; runner B, on another host, takes each table's lease and commits
+    # its batch. When A wakes, no table may take a commit of A's, and every message of
+    # each topic lands once in its own table.
+    p, options = s3_pipeline(make_pipeline, s3_endpoint, tmp_path, "routed-frozen", lock_lease="4s")
+    topics, counts = _three_tables(p, broker, "frozen")
+    cfg = load_pipeline(p.name, p.conf_dir)
+    other = second_host(p, tmp_path)
+    stop = armed(stop_at=faults.BEFORE_RAW_COMMIT, once=tmp_path / "stopped")
+    a = p.spawn("run", "--json", env=p.env(**stop))
+    deadline = time.monotonic() + 240
+    wait_frozen(a, deadline)
+    try:
+        while True:
+            b = other.cli("run", "--json")
+            if b.returncode == 0:
+                break
+            body = json.loads(b.stdout.strip().splitlines()[-1])
+            failed = [t for t, r in body["tables"].items() if r["status"] == "failed"]
+            assert failed and all(
+                "another run is in flight" in body["tables"][t]["error"] for t in failed
+            ), b.stdout
+            assert time.monotonic() < deadline, "the frozen runner's leases never expired"
+            time.sleep(1)
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    out, err = a.communicate(timeout=300)
+    assert a.returncode != 0, (out, err)
+    assert "lost its lease" in err, err
+
+    for topic in topics:
+        table = cfg.route(cfg.table_for(topic))
+        assert _landed(table) == _exact(cfg, topic, counts[topic]), topic
+        for which in ("table", "raw", "quarantine", "ledger"):
+            log = DeltaTable(
+                table.location(which), storage_options={**options, "conditional_put": "etag"}
+            )
+            # One commit of batch 1 per table, whatever A did after waking.
+            commits = [c for c in log.history() if c.get("strata.batch") == 1]
+            assert len(commits) == 1, (topic, which)

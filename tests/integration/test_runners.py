@@ -73,6 +73,14 @@ def stopped(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("T")
 
 
+def wait_frozen(proc: subprocess.Popen[str], deadline: float) -> None:
+    """Wait until a runner armed with `stop_at` has stopped itself there."""
+    while not stopped(proc.pid):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the runner never reached its stop"
+        time.sleep(0.2)
+
+
 def test_a_runner_paused_past_its_lease_commits_nothing_when_it_wakes(
     make_pipeline, broker, s3_endpoint, tmp_path
 ):
@@ -85,10 +93,7 @@ def test_a_runner_paused_past_its_lease_commits_nothing_when_it_wakes(
     per = produce_clicks(broker, p.topic, 2, 3000, malformed=3)
     a = start(p, env=p.env(**armed(stop_at=faults.BEFORE_RAW_COMMIT)))
     deadline = time.monotonic() + 240
-    while not stopped(a.pid):
-        assert a.poll() is None, a.communicate()
-        assert time.monotonic() < deadline, "runner A never reached its first commit"
-        time.sleep(0.2)
+    wait_frozen(a, deadline)
     try:
         while True:
             b = other.cli("run", "--json")

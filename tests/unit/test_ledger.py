@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 from strata.store import ledger as ledger_module
+from strata.store.delta import ensure_table
 from strata.store.ledger import (
     LEDGER_SCHEMA,
     PARTITION_IDS_KEY,
@@ -138,7 +139,7 @@ def test_a_ledger_written_before_the_state_was_recorded_is_folded_then_recorded(
     # A ledger of an earlier version: the same rows, committed without the state.
     old = _places(tmp_path / "old")
     rows = read_ledger(places)
-    table = ledger_module.ensure_table(old.ledger.uri, LEDGER_SCHEMA, [], old.options, "x")
+    table = ensure_table(old.ledger.uri, LEDGER_SCHEMA, [], old.options, "x")
     fs, root = ledger_module.filesystem(old.ledger.uri, old.options)
     for batch in range(1, 7):
         mine = rows.filter(pc.equal(rows.column("batch"), batch))

@@ -139,40 +139,18 @@ def test_a_resumed_batch_must_decide_as_the_attempt_whose_commit_stands(tmp_path
 
 
 def test_a_batch_is_counted_from_the_files_that_can_hold_it_alone(tmp_path, monkeypatch):
-    import pyarrow as pa
-    import pyarrow.fs as pafs
-
-    from strata.batch.write import PartitionedWriter
     from strata.schema.avro import RAW_SCHEMA
     from strata.store.delta import commit_files, ensure_table
     from strata.store.places import TableRef
     from strata.store.tables import batch_counts
+    from tests.unit.test_delta_handles import raw_files
 
     uri = str(tmp_path / "clicks_raw")
     table = ensure_table(uri, RAW_SCHEMA, [], {}, "clicks_raw")
     written = {}
     for batch, partitions in ((1, [0, 1, 1]), (2, [0, 0, 1, 1, 1])):
-        n = len(partitions)
-        rows = pa.table(
-            [
-                pa.array(["t"] * n),
-                pa.array(partitions, pa.int32()),
-                pa.array(range(n), pa.int64()),
-                pa.nulls(n, pa.timestamp("ms", tz="UTC")),
-                pa.nulls(n, pa.binary()),
-                pa.array([b"{}"] * n, pa.binary()),
-                pa.nulls(n, RAW_SCHEMA.field("_headers").type),
-                pa.array([batch] * n, pa.int64()),
-                pa.nulls(n, pa.string()),
-            ],
-            schema=RAW_SCHEMA,
-        )
         # A file per two rows: a batch's rows lie in several files.
-        writer = PartitionedWriter(
-            pafs.LocalFileSystem(), uri, RAW_SCHEMA, [], batch, "t00000", 1, 2, 1 << 20
-        )
-        writer.write(rows)
-        written[batch] = writer.close()
+        written[batch] = raw_files(uri, batch, partitions)
         commit_files(table, RAW_SCHEMA, [], written[batch], "clicks", batch, {})
         table.update_incremental()
     assert [len(written[1]), len(written[2])] == [2, 3]

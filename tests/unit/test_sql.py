@@ -110,7 +110,7 @@ def test_hostile_topic_pipeline_and_database_names_fail_at_load():
 
 
 def test_only_partition_directories_strata_writes_become_partitions(tmp_path):
-    from strata.catalog.register import storage_partitions
+    from strata.catalog._partitions import storage_partitions
 
     table = tmp_path / "wh" / "clicks"
     for d in [
