@@ -117,7 +117,8 @@ def table_configs(
 
     Args:
         cfg: A routed pipeline (`cfg.routed`).
-        running: For a run: leave out the tables retired while no topic routes to them
+        running: For a run: leave out the tables no topic routes to now, those of topics
+            taken off `topics` and those a pattern no longer matches and a run retired
             (`strata.operations.routes.retire_table`).
 
     Returns:
@@ -131,7 +132,11 @@ def table_configs(
     known = set(remembered_tables(cfg.places()))
     routes = topic_routes(cfg.source(), cfg.routing)
     names = known | set(routes)
-    if running:
+    if running and cfg.topics:
+        # Listed topics route to exactly these tables: one remembered beside them had
+        # its topics taken off the list, and a run has nothing to read for it.
+        names = set(routes)
+    elif running:
         names -= retired_tables(cfg.places()) - set(routes)
     out: dict[str, PipelineConfig | StrataError] = {}
     owned: dict[str, list[OwnedTable]] = {}

@@ -255,6 +255,22 @@ def test_a_table_whose_topics_are_all_gone_is_left_out_of_runs_until_one_comes_b
     assert "was deleted and created again" in back[cfg.table_for(gone)]["error"]
 
 
+def test_a_topic_taken_off_the_list_leaves_its_table_out_of_runs(make_pipeline, broker, spark):
+    p = make_pipeline(partitions=2)
+    topics, counts = _three_tables(p, broker, "listed")
+    cfg = load_pipeline(p.name, p.conf_dir)
+    assert p.cli("run").returncode == 0
+    _route(p, topics=topics[:2])
+
+    # Nothing to read for it: the runs leave it out; its rows stay.
+    done = p.cli("run", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(body["tables"]) == sorted(cfg.table_for(t) for t in topics[:2])
+    gone = cfg.route(cfg.table_for(topics[2]))
+    assert _landed(gone) == _exact(cfg, topics[2], counts[topics[2]])
+
+
 def test_the_ingest_dag_runs_every_table_and_shows_each(
     make_pipeline, broker, spark, airflow_db, monkeypatch
 ):
