@@ -72,10 +72,10 @@ def storage_partitions(ref: TableRef, partitioning: PartitioningConfig) -> list[
 REGISTERED_KEY = "strata.registered"
 """The data table's parameter recording what its last registration brought into the
 metastore (`Since`), so that the next one touches only what changed after it."""
-# Partitions held at a registration, kept in its record; past this many, the next
-# registration compares every settled partition (a metastore parameter holds 4,000
-# characters in Hive's own schema).
-_HELD_KEPT = 100
+# The partitions held at a registration are kept in its record up to this many
+# characters; past it, the next registration compares every settled partition (some
+# metastore schemas hold a parameter of 4,000 characters at most).
+_HELD_CHARS = 2_000
 # A marker written while a registration listed the markers may be missing from that
 # listing with a write time a little before the newest one listed: the next
 # registration looks again at markers written this long before that newest one.
@@ -98,7 +98,7 @@ class Since:
             milliseconds) up to this instant has its move in the metastore. None when
             no marker was listed.
         held: The partitions a quality mark or an unchecked batch held then; None when
-            there were more than `_HELD_KEPT`.
+            their names take more than `_HELD_CHARS`.
         settings: The completeness settings the completions were worked out with.
     """
 
@@ -145,7 +145,7 @@ class Since:
         return cls(
             batch,
             None if newest is None else int((newest - _MOVE_MARGIN).timestamp() * 1000),
-            tuple(held) if len(held) <= _HELD_KEPT else None,
+            tuple(held) if len(json.dumps(held)) <= _HELD_CHARS else None,
             settings,
         )
 
