@@ -120,6 +120,21 @@ def s3_endpoint(tmp_path_factory):
     proc.wait(10)
 
 
+def clicks_config(warehouse: Path, **overrides: Any):
+    """The click pipeline `clicks` in `warehouse`, configured in memory (no broker needed)."""
+    from strata.config import EventTimeConfig, PipelineConfig
+
+    return PipelineConfig(
+        name="clicks",
+        topics=["clicks"],
+        schema_file="clicks.avsc",
+        schemas_dir=str(ROOT / "schemas"),
+        event_time=EventTimeConfig(field="ts"),
+        warehouse=str(warehouse),
+        **overrides,
+    )
+
+
 def s3_pipeline(make_pipeline, url: str, tmp_path: Path, prefix: str, **overrides: Any):
     options = {
         "AWS_ENDPOINT_URL": url,

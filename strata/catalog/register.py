@@ -455,10 +455,10 @@ def register_tables(registration: Registration, *, full: bool = False) -> Regist
     found, marks = None, {}
     if registration.completeness.enabled:
         try:
-            marks = _table_marks(registration)
             # A Delta table's partitions are not listed in the metastore: the table's
             # parameters, from the ledger's newest state, are all it needs.
             found = _completeness(registration) if parquet else None
+            marks = _table_marks(registration, found)
         except Exception as exc:  # noqa: BLE001 - completeness never stops registration
             report.completeness_error = f"completeness unknown: {exc}"
     settings = _settings_key(registration)
@@ -528,14 +528,21 @@ def _completeness(
     )
 
 
-def _table_marks(registration: Registration) -> dict[str, str]:
-    """The data table's completeness parameters, from the ledger's newest state: for
-    Delta tables, whose partitions the metastore does not list, the only place a
-    metastore reader finds them."""
-    now = watermark_now(registration.completeness, ledger_state(registration.places))
-    if now is None or now["at"] is None or now["complete_before"] is None:
+def _table_marks(registration: Registration, found: Completeness | None) -> dict[str, str]:
+    """The data table's completeness parameters: for Delta tables, whose partitions the
+    metastore does not list, the only place a metastore reader finds them.
+
+    Taken from the completeness already worked out (`found`), else from the ledger's
+    newest state, so the ledger is read once.
+    """
+    if found is not None:
+        at, before = found.watermark, found.complete_before()
+    else:
+        now = watermark_now(registration.completeness, ledger_state(registration.places))
+        at, before = (None, None) if now is None else (now["at"], now["complete_before"])
+    if at is None or before is None:
         return {}
-    return {WATERMARK_KEY: now["at"], COMPLETE_BEFORE_KEY: now["complete_before"]}
+    return {WATERMARK_KEY: at, COMPLETE_BEFORE_KEY: before}
 
 
 def _update_marks(client: MetastoreClient, current: Table, wanted: Table) -> None:

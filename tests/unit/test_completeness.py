@@ -146,18 +146,11 @@ def test_no_event_time_no_watermark_and_a_stray_partition_is_left_out():
 
 
 def test_markers_go_to_complete_partitions_only_and_leave_when_a_gate_holds_one(tmp_path):
-    from strata.config import CompletenessConfig, EventTimeConfig, PipelineConfig
-    from tests.conftest import ROOT
+    from strata.config import CompletenessConfig
+    from tests.conftest import clicks_config
 
-    cfg = PipelineConfig(
-        name="clicks",
-        topics=["clicks"],
-        schema_file="clicks.avsc",
-        schemas_dir=str(ROOT / "schemas"),
-        event_time=EventTimeConfig(field="ts"),
-        warehouse=str(tmp_path),
-        table_format="parquet",
-        completeness=CompletenessConfig(marker=True),
+    cfg = clicks_config(
+        tmp_path, table_format="parquet", completeness=CompletenessConfig(marker=True)
     )
     table = tmp_path / "clicks"
     ref, settings = cfg.places().table("table"), cfg.completeness
@@ -204,20 +197,12 @@ def test_a_batchs_completeness_is_had_from_its_ledger_commit_and_its_own_files(
     """What a run asks after its batch (late rows, partitions it completed) is what the
     whole ledger says, and is had without reading the ledger's rows."""
     from strata.catalog import completeness as module
-    from strata.config import EventTimeConfig, PipelineConfig
     from strata.store.delta import commit_files, ensure_table
     from strata.store.ledger import commit_ledger, read_ledger, unread_row
     from strata.store.parquet import write_file
-    from tests.conftest import ROOT
+    from tests.conftest import clicks_config
 
-    cfg = PipelineConfig(
-        name="clicks",
-        topics=["clicks"],
-        schema_file="clicks.avsc",
-        schemas_dir=str(ROOT / "schemas"),
-        event_time=EventTimeConfig(field="ts"),
-        warehouse=str(tmp_path),
-    )
+    cfg = clicks_config(tmp_path)
     places = cfg.places()
     ref = places.table("table")
     schema = pa.schema([("_batch", pa.int64()), ("dt", pa.string()), ("hr", pa.string())])

@@ -22,17 +22,9 @@ from strata.store.ranges import OffsetRange
 
 
 def _places(tmp_path):
-    from strata.config import EventTimeConfig, PipelineConfig
-    from tests.conftest import ROOT
+    from tests.conftest import clicks_config
 
-    cfg = PipelineConfig(
-        name="clicks",
-        topics=["clicks"],
-        schema_file="clicks.avsc",
-        schemas_dir=str(ROOT / "schemas"),
-        event_time=EventTimeConfig(field="ts"),
-        warehouse=str(tmp_path),
-    )
+    cfg = clicks_config(tmp_path)
     return cfg.places(), cfg.schemas
 
 

@@ -63,18 +63,9 @@ T0 = datetime(2025, 11, 22, 10, tzinfo=UTC)
 
 
 def _places(tmp_path, fmt="delta"):
-    from strata.config import EventTimeConfig, PipelineConfig
-    from tests.conftest import ROOT
+    from tests.conftest import clicks_config
 
-    return PipelineConfig(
-        name="clicks",
-        topics=["clicks"],
-        schema_file="clicks.avsc",
-        schemas_dir=str(ROOT / "schemas"),
-        event_time=EventTimeConfig(field="ts"),
-        warehouse=str(tmp_path),
-        table_format=fmt,
-    ).places()
+    return clicks_config(tmp_path, table_format=fmt).places()
 
 
 def _ingest(partition, start, end, hours, *, high=None, messages=None):
