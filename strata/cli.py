@@ -524,12 +524,15 @@ def _prometheus(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dic
     if not cfg.routed:
         status = pipeline_status(cfg.places(), status_settings(cfg), args.history)
         return status_metrics([status]).decode().rstrip("\n"), status
+    from strata.batch.kafka import asked_together
+
     # A table that cannot run (a clash) has no figures of its own to show.
-    tables = {
-        name: pipeline_status(table.places(), status_settings(table), args.history)
-        for name, table in table_configs(cfg)
-        if not isinstance(table, Exception)
-    }
+    ready = {n: t for n, t in table_configs(cfg) if not isinstance(t, Exception)}
+    with asked_together([t.source() for t in ready.values()], retention=True):
+        tables = {
+            name: pipeline_status(table.places(), status_settings(table), args.history)
+            for name, table in ready.items()
+        }
     text = status_metrics(tables.values()).decode().rstrip("\n")
     return text, {"pipeline": cfg.name, "tables": tables}
 

@@ -142,7 +142,8 @@ def table_configs(
     owned: dict[str, list[OwnedTable]] = {}
     for name in sorted(names):
         try:
-            table = out[name] = cfg.route(name)
+            # A table run before may have had its listed topics taken off the list.
+            table = out[name] = cfg.route(name, taken_off=name not in routes)
         except StrataError as exc:
             out[name] = exc
             continue
@@ -167,6 +168,10 @@ EVERY_TABLE = frozenset(
 )
 
 
+# Commands that ask the brokers about each table's topics.
+ASKS_BROKERS = frozenset({"status"})
+
+
 def as_evolved(cfg: PipelineConfig) -> PipelineConfig:
     """The pipeline reading with the schema its table evolved to (`table_schema`).
 
@@ -177,7 +182,11 @@ def as_evolved(cfg: PipelineConfig) -> PipelineConfig:
 
 
 def table_turns(
-    cfg: PipelineConfig, step: Callable[[PipelineConfig], T], *, running: bool = False
+    cfg: PipelineConfig,
+    step: Callable[[PipelineConfig], T],
+    *,
+    running: bool = False,
+    asks_brokers: bool = False,
 ) -> list[tuple[str, T | Exception]]:
     """A step on each table of a routed pipeline, each having its turn whatever another's did.
 
@@ -185,6 +194,9 @@ def table_turns(
         cfg: A routed pipeline (`cfg.routed`).
         step: The step on one table, given with the schema its table evolved to.
         running: The step is part of a run (planning it): retired tables are left out.
+        asks_brokers: The step asks the brokers about each table's topics (a plan, a
+            status): they are asked once for all tables
+            (`strata.batch.kafka.asked_together`).
 
     Returns:
         `(table, what the step returned or the error that stopped it)`, sorted by table.
@@ -202,7 +214,15 @@ def table_turns(
                 turns.append(exc)
         return turns
 
-    return _turns(cfg, each, running=running)
+    if not asks_brokers:
+        return _turns(cfg, each, running=running)
+    from strata.batch.kafka import asked_together
+
+    def together(tables: list[PipelineConfig]) -> list[T | Exception]:
+        with asked_together([t.source() for t in tables], retention=True):
+            return each(tables)
+
+    return _turns(cfg, together, running=running)
 
 
 def then_each(
@@ -234,9 +254,15 @@ def then_each(
         return [one(table, answer) for table, answer in pairs]
     # Each table's own (its metrics, its completeness), waiting on storage more than it
     # computes: a few at once, as the batches commit (`strata.batch.commit.run_steps`).
+    # What each asks the brokers (its lag and time to retention) is asked for all at once.
     from strata.batch.commit import STEP_THREADS
+    from strata.batch.kafka import asked_together
 
-    with ThreadPoolExecutor(max(STEP_THREADS, 1), "strata-table") as pool:
+    going = [t.source() for t, a in pairs if not isinstance(a, Exception)]
+    with (
+        asked_together(going, retention=True),
+        ThreadPoolExecutor(max(STEP_THREADS, 1), "strata-table") as pool,
+    ):
         return list(pool.map(one, *zip(*pairs, strict=True)))
 
 
@@ -333,7 +359,11 @@ def each_table(
     texts: list[str] = []
     bodies: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
-    turns = table_turns(cfg, handler) if together is None else shared_turns(cfg, together)
+    turns = (
+        table_turns(cfg, handler, asks_brokers=command in ASKS_BROKERS)
+        if together is None
+        else shared_turns(cfg, together)
+    )
     for name, got in turns:
         if isinstance(got, StrataError):
             text, body = f"error: {got}", {"status": "failed", "error": str(got)}

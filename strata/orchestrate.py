@@ -46,7 +46,8 @@ def _each_table(
     tables: dict[str, Any] = {}
     failures: list[tuple[str, Exception]] = []
     if together is None:
-        turns = table_turns(cfg, step, running=running)
+        # A run's plan asks the brokers about every table's topics: once for all.
+        turns = table_turns(cfg, step, running=running, asks_brokers=running)
     else:
         turns = shared_turns(cfg, together)
     for name, got in turns:

@@ -33,7 +33,7 @@ from strata.batch.commit import (
     run_steps,
     write_and_commit,
 )
-from strata.batch.kafka import partition_states, publish_offsets
+from strata.batch.kafka import asked_together, partition_states, publish_offsets
 from strata.batch.outcome import RunOutcome, Seen
 from strata.batch.plan import (
     KEPT_PLANS,
@@ -143,9 +143,12 @@ def run_batches(
     Returns:
         Each table's outcome, or the error that stopped it, in the order given.
     """
-    return run_steps(
-        [_run_steps(c, max_offsets, session, register_tables, accept_loss) for c in tables]
-    )
+    # Every table's questions to the brokers (its partitions and their watermarks, the
+    # topics' ids), asked once for all, as the run begins.
+    with asked_together([c.source() for c in tables]):
+        return run_steps(
+            [_run_steps(c, max_offsets, session, register_tables, accept_loss) for c in tables]
+        )
 
 
 def _run_steps(

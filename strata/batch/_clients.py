@@ -47,7 +47,8 @@ class _Kept:
 _kept = _Kept()
 
 
-def _key(kind: str, conf: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+def client_key(kind: str, conf: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """What tells one client configuration from another: its settings but the log handler."""
     # The log handler is an object whose identity is the same for every client.
     return kind, tuple(sorted((k, repr(v)) for k, v in conf.items() if k != "logger"))
 
@@ -59,7 +60,7 @@ def _held(kind: str, conf: dict[str, Any], make: Callable[[dict[str, Any]], C]) 
     if _kept.pid != os.getpid():
         # Forked: the parent's clients are not this process's to use or close.
         _kept = _Kept()
-    key = _key(kind, conf)
+    key = client_key(kind, conf)
     with _kept.lock:
         client: Any = None if key in _kept.busy else _kept.clients.pop(key, None)
         if client is not None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
-from collections.abc import Iterable
-from contextlib import AbstractContextManager
-from dataclasses import replace
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import (
@@ -93,6 +94,127 @@ class ClientLog:
 CLIENT_LOG = ClientLog(get_logger("strata.kafka.client"))
 """The log of every Kafka client this process makes (one rate limit for them all)."""
 
+logger = get_logger(__name__)
+
+
+@dataclass
+class _Answers:
+    """What the brokers answered once for the tables of a routed pipeline (`asked_together`).
+
+    Attributes:
+        partitions: The partitions of every topic the brokers listed without an error.
+        marks: The low and high watermark of each partition of the tables' topics.
+        retention: Each of those topics' retention limits (`retention_limits`), if asked.
+        topics: The tables' topics, which the other answers are about.
+        ids: Each of those topics' id (`topic_ids`), where the brokers keep one.
+        retention: Each of those topics' retention limits (`retention_limits`), if asked.
+        groups: Per consumer group, the offsets it had committed for those partitions.
+        matching: Per `topics_pattern` among the tables', the listed topics it matches.
+        down: Why the brokers could not be asked, if they could not.
+    """
+
+    partitions: dict[str, list[int]]
+    marks: dict[tuple[str, int], tuple[int, int]]
+    topics: frozenset[str]
+    ids: dict[str, str] = field(default_factory=dict)
+    retention: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    groups: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
+    matching: dict[str, list[str]] = field(default_factory=dict)
+    down: KafkaUnavailable | None = None
+
+
+# The answers in force, per brokers' configuration; set only inside `asked_together`.
+_answered: dict[tuple[str, tuple[tuple[str, str], ...]], _Answers] = {}
+_answered_lock = threading.Lock()
+
+
+def _brokers(source: KafkaSource) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The key of the brokers a source is read from, as its clients are configured."""
+    return _clients.client_key("brokers", client_conf(source.kafka))
+
+
+def _known(source: KafkaSource) -> _Answers | None:
+    """The answers in force for a source's brokers, if they were asked together."""
+    return _answered.get(_brokers(source)) if _answered else None
+
+
+@contextmanager
+def asked_together(sources: Sequence[KafkaSource], *, retention: bool = False) -> Iterator[None]:
+    """Within the block, answer the given sources' questions from one set of requests.
+
+    The tables of a routed pipeline read from the same brokers, and each table's run
+    (or status) asks them the same questions about its own topics: which partitions,
+    their watermarks, the topics' ids and retention. Asked table by table, that is a
+    few requests per table, hundreds for hundreds of tables, most of an idle run. Here
+    the brokers are asked once for all the tables' topics (every topic listed in one
+    metadata request, the watermarks of all partitions in two, the ids, the consumer
+    group's offsets and, with `retention`, the retention limits in one each), and
+    within the block each table's question on those topics is answered from that: as
+    fresh as asking at the block's start. An idle table's offsets that the group holds
+    already are not sent again. A question the answers do not cover (a topic missing
+    or in error there) is asked of the brokers as before, so each table still fails,
+    or not, on its own; so does every question when asking together failed.
+
+    Args:
+        sources: The tables' sources; those of other brokers are asked separately.
+        retention: Ask for the topics' retention limits too (a status view needs them).
+    """
+    groups: dict[tuple[str, tuple[tuple[str, str], ...]], list[KafkaSource]] = {}
+    for source in sources:
+        groups.setdefault(_brokers(source), []).append(source)
+    found = {key: got for key, group in groups.items() if (got := _ask(group, retention))}
+    with _answered_lock:
+        before = {key: _answered[key] for key in found if key in _answered}
+        _answered.update(found)
+    try:
+        yield
+    finally:
+        with _answered_lock:
+            for key in found:
+                _answered.pop(key, None)
+            _answered.update(before)
+
+
+def _ask(group: list[KafkaSource], retention: bool) -> _Answers | None:
+    """The brokers' answers for a group of sources reading from them; None if not asked.
+
+    Brokers that cannot be reached give answers that say so (`_Answers.down`): each
+    source's first question then fails at once with the error it would have waited for,
+    instead of each waiting out the timeout in turn.
+    """
+    if len(group) < 2:
+        return None
+    first = group[0]
+    try:
+        with _consumer(first) as consumer:
+            try:
+                listed = consumer.list_topics(timeout=first.kafka.timeout_s)
+            except KafkaException as exc:
+                return _Answers({}, {}, frozenset(), down=_unreachable(first, exc, consumer))
+            partitions = {
+                topic: sorted(info.partitions)
+                for topic, info in listed.topics.items()
+                if info.error is None and info.partitions
+            }
+            patterns = {s.pattern: s for s in group if s.pattern is not None}
+            matching = {p: [t for t in partitions if s.matches(t)] for p, s in patterns.items()}
+            named = {t for s in group for t in s.topics if t in partitions}
+            wanted = sorted(named.union(*matching.values()))
+            asked = [TopicPartition(t, p) for t in wanted for p in partitions[t]]
+            marks = _watermarks(first, consumer, asked)
+        answers = _Answers(partitions, marks, frozenset(wanted), matching=matching)
+        for source in {s.group_id: s for s in group}.values():
+            with _consumer(source) as consumer:
+                had = consumer.committed(asked, timeout=source.kafka.timeout_s)
+            answers.groups[source.group_id] = {(t.topic, t.partition): t.offset for t in had}
+        answers.ids = topic_ids(first, wanted)
+        if retention:
+            answers.retention = retention_limits(first, wanted)
+    except Exception as exc:  # noqa: BLE001 - each table asks on its own, as without this
+        logger.debug("the brokers were not asked for %d tables at once: %s", len(group), exc)
+        return None
+    return answers
+
 
 def client_version() -> str:
     """The librdkafka version in use (old clients make brokers down-convert)."""
@@ -158,6 +280,9 @@ def _topic_partitions(source: KafkaSource, consumer: Consumer) -> dict[str, list
     """
     timeout = source.kafka.timeout_s
     found: dict[str, list[int]] = {}
+    known = _known_partitions(source)
+    if known is not None:
+        return known
     if source.pattern is not None:
         try:
             meta = consumer.list_topics(timeout=timeout)
@@ -183,6 +308,28 @@ def _topic_partitions(source: KafkaSource, consumer: Consumer) -> dict[str, list
             )
         found[topic] = sorted(info.partitions)
     return found
+
+
+def _known_partitions(source: KafkaSource) -> dict[str, list[int]] | None:
+    """`_topic_partitions` from the answers asked together, if they cover the source.
+
+    Raises:
+        KafkaUnavailable: If asking together found the brokers unreachable.
+    """
+    known = _known(source)
+    if known is None:
+        return None
+    if known.down is not None:
+        raise known.down
+    if source.pattern is not None:
+        matched = known.matching.get(source.pattern)
+        if matched is None:
+            return None
+        return {t: known.partitions[t] for t in sorted(matched) if source.routes_here(t)}
+    if not known.partitions.keys() >= set(source.topics):
+        # A listed topic missing: asked again, for the error that names it.
+        return None
+    return {t: known.partitions[t] for t in source.topics}
 
 
 def pipeline_topics(source: KafkaSource) -> list[str]:
@@ -253,6 +400,9 @@ def _watermarks(
     """
     if not asked:
         return {}
+    known = _known(source)
+    if known is not None and all((t.topic, t.partition) in known.marks for t in asked):
+        return {(t.topic, t.partition): known.marks[t.topic, t.partition] for t in asked}
     timeout = source.kafka.timeout_s
     found: dict[tuple[str, int], list[int]] = {}
     for moment in (OFFSET_BEGINNING, OFFSET_END):
@@ -343,6 +493,9 @@ def topic_ids(source: KafkaSource, topics: Iterable[str] | None = None) -> dict[
     asked = sorted(pipeline_topics(source) if topics is None else topics)
     if not asked:
         return found
+    known = _known(source)
+    if known is not None and known.topics.issuperset(asked):
+        return {t: known.ids[t] for t in asked if t in known.ids}
     with _admin(source) as admin:
         try:
             futures = admin.describe_topics(
@@ -380,6 +533,11 @@ def publish_offsets(source: KafkaSource, ranges: list[OffsetRange]) -> str | Non
         None on success, or a sentence saying what failed.
     """
     offsets = [TopicPartition(r.topic, r.partition, r.end) for r in ranges]
+    known = _known(source)
+    had = None if known is None else known.groups.get(source.group_id)
+    if had is not None and all(had.get((t.topic, t.partition)) == t.offset for t in offsets):
+        # The group holds these offsets already (an idle run of a table): nothing to send.
+        return None
     if not offsets:
         return None
     try:
@@ -409,6 +567,9 @@ def retention_limits(
     from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
 
     asked = sorted(pipeline_topics(source) if topics is None else topics)
+    known = _known(source)
+    if known is not None and all(t in known.retention for t in asked):
+        return {t: known.retention[t] for t in asked}
     resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in asked]
     if not resources:
         return {}

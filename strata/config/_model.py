@@ -200,7 +200,11 @@ class PipelineConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _topics_or_pattern(self) -> PipelineConfig:
+    def _topics_or_pattern(self, info: ValidationInfo) -> PipelineConfig:
+        if info.context and info.context.get("taken_off") and not self.topics:
+            # A routed table whose listed topics were all taken off the list: it reads
+            # nothing, and its tables, ledger and status stay (`route`).
+            return self
         if bool(self.topics) == (self.topics_pattern is not None):
             raise ValueError(
                 "give either `topics` (a list of names) or `topics_pattern` (a regular "
@@ -298,7 +302,7 @@ class PipelineConfig(_Strict):
             return self.name
         return self.routing.table_for(topic)
 
-    def route(self, table: str) -> PipelineConfig:
+    def route(self, table: str, *, taken_off: bool = False) -> PipelineConfig:
         """The configuration of one table of a routed pipeline.
 
         It is a pipeline of its own named by the table: its topics are those routed to
@@ -307,6 +311,10 @@ class PipelineConfig(_Strict):
 
         Args:
             table: The table's name.
+            taken_off: The table is one the pipeline ran before (`strata.edge
+                .table_configs` knows), whose listed topics may all have been taken off
+                `topics` since: then it is configured reading no topic, for the commands
+                that look at what it holds (`status`, `register`, `compact`, ...).
 
         Returns:
             The table's configuration, validated as a pipeline.
@@ -319,17 +327,17 @@ class PipelineConfig(_Strict):
         if not is_name(table):
             raise ConfigError(f"{table!r} is not a table name; {NAME_RULE}")
         if table not in self._routes:
-            self._routes[table] = self._configure_route(table)
+            self._routes[table] = self._configure_route(table, taken_off)
         return self._routes[table]
 
-    def _configure_route(self, table: str) -> PipelineConfig:
+    def _configure_route(self, table: str, taken_off: bool) -> PipelineConfig:
         """The configuration of one table of this routed pipeline, made anew (`route`)."""
         assert self.routing is not None  # noqa: S101 - `route` checked it
         data = self.model_dump(exclude_unset=False)
         data["name"] = table
         if self.topics:
             data["topics"] = [t for t in self.topics if self.routing.table_for(t) == table]
-            if not data["topics"]:
+            if not data["topics"] and not taken_off:
                 known = sorted({self.routing.table_for(t) for t in self.topics})
                 raise ConfigError(
                     f"pipeline {self.name} routes no topic to table {table!r}; its tables are "
@@ -345,7 +353,9 @@ class PipelineConfig(_Strict):
             data["lock_dir"] = str(Path(self.lock_dir) / self.name)
         data["kafka"]["group_id"] = self.group_id
         try:
-            return PipelineConfig.model_validate(data, context={"route_of": self.name})
+            return PipelineConfig.model_validate(
+                data, context={"route_of": self.name, "taken_off": taken_off}
+            )
         except ValidationError as exc:
             problems = "; ".join(
                 f"key `{'.'.join(str(p) for p in e['loc']) or '(top level)'}`: {e['msg']}"

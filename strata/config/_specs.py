@@ -53,13 +53,19 @@ class KafkaSource:
 
         A table of a routed pipeline reads only the topics routed to it.
         """
+        return self.matches(topic) and self.routes_here(topic)
+
+    def matches(self, topic: str) -> bool:
+        """Whether a topic is listed, or matched by the pattern, whatever table it routes to."""
         if self.pattern is None:
-            listed = topic in self.topics
-        else:
-            matcher = topic_pattern(self.pattern)
-            listed = not topic.startswith("__") and matcher.fullmatch(topic) is not None
-        if not listed or self.table is None or self.routing is None:
-            return listed
+            return topic in self.topics
+        matcher = topic_pattern(self.pattern)
+        return not topic.startswith("__") and matcher.fullmatch(topic) is not None
+
+    def routes_here(self, topic: str) -> bool:
+        """Whether a topic the pipeline matches lands here: for a routed table, in it."""
+        if self.table is None or self.routing is None:
+            return True
         return self.routing.table_for(topic) == self.table
 
     @property

@@ -270,6 +270,129 @@ def test_a_topic_taken_off_the_list_leaves_its_table_out_of_runs(make_pipeline, 
     gone = cfg.route(cfg.table_for(topics[2]))
     assert _landed(gone) == _exact(cfg, topics[2], counts[topics[2]])
 
+    # Its status, and the commands that look at what it holds, still see it.
+    shown = p.cli("status", "--json")
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout.strip().splitlines()[-1])["tables"]
+    assert sorted(status) == sorted(cfg.table_for(t) for t in topics)
+    assert status[cfg.table_for(topics[2])]["last_batch"] == 1
+    assert p.cli("compact", "--dry-run").returncode == 0
+
+
+def _count_requests(monkeypatch) -> Counter[str]:
+    """Count the requests the driver's kept Kafka clients make, by client and method."""
+    from contextlib import contextmanager
+
+    from strata.batch import _clients
+
+    asked: Counter[str] = Counter()
+    held = _clients._held
+
+    class Counted:
+        def __init__(self, client, kind: str) -> None:
+            self.client, self.kind = client, kind
+
+        def __getattr__(self, name: str):
+            got = getattr(self.client, name)
+            if not callable(got):
+                return got
+
+            def call(*args, **kwargs):
+                asked[f"{self.kind}.{name}"] += 1
+                return got(*args, **kwargs)
+
+            return call
+
+    @contextmanager
+    def counted(kind, conf, make):
+        with held(kind, conf, make) as client:
+            yield Counted(client, kind)
+
+    monkeypatch.setattr(_clients, "_held", counted)
+    return asked
+
+
+def test_the_brokers_are_asked_once_for_all_tables_and_a_missing_topic_fails_its_table_alone(
+    make_pipeline, broker, spark, monkeypatch, capsys
+):
+    p = make_pipeline(partitions=2)
+    topics = [f"{p.topic}.asked{i}" for i in range(5)]
+    counts = {}
+    for i, topic in enumerate(topics):
+        broker.create_topic(topic, 2)
+        counts[topic] = produce_clicks(broker, topic, 2, 5 + i, seed=i)
+    _route(p, topics=topics)
+    cfg = load_pipeline(p.name, p.conf_dir)
+    for topic in topics:
+        _schema_for(p, cfg.table_for(topic))
+    argv = ["--pipeline", p.name, "--conf-dir", str(p.conf_dir)]
+    asked = _count_requests(monkeypatch)
+
+    # Each table's plan, lag and status need its topics' partitions, watermarks, ids and
+    # retention: asked once for all five tables, before the run and after it.
+    assert main(["run", *argv]) == 0
+    assert asked["consumer.list_topics"] == 2, asked
+    assert asked["consumer.offsets_for_times"] == 4, asked
+    assert asked["admin.describe_topics"] == 2, asked
+    assert asked["admin.describe_configs"] == 1, asked
+    for topic in topics:
+        assert _landed(cfg.route(cfg.table_for(topic))) == _exact(cfg, topic, counts[topic])
+    asked.clear()
+    capsys.readouterr()
+    assert main(["status", "--json", *argv]) == 0
+    status = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tables"]
+    assert {t: s["last_batch"] for t, s in status.items()} == dict.fromkeys(
+        (cfg.table_for(t) for t in topics), 1
+    )
+    assert asked["consumer.list_topics"] == 1 and asked["consumer.offsets_for_times"] == 2, asked
+    # An idle run sends the group no offset it holds already.
+    asked.clear()
+    assert main(["run", *argv]) == 0
+    assert asked["consumer.commit"] == 0 and asked["consumer.committed"] == 2, asked
+
+    # A listed topic deleted: the answers asked together do not cover it, so its table
+    # asks the brokers itself and fails alone, naming it; the others read what came.
+    broker.delete_topic(topics[1])
+    more = produce_clicks(broker, topics[0], 2, 4, seed=7)
+    capsys.readouterr()
+    assert main(["run", "--json", *argv]) == 1
+    body = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tables"]
+    assert body[cfg.table_for(topics[0])]["status"] == "committed"
+    assert {body[cfg.table_for(t)]["status"] for t in topics[2:]} == {"idle"}
+    gone = body[cfg.table_for(topics[1])]
+    assert gone["status"] == "failed" and f"topic `{topics[1]}` is not available" in gone["error"]
+    first = cfg.route(cfg.table_for(topics[0]))
+    assert sum(_landed(first).values()) == sum(counts[topics[0]].values()) + sum(more.values())
+    assert max(_landed(first).values()) == 1
+
+
+def test_brokers_out_of_reach_fail_every_table_after_one_wait_not_one_per_table(
+    make_pipeline, monkeypatch, capsys
+):
+    from strata.local.service import free_port
+
+    p = make_pipeline(partitions=1)
+    topics = [f"{p.topic}.far{i}" for i in range(6)]
+    _route(p, topics=topics)
+    path = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    body = yaml.safe_load(path.read_text())
+    # Nothing listens there: every request waits out the timeout.
+    body["kafka"] = {"bootstrap_servers": f"127.0.0.1:{free_port()}", "timeout_s": 1}
+    path.write_text(yaml.safe_dump(body))
+    cfg = load_pipeline(p.name, p.conf_dir)
+    for topic in topics:
+        _schema_for(p, cfg.table_for(topic))
+    asked = _count_requests(monkeypatch)
+
+    capsys.readouterr()
+    assert main(["run", "--json", "--pipeline", p.name, "--conf-dir", str(p.conf_dir)]) == 1
+    tables = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tables"]
+    assert sorted(tables) == sorted(cfg.table_for(t) for t in topics)
+    for table in tables.values():
+        assert table["status"] == "failed" and "cannot reach the brokers" in table["error"]
+    # One metadata request found them out of reach, for all six tables.
+    assert asked["consumer.list_topics"] == 1, asked
+
 
 def test_the_ingest_dag_runs_every_table_and_shows_each(
     make_pipeline, broker, spark, airflow_db, monkeypatch
