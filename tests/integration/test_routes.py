@@ -57,13 +57,15 @@ def _landed(cfg) -> Counter[tuple[str, int, int]]:
     return _rows(cfg, "table") + _rows(cfg, "quarantine")
 
 
-def _three_tables(p, broker, name: str) -> tuple[list[str], dict[str, dict[int, int]]]:
-    """Three topics with messages, each routed to a table of its own with a schema."""
-    topics = [f"{p.topic}.{name}{i}" for i in range(3)]
+def _routed_tables(
+    p, broker, name: str, count: int = 3, partitions: int = 2
+) -> tuple[list[str], dict[str, dict[int, int]]]:
+    """Topics (three by default) with messages, each routed to a table of its own."""
+    topics = [f"{p.topic}.{name}{i}" for i in range(count)]
     counts = {}
     for i, topic in enumerate(topics):
-        broker.create_topic(topic, 2)
-        counts[topic] = produce_clicks(broker, topic, 2, 9 + 4 * i, seed=i)
+        broker.create_topic(topic, partitions)
+        counts[topic] = produce_clicks(broker, topic, partitions, 9 + 4 * i, seed=i)
     _route(p, topics=topics)
     cfg = load_pipeline(p.name, p.conf_dir)
     for topic in topics:
@@ -77,7 +79,7 @@ def _exact(cfg, topic: str, counts: dict[int, int]) -> Counter[tuple[str, int, i
 
 def test_three_topics_land_in_three_tables_with_ledgers_of_their_own(make_pipeline, broker, spark):
     p = make_pipeline(partitions=2)
-    topics, counts = _three_tables(p, broker, "kind")
+    topics, counts = _routed_tables(p, broker, "kind")
     cfg = load_pipeline(p.name, p.conf_dir)
     tables = [cfg.table_for(t) for t in topics]
 
@@ -112,7 +114,7 @@ def test_three_topics_land_in_three_tables_with_ledgers_of_their_own(make_pipeli
 
 def test_a_routed_run_reads_every_table_in_one_spark_job(make_pipeline, broker, spark, monkeypatch):
     p = make_pipeline(partitions=2)
-    topics, counts = _three_tables(p, broker, "one")
+    topics, counts = _routed_tables(p, broker, "one")
     cfg = load_pipeline(p.name, p.conf_dir)
     tracker = spark.sparkContext.statusTracker()
     before = set(tracker.getJobIdsForGroup())
@@ -138,7 +140,7 @@ def test_a_task_failing_for_one_table_of_the_shared_job_fails_that_table_alone(
     make_pipeline, broker
 ):
     p = make_pipeline(partitions=2)
-    topics, counts = _three_tables(p, broker, "fail")
+    topics, counts = _routed_tables(p, broker, "fail")
     cfg = load_pipeline(p.name, p.conf_dir)
     bad = topics[1]
 
@@ -257,7 +259,7 @@ def test_a_table_whose_topics_are_all_gone_is_left_out_of_runs_until_one_comes_b
 
 def test_a_topic_taken_off_the_list_leaves_its_table_out_of_runs(make_pipeline, broker, spark):
     p = make_pipeline(partitions=2)
-    topics, counts = _three_tables(p, broker, "listed")
+    topics, counts = _routed_tables(p, broker, "listed")
     cfg = load_pipeline(p.name, p.conf_dir)
     assert p.cli("run").returncode == 0
     _route(p, topics=topics[:2])
@@ -316,15 +318,8 @@ def test_the_brokers_are_asked_once_for_all_tables_and_a_missing_topic_fails_its
     make_pipeline, broker, spark, monkeypatch, capsys
 ):
     p = make_pipeline(partitions=2)
-    topics = [f"{p.topic}.asked{i}" for i in range(5)]
-    counts = {}
-    for i, topic in enumerate(topics):
-        broker.create_topic(topic, 2)
-        counts[topic] = produce_clicks(broker, topic, 2, 5 + i, seed=i)
-    _route(p, topics=topics)
+    topics, counts = _routed_tables(p, broker, "asked", count=5)
     cfg = load_pipeline(p.name, p.conf_dir)
-    for topic in topics:
-        _schema_for(p, cfg.table_for(topic))
     argv = ["--pipeline", p.name, "--conf-dir", str(p.conf_dir)]
     asked = _count_requests(monkeypatch)
 
@@ -400,15 +395,8 @@ def test_the_ingest_dag_runs_every_table_and_shows_each(
     from tests.integration.test_airflow import load_dags, states
 
     p = make_pipeline(partitions=1, overrides={"quality": {"gate": "warn"}})
-    topics = [f"{p.topic}.{kind}" for kind in ("web", "app")]
-    counts = {}
-    for i, topic in enumerate(topics):
-        broker.create_topic(topic, 1)
-        counts[topic] = produce_clicks(broker, topic, 1, 15 + i, seed=i)
-    _route(p, topics=topics)
+    topics, counts = _routed_tables(p, broker, "dag", count=2, partitions=1)
     cfg = load_pipeline(p.name, p.conf_dir)
-    for topic in topics:
-        _schema_for(p, cfg.table_for(topic))
     monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
     dag = load_dags(p.conf_dir).dags[f"strata_ingest_{p.name}"]
 
@@ -504,7 +492,7 @@ def test_a_routed_runner_frozen_past_its_leases_commits_nothing_when_it_wakes(
     # its batch. When A wakes, no table may take a commit of A's, and every message of
     # each topic lands once in its own table.
     p, options = s3_pipeline(make_pipeline, s3_endpoint, tmp_path, "routed-frozen", lock_lease="4s")
-    topics, counts = _three_tables(p, broker, "frozen")
+    topics, counts = _routed_tables(p, broker, "frozen")
     cfg = load_pipeline(p.name, p.conf_dir)
     other = second_host(p, tmp_path)
     stop = armed(stop_at=faults.BEFORE_RAW_COMMIT, once=tmp_path / "stopped")
