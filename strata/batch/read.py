@@ -19,10 +19,8 @@ gap runs and their confirmation (`_gaps`), and reading the raw copy back (`_raw`
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -37,6 +35,7 @@ from strata.batch._raw import read_raw_copy
 from strata.errors import ReadError
 from strata.log import get_logger
 from strata.store.ranges import OffsetRange
+from strata.store.tables import collector_paused
 
 __all__ = [
     "CHUNK_MESSAGES",
@@ -143,7 +142,7 @@ def read_ranges(
             # of messages are objects it tracks, so it ran every few hundred of them,
             # walking the worker's every object each time (half a read's CPU), to find
             # no cycle: messages are freed by their count as soon as they are let go.
-            with _collector_paused():
+            with collector_paused():
                 # librdkafka messages are typed Optional throughout; inside a range, set.
                 messages: list[Any] = consumer.consume(max(wanted, 1), timeout=0.5)
                 data, events = events_apart(messages)
@@ -279,18 +278,6 @@ class _Chunker:
         tables, rejected = self.tables, self.rejected
         self.tables, self.rows, self.bytes, self.rejected = [], 0, 0, {}
         return RawChunk(pa.concat_tables(tables).combine_chunks(), rejected)
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the block (if it was running)."""
-    running = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if running:
-            gc.enable()
 
 
 def _handle_errors(

@@ -16,9 +16,9 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -246,7 +246,10 @@ class StatsLayout:
     A batch over thousands of event hours writes thousands of small files of one
     schema: walking the schema's types again for every footer, and converting bounds
     Delta keeps none of (binary, booleans, decimals), cost more than reading the
-    footer itself.
+    footer itself. Bounds are read as the footer stores them (integers, floats, UTF-8
+    bytes) where that is what the column's type is, and turned into values once per
+    file, not per row group: pyarrow's typed bounds build both bounds as Arrow scalars
+    on each call, a timestamp's as a zoned datetime, half of a small file's statistics.
     """
 
     def __init__(self, schema: pa.Schema) -> None:
@@ -256,9 +259,9 @@ class StatsLayout:
             schema: The files' Arrow schema.
         """
         self.fields = [_StatsField.of(f, f.name) for f in schema]
-        # Per leaf kept, (path, bounds wanted); resolved from the first footer, since
-        # every file of the schema has the same Parquet leaves.
-        self._leaves: list[tuple[str, int, bool]] | None = None
+        # Per leaf kept, (path, column index, how its bounds are read); resolved from the
+        # first footer, since every file of the schema has the same Parquet leaves.
+        self._leaves: list[tuple[str, int, _Bounds]] | None = None
         self._columns = -1
 
     def stats(self, footer: Any, rows: int) -> dict[str, Any]:  # noqa: ANN401
@@ -271,20 +274,24 @@ class StatsLayout:
         if self._leaves is None or footer.num_columns != self._columns:
             self._leaves = self._resolve(footer)
             self._columns = footer.num_columns
-        leaves: dict[str, list[Any]] = {}
+        # Per leaf, [low, high, null count (None: unknown), bounds exact].
+        leaves: dict[str, list[Any]] = {path: [None, None, 0, True] for path, _, _ in self._leaves}
         for g in range(footer.num_row_groups):
             group = footer.row_group(g)
-            for path, i, bounded in self._leaves:
+            for path, i, bounds in self._leaves:
                 stats = group.column(i).statistics
-                entry = leaves.setdefault(path, [None, None, 0, True])
+                entry = leaves[path]
                 if stats is None or not stats.has_null_count:
                     entry[2], entry[3] = None, False
                     continue
                 if entry[2] is not None:
                     entry[2] += stats.null_count
-                if not bounded:
+                if not bounds.wanted or not entry[3]:
                     continue
-                if stats.has_min_max:
+                if bounds.raw:
+                    # None without bounds: then exact only if every value is null.
+                    low, high = stats.min_raw, stats.max_raw
+                elif stats.has_min_max:
                     try:
                         low, high = stats.min, stats.max
                     except (OverflowError, ValueError):
@@ -292,9 +299,21 @@ class StatsLayout:
                         # datetime holds: keep the null count, give no bounds.
                         entry[3] = False
                         continue
-                    entry[0] = low if entry[0] is None else min(entry[0], low)
-                    entry[1] = high if entry[1] is None else max(entry[1], high)
-                elif stats.null_count != group.num_rows:
+                else:
+                    low = high = None
+                if low is None:
+                    if stats.null_count != group.num_rows:
+                        entry[3] = False
+                    continue
+                entry[0] = low if entry[0] is None else min(entry[0], low)
+                entry[1] = high if entry[1] is None else max(entry[1], high)
+        for path, _, bounds in self._leaves:
+            entry = leaves[path]
+            if bounds.convert is not None and entry[3] and entry[0] is not None:
+                try:
+                    entry[0], entry[1] = bounds.convert(entry[0]), bounds.convert(entry[1])
+                except (OverflowError, ValueError):
+                    # Beyond what Python's datetime holds, or not UTF-8: no bounds.
                     entry[3] = False
         mins: dict[str, Any] = {}
         maxs: dict[str, Any] = {}
@@ -303,13 +322,71 @@ class StatsLayout:
             column.collect(leaves, mins, maxs, nulls)
         return {"numRecords": rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
-    def _resolve(self, footer: Any) -> list[tuple[str, int, bool]]:  # noqa: ANN401
+    def _resolve(self, footer: Any) -> list[tuple[str, int, _Bounds]]:  # noqa: ANN401
         at = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
-        wanted: dict[str, bool] = {}
+        wanted: dict[str, str | None] = {}
         for column in self.fields:
             column.leaves(wanted)
         # Lists and maps are no leaves of their own name: Delta keeps no statistics for them.
-        return [(path, at[path], bounded) for path, bounded in wanted.items() if path in at]
+        return [
+            (path, at[path], _bounds_read(raw, footer.schema.column(at[path])))
+            for path, raw in wanted.items()
+            if path in at
+        ]
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """How a leaf's bounds are read from a footer.
+
+    Attributes:
+        wanted: Whether Delta keeps bounds for the leaf at all.
+        raw: Read as stored (`min_raw`), not as pyarrow's typed values.
+        convert: What turns a stored bound into the value `_stat_bounds` takes; None
+            keeps it as it is.
+    """
+
+    wanted: bool
+    raw: bool = False
+    convert: Callable[[Any], Any] | None = None
+
+
+_NO_BOUNDS = _Bounds(wanted=False)
+_TYPED = _Bounds(wanted=True)
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_DAY = date(1970, 1, 1)
+# Per way of reading a leaf (see `_StatsField.raw`): the Parquet storage it needs, and
+# what turns a stored bound into a value. A timestamp stays naive: read as UTC, as
+# `_iso_ms` writes it.
+_RAW_READS: dict[str, tuple[tuple[str, ...], str | None, Callable[[Any], Any] | None]] = {
+    "number": (("INT32", "INT64", "FLOAT", "DOUBLE"), None, None),
+    "utf8": (("BYTE_ARRAY",), None, bytes.decode),
+    "ms": (("INT64",), "milliseconds", lambda v: _EPOCH + timedelta(milliseconds=v)),
+    "us": (("INT64",), "microseconds", lambda v: _EPOCH + timedelta(microseconds=v)),
+    "days": (("INT32",), None, lambda v: _EPOCH_DAY + timedelta(days=v)),
+}
+
+
+def _bounds_read(raw: str | None, column: Any) -> _Bounds:  # noqa: ANN401
+    """How to read a leaf's bounds, given how it is wanted and how the file stores it.
+
+    Args:
+        raw: `_StatsField.raw` of the leaf; the empty string for a leaf without bounds.
+        column: The leaf's `pyarrow.parquet.ColumnSchema` in the footer.
+    """
+    if raw == "":
+        return _NO_BOUNDS
+    if raw is None or raw not in _RAW_READS:
+        return _TYPED
+    physical, unit, convert = _RAW_READS[raw]
+    if column.physical_type not in physical:
+        return _TYPED
+    if unit is not None:
+        # A file another writer wrote may store the time in another unit.
+        logical = column.logical_type
+        if logical is None or json.loads(logical.to_json()).get("timeUnit") != unit:
+            return _TYPED
+    return _Bounds(wanted=True, raw=True, convert=convert)
 
 
 @dataclass(frozen=True)
@@ -321,12 +398,15 @@ class _StatsField:
         path: Its dotted path, as a Parquet footer names its column.
         kind: What bounds Delta keeps for it (see `_stat_bounds`); None for none.
         children: A struct's fields; None for a leaf.
+        raw: How its bounds can be read as the footer stores them (a key of
+            `_RAW_READS`); None for pyarrow's typed values.
     """
 
     name: str
     path: str
     kind: str | None
     children: tuple[_StatsField, ...] | None
+    raw: str | None = None
 
     @classmethod
     def of(cls, field: pa.Field, path: str) -> _StatsField:
@@ -337,12 +417,12 @@ class _StatsField:
                 for i in range(kind.num_fields)
             )
             return cls(field.name, path, None, children)
-        return cls(field.name, path, _bounds_kind(kind), None)
+        return cls(field.name, path, _bounds_kind(kind), None, _raw_read(kind))
 
-    def leaves(self, wanted: dict[str, bool]) -> None:
-        """Add each leaf's path, and whether its bounds are wanted."""
+    def leaves(self, wanted: dict[str, str | None]) -> None:
+        """Add each leaf's path, and how its bounds are read ("" for none wanted)."""
         if self.children is None:
-            wanted[self.path] = self.kind is not None
+            wanted[self.path] = "" if self.kind is None else self.raw
             return
         for child in self.children:
             child.leaves(wanted)
@@ -390,6 +470,23 @@ def _bounds_kind(kind: pa.DataType) -> str | None:
     ):
         if test(kind):
             return name
+    return None
+
+
+def _raw_read(kind: pa.DataType) -> str | None:
+    """How a leaf type's bounds can be read as stored (see `_RAW_READS`); None if not.
+
+    Unsigned integers are stored signed, and other units of time in other units: those
+    are read as pyarrow's typed values.
+    """
+    if pa.types.is_signed_integer(kind) or kind in (pa.float32(), pa.float64()):
+        return "number"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "utf8"
+    if pa.types.is_timestamp(kind) and kind.unit in ("ms", "us"):
+        return str(kind.unit)
+    if pa.types.is_date32(kind):
+        return "days"
     return None
 
 
