@@ -9,7 +9,9 @@ small batch and a no-op `strata run`, and gives the ratios (target <= 1.2x).
 The history is made through the real commit path: each batch's split is read and
 written by the task's own code (`run_split`, as a Spark task runs it), its files
 committed to the three tables with the batch's app transaction (`commit_files`, as
-`commit_table` does), and its ledger rows by `commit_ledger`, as a run commits them.
+`commit_table` does), and its ledger rows by `commit_ledger`, as a run commits them;
+each table's handle is kept open and brought forward after each commit, as a runner
+committing batch after batch would.
 Only Spark, the plan and the read-back are left out. No file is edited and no
 maintenance runs: the Delta logs and the tables grow as they would.
 
@@ -35,7 +37,7 @@ from strata.config import TableName, load_pipeline
 from strata.local.broker import LocalBroker
 from strata.local.events import HOUR_MS, click_events, produce
 from strata.schema.avro import table_layout
-from strata.store.delta import commit_files, ensure_table
+from strata.store.delta import commit_files, ensure_table, open_table
 from strata.store.ledger import commit_ledger, ledger_row
 from strata.store.ranges import OffsetRange
 
@@ -121,10 +123,17 @@ def _commit_ledger(conf: Path, splits: list[SplitResult], ids: dict[str, str]) -
     cfg = load_pipeline("bench", conf)
     places, columns = cfg.places(), data_columns(cfg.schemas())
     marks = {f"{r.topic}:{r.partition}": len(splits) + 1 for r in splits[0].ranges}
+    # As for the other tables, one snapshot brought forward after each commit: the
+    # first batch creates the ledger, and the handle is opened once it stands.
+    ledger = None
     for batch, split in enumerate(splits, 1):
         rows = [ledger_row(r, marks) for r in split.ranges]
-        if not commit_ledger(places, batch, rows, columns, ids):
+        if not commit_ledger(places, batch, rows, columns, ids, ledger=ledger):
             raise RuntimeError(f"batch {batch} of the history was not committed to the ledger")
+        if ledger is None:
+            ledger = open_table(places.ledger.uri, places.options)
+        else:
+            ledger.update_incremental()
 
 
 def _seal(broker: LocalBroker, topic: str, at_ms: int) -> None:

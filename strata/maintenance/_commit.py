@@ -20,7 +20,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from strata import faults
 from strata.errors import MaintenanceError
 from strata.log import get_logger
-from strata.store.delta import maintenance_transactions, open_table
+from strata.store.delta import COMMIT_HOOKS, maintenance_transactions, open_table
 from strata.store.parquet import WrittenFile
 from strata.store.places import TableRef
 
@@ -103,6 +103,7 @@ def commit_partition(
                     custom_metadata={COMPACTION_KEY: json.dumps(summary)},
                     app_transactions=fence,
                 ),
+                post_commithook_properties=COMMIT_HOOKS,
             )
         except CommitFailedError as exc:
             # A schema change, or a vacuum's fence, landed after this snapshot: look

@@ -29,7 +29,7 @@ from strata.store.ledger import (
     lag_after,
     ledger_state,
     read_ledger,
-    recent_ledger,
+    recent_state,
 )
 from strata.store.places import Places
 
@@ -136,9 +136,10 @@ def pipeline_view(
         state = seen.state
         out = _view(places, settings, seen.rows, state, listed=False, states=seen.states)
     else:
-        # The newest batches are all the view shows: a ledger of years is not read.
-        state = ledger_state(places)
-        out = _view(places, settings, recent_ledger(places, RUN_COLUMNS), state, listed=False)
+        # The newest batches are all the view shows: a ledger of years is not read. Both
+        # from one snapshot: opening the ledger loads its file list, a file per batch.
+        rows, state = recent_state(places, RUN_COLUMNS)
+        out = _view(places, settings, rows, state, listed=False)
     if watermark:
         out["watermark"] = watermark_now(settings.completeness, state)
     return out

@@ -41,7 +41,7 @@ from strata.config import MetastoreConfig
 from strata.errors import MetastoreError
 from strata.log import get_logger
 from strata.quality.checks import QUALITY_SCHEMA, QualityResult, quality_rows
-from strata.store.delta import BATCH_KEY, ensure_table, open_table
+from strata.store.delta import BATCH_KEY, COMMIT_HOOKS, ensure_table, open_table
 from strata.store.files import filesystem
 from strata.store.parquet import write_file
 from strata.store.places import NAME_SUFFIXES, Places, TableRef
@@ -131,6 +131,7 @@ def replace_batch(quality: TableRef, result: QualityResult) -> int:
                 mode="append",
                 schema=QUALITY_SCHEMA,
                 commit_properties=CommitProperties(custom_metadata={BATCH_KEY: result.batch}),
+                post_commithook_properties=COMMIT_HOOKS,
             )
             break
         except CommitFailedError:

@@ -305,17 +305,22 @@ def ledger_state(places: Places, rows: pa.Table | None = None) -> LedgerState:
 
 
 def _current_state(
-    places: Places, table: DeltaTable, rows: pa.Table | None = None, last: int | None = None
+    places: Places,
+    table: DeltaTable,
+    rows: pa.Table | None = None,
+    last: int | None = None,
+    recent: list[dict[str, Any]] | None = None,
 ) -> LedgerState:
     """The state as of the table's snapshot: recorded by its newest batch, else folded.
 
-    `last` is the snapshot's last batch, if read already.
+    `last` is the snapshot's last batch and `recent` its newest commits' infos
+    (`recorded_state`), each if read already.
     """
     # A batch can be committed without rows (an abandoned plan of a pipeline that has
     # read nothing yet): its number is taken all the same.
     if last is None:
         last = table.transaction_version(places.pipeline) or 0
-    recorded = recorded_state(table, last)
+    recorded = recorded_state(table, last, recent)
     if recorded is not None:
         return recorded
     if rows is None:
@@ -324,13 +329,21 @@ def _current_state(
     return fold_rows(rows, last)
 
 
-def recorded_state(table: DeltaTable, last: int) -> LedgerState | None:
+def recorded_state(
+    table: DeltaTable, last: int, recent: list[dict[str, Any]] | None = None
+) -> LedgerState | None:
     """The state the ledger's batch `last` recorded in its commit, or None.
 
     None when no recent commit records a state, or the newest that does is of an older
     batch: a runner of an earlier version committed since, so the rows decide.
+
+    Args:
+        table: The ledger.
+        last: The snapshot's last batch.
+        recent: The snapshot's newest `_STATE_SEARCH` commits' infos, newest first, if
+            read already (reading them lists the log, which grows with every commit).
     """
-    for commit in table.history(_STATE_SEARCH):
+    for commit in table.history(_STATE_SEARCH) if recent is None else recent:
         if STATE_KEY in commit:
             state = LedgerState.from_record(json.loads(commit[STATE_KEY]))
             return state if state.last_batch == last else None
@@ -472,6 +485,7 @@ def commit_ledger(
     topic_ids: dict[str, str] | None = None,
     reader_schema: dict[str, Any] | None = None,
     partition_ids: dict[tuple[str, int], str] | None = None,
+    ledger: DeltaTable | None = None,
 ) -> bool:
     """Append a batch's rows to the ledger in one transaction, unless already there.
 
@@ -494,12 +508,19 @@ def commit_ledger(
         partition_ids: The brokers' topic id of each partition the batch moved onto a
             log (a seek). Ids of topics and partitions the batch did not touch stay
             as the ledger recorded them (`LogIds.vouched`).
+        ledger: The ledger as the caller holds it open, at the snapshot to build on;
+            opened here if not given. Opening a Delta table loads its whole file list,
+            a file per batch until `strata compact`: a caller committing batch after
+            batch keeps one handle and brings it forward after each commit
+            (`DeltaTable.update_incremental`). The checks are the same either way:
+            the batch is looked for in that snapshot, and delta-rs refuses the commit
+            if another batch's commit landed after it.
 
     Returns:
         True if this call committed the batch, False if the ledger already held it.
     """
     uri = places.ledger.uri
-    table = open_table(uri, places.options)
+    table = open_table(uri, places.options) if ledger is None else ledger
     if table is not None and (table.transaction_version(places.pipeline) or 0) >= batch:
         return False
     now = datetime.now(UTC)
@@ -511,16 +532,20 @@ def commit_ledger(
     def metadata(table: DeltaTable | None) -> dict[str, object]:
         """The commit's metadata, read from the snapshot it builds on (None: no ledger)."""
         meta: dict[str, object] = {} if columns is None else {COLUMNS_KEY: columns}
+        # The newest commits' infos are read once, for the ids and the state both.
+        recent = None if table is None else table.history(_STATE_SEARCH)
         if topic_ids or partition_ids:
             # Read from the snapshot this commit builds on, not a table opened again.
-            recorded = (None if table is None else _log_ids(table)) or LogIds()
+            recorded = (None if table is None else _log_ids(table, recent)) or LogIds()
             meta.update(recorded.vouched(topic_ids or {}, partition_ids or {}).metadata())
         if reader_schema is not None:
             meta[READER_SCHEMA_KEY] = reader_schema
         # Folded from the state this commit builds on: another runner's commit landing
         # after this snapshot makes delta-rs refuse this one, so the state never skips a
         # batch. Before the ledger exists the state is that of an empty one.
-        state = LedgerState(0, {}) if table is None else _current_state(places, table)
+        state = (
+            LedgerState(0, {}) if table is None else _current_state(places, table, recent=recent)
+        )
         meta[STATE_KEY] = state.after(batch, now, full).record()
         return meta
 
@@ -602,8 +627,12 @@ def committed_log_ids(places: Places) -> LogIds | None:
     return None if table is None else _log_ids(table)
 
 
-def _log_ids(table: DeltaTable) -> LogIds | None:
-    commit = newest_commit(table, lambda c: TOPIC_IDS_KEY in c)
+def _log_ids(table: DeltaTable, recent: list[dict[str, Any]] | None = None) -> LogIds | None:
+    """The newest recorded map: among `recent` (the newest commits' infos) if given and
+    one records it, else searched for in the log."""
+    commit = next((c for c in recent or [] if TOPIC_IDS_KEY in c), None)
+    if commit is None:
+        commit = newest_commit(table, lambda c: TOPIC_IDS_KEY in c)
     return None if commit is None else LogIds.from_commit(commit)
 
 

@@ -1,0 +1,28 @@
+"""A run's view of its pipeline reads the ledger from one snapshot."""
+
+from __future__ import annotations
+
+from strata.edge import status_settings
+from strata.operations.status import pipeline_view
+from strata.store import ledger as ledger_module
+from strata.store.ledger import commit_ledger, unread_row
+
+
+def test_the_view_after_a_run_opens_the_ledger_once(make_pipeline, monkeypatch):
+    p = make_pipeline(partitions=2)
+    cfg = p.cfg()
+    places = cfg.places()
+    for batch in (1, 2):
+        row = unread_row("ingest", p.topic, 0, batch - 1, batch, 0, None)
+        row.update(messages=1, rows=1, bytes=10, high_watermark=batch)
+        assert commit_ledger(places, batch, [row])
+    opened = []
+    real = ledger_module.open_table
+    monkeypatch.setattr(ledger_module, "open_table", lambda *a: opened.append(a) or real(*a))
+    view = pipeline_view(places, status_settings(cfg))
+    # Opening the ledger loads its whole file list, a file per batch until compaction:
+    # the state and the newest rows are both read from one snapshot.
+    assert len(opened) == 1
+    assert view["last_batch"] == 2
+    committed = {q["partition"]: q["committed"] for q in view["partitions"]}
+    assert committed[0] == 2
