@@ -380,7 +380,9 @@ def _after_run(
         from strata.catalog.register import publish_completeness
         from strata.edge import registration
 
-        found, problems = publish_completeness(registration(cfg), outcome.batch)
+        found, problems = publish_completeness(
+            registration(cfg), outcome.batch, facts=outcome.facts
+        )
         if found is not None and found.completed:
             text += f"\ncomplete now: {', '.join(found.completed)}"
             body["completed"] = found.completed

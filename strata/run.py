@@ -294,6 +294,7 @@ def _ingest(
         check_schema(places, work.task.decoding)
     written = yield from write_and_commit(work, plan, TABLES, outcome, lock, resumed)
     results = outcome.ranges = written.results
+    outcome.data_table = written.data
     ledger_rows = [
         ledger_row(r, plan.watermarks, note=_began(plan, r.topic, r.partition, r.start))
         for r in results
@@ -512,9 +513,12 @@ def _late_after_completion(catalog: Registration, outcome: RunOutcome) -> None:
     """Warn of the batch's rows that landed in partitions already complete before it."""
     if not catalog.completeness.enabled:
         return
-    from strata.catalog.completeness import completeness, late_warnings
+    from strata.catalog.completeness import batch_facts, completeness, late_warnings
 
     try:
+        if outcome.batch is not None:
+            # Read once for this and for the completeness published after the gate.
+            outcome.facts = batch_facts(catalog.places, outcome.batch, outcome.data_table)
         found = completeness(
             catalog.places,
             catalog.completeness,
@@ -524,6 +528,7 @@ def _late_after_completion(catalog: Registration, outcome: RunOutcome) -> None:
             outcome.batch,
             totals=False,
             quality=False,
+            facts=outcome.facts,
         )
         outcome.late_after_completion = found.late
         outcome.warnings.extend(late_warnings(found))

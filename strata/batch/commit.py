@@ -42,9 +42,7 @@ from strata.batch.task import RangeResult, SplitJob, SplitResult, TaskSpec, exec
 from strata.config import KafkaSource, SchemaSpec, TableName
 from strata.errors import LeaseLost, PlanError, ReconcileError
 from strata.log import get_logger
-from strata.schema.avro import (
-    table_layout,
-)
+from strata.schema.avro import table_layout
 from strata.stages import Stages
 from strata.store.delta import (
     add_missing_columns,
@@ -60,9 +58,7 @@ from strata.store.delta import (
     up_to_date,
     without_ranges,
 )
-from strata.store.ledger import (
-    read_ledger,
-)
+from strata.store.ledger import read_ledger
 from strata.store.lock import RunLock
 from strata.store.parquet import WrittenFile, is_batch_file
 from strata.store.places import Places
@@ -216,15 +212,16 @@ def write_and_commit(
                     "has the new column(s) from this batch on; earlier rows read them as null"
                 )
     with outcome.stages.timed("read_back"):
+        current = up_to_date(handles)
         reconcile_tables(
             {n: places.table(n) for n in tables},
             plan,
             results,
             written if parquet else None,
-            up_to_date(handles),
+            current,
             created,
         )
-    return BatchWrite(results, written, run_id)
+    return BatchWrite(results, written, run_id, current.get("table"))
 
 
 class BatchWrite(NamedTuple):
@@ -234,11 +231,14 @@ class BatchWrite(NamedTuple):
         results: One result per planned range.
         files: The files written, per table.
         run_id: This run's id, part of every file name it wrote.
+        data: The Delta data table as read back after the batch's commit, for what
+            follows to read it again without opening it; None if not at hand.
     """
 
     results: list[RangeResult]
     files: dict[TableName, list[WrittenFile]]
     run_id: str
+    data: DeltaTable | None = None
 
 
 @contextmanager

@@ -17,7 +17,9 @@ from strata.store.ledger import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from deltalake import DeltaTable
+
+    from strata.catalog.completeness import BatchFacts
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,11 @@ class RunOutcome:
             already complete before it (see `strata.catalog.completeness`).
         seen: What an idle run read of the ledger and the brokers, which its summary's
             view takes instead of asking again.
+        data_table: The Delta data table after the batch's commit, as the run read it
+            back (a `DeltaTable`), for the batch's completeness to read without opening.
+        facts: What the batch's completeness read of the tables
+            (`strata.catalog.completeness.BatchFacts`), for working it out again after
+            the quality gate.
     """
 
     pipeline: str
@@ -79,3 +86,5 @@ class RunOutcome:
     task_stages: Stages = field(default_factory=Stages)
     late_after_completion: dict[str, int] = field(default_factory=dict)
     seen: Seen | None = field(default=None, repr=False, compare=False)
+    data_table: DeltaTable | None = field(default=None, repr=False, compare=False)
+    facts: BatchFacts | None = field(default=None, repr=False, compare=False)

@@ -30,7 +30,7 @@ import bisect
 import json
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,6 +55,9 @@ from strata.store.ledger import (
 )
 from strata.store.locations import current_locations, place
 from strata.store.places import Places, TableRef
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 MARKER = "_SUCCESS"
 # Metastore parameters of a complete partition (and of the data table, for Delta
@@ -274,6 +277,52 @@ class Completeness:
         return _iso(datetime.fromisoformat(self.watermark) - _lateness(self.lateness))
 
 
+@dataclass(frozen=True)
+class BatchFacts:
+    """What one ingest batch's completeness reads of the tables, kept to be read once.
+
+    A run works out its batch's completeness twice: for the rows late after completion
+    (`strata.run`), and after the quality gate to mark and announce what it completed
+    (`strata.catalog.register.publish_completeness`). Both read the same two things,
+    which cost more than the rest: the state the batch's ledger commit recorded, and the
+    data table's files after the batch's commit (a file per event hour and task).
+
+    Attributes:
+        batch: The batch.
+        state: The state its ledger commit recorded.
+        adds: The data table's add actions, flattened; None if it has no table.
+    """
+
+    batch: int
+    state: LedgerState
+    adds: pa.Table | None
+
+
+def batch_facts(places: Places, batch: int, data: DeltaTable | None = None) -> BatchFacts | None:
+    """Read what the batch's completeness reads (`BatchFacts`); None where it reads rows.
+
+    Args:
+        places: The pipeline's (or routed table's) places.
+        batch: The ingest batch just committed.
+        data: The Delta data table opened already, at a snapshot holding the batch's
+            commit (the run's own handle); opened here if not given.
+
+    Returns:
+        The facts, or None for a plain Parquet table or a batch whose ledger commit
+        recorded no state (`_batch_completeness` then falls back to the rows).
+    """
+    table = places.table("table")
+    if table.format != "delta":
+        return None
+    state = batch_state(places, batch)
+    if state is None:
+        return None
+    if data is None:
+        data = open_table(table.uri, table.options)
+    adds = pa.table(data.get_add_actions(flatten=True)) if data is not None else None
+    return BatchFacts(batch, state, adds)
+
+
 def watermark_now(settings: CompletenessConfig, state: LedgerState) -> dict[str, str | None] | None:
     """The watermark after the newest ingest batch, for `strata status` and the metrics.
 
@@ -314,6 +363,7 @@ def completeness(
     totals: bool = True,
     quality: bool = True,
     since: int | None = None,
+    facts: BatchFacts | None = None,
 ) -> Completeness:
     """Each partition's completeness, and what one ingest batch completed.
 
@@ -338,13 +388,23 @@ def completeness(
             then lists those completed by any batch after it up to `batch`, so a run
             that announced nothing (its gate failed, its task died) loses no partition.
             None lists those `batch` completed.
+        facts: What the batch's completeness read of the tables already
+            (`batch_facts`), used where it is of `batch`.
 
     Returns:
         The completeness.
     """
     if not totals and ledger is None and (since is None or batch is None or since >= batch - 1):
         found = _batch_completeness(
-            places, settings, partitioning, gate, asset, batch, quality=quality, since=since
+            places,
+            settings,
+            partitioning,
+            gate,
+            asset,
+            batch,
+            quality=quality,
+            since=since,
+            facts=facts if facts is not None and facts.batch == batch else None,
         )
         if found is not None:
             return found
@@ -400,6 +460,7 @@ def _batch_completeness(
     *,
     quality: bool,
     since: int | None,
+    facts: BatchFacts | None = None,
 ) -> Completeness | None:
     """What one ingest batch changed, from the states its ledger commit recorded.
 
@@ -418,14 +479,20 @@ def _batch_completeness(
     table = places.table("table")
     if table.format != "delta":
         return None
-    state = ledger_state(places) if batch is None else batch_state(places, batch)
+    if facts is not None:
+        state: LedgerState | None = facts.state
+    else:
+        state = ledger_state(places) if batch is None else batch_state(places, batch)
     mark = None if state is None else state.mark
     if mark is None or (batch is not None and mark.batch != batch):
         return None
     lateness = _lateness(settings.lateness)
     now, before = from_us(mark.at_us), from_us(mark.before_us)
-    delta = open_table(table.uri, table.options)
-    adds = pa.table(delta.get_add_actions(flatten=True)) if delta is not None else None
+    if facts is not None:
+        adds = facts.adds
+    else:
+        delta = open_table(table.uri, table.options)
+        adds = pa.table(delta.get_add_actions(flatten=True)) if delta is not None else None
     columns = partition_columns(partitioning)
     held = ResultStore.of(places).incomplete() if quality else {}
     wrote = candidates(adds, columns, mark.batch, None, None, set())

@@ -50,6 +50,7 @@ from strata.catalog.completeness import (
     COMPLETE_BEFORE_KEY,
     PARTITION_KEYS,
     WATERMARK_KEY,
+    BatchFacts,
     Completeness,
     completeness,
     watermark_now,
@@ -512,7 +513,10 @@ def register_tables(registration: Registration, *, full: bool = False) -> Regist
 
 
 def _completeness(
-    registration: Registration, batch: int | None = None, since: int | None = None
+    registration: Registration,
+    batch: int | None = None,
+    since: int | None = None,
+    facts: BatchFacts | None = None,
 ) -> Completeness:
     """The completeness registration publishes: without the late rows of every partition,
     which it does not show (see `strata.catalog.completeness.completeness`)."""
@@ -525,6 +529,7 @@ def _completeness(
         batch,
         totals=False,
         since=since,
+        facts=facts,
     )
 
 
@@ -593,7 +598,10 @@ def render_registration(report: RegistrationReport) -> str:
 
 
 def publish_completeness(
-    registration: Registration, batch: int | None, since: int | None = None
+    registration: Registration,
+    batch: int | None,
+    since: int | None = None,
+    facts: BatchFacts | None = None,
 ) -> tuple[Completeness | None, list[str]]:
     """After a batch and its quality gate: mark complete partitions, say what changed.
 
@@ -606,6 +614,8 @@ def publish_completeness(
         batch: The batch just committed (and checked); None for the newest ingest batch.
         since: The last batch whose completed partitions were announced (see
             `strata.catalog.completeness.completeness`).
+        facts: What working out the batch's completeness read of the tables already, in
+            this process (`strata.run` keeps it in the run's outcome).
 
     Returns:
         The completeness (None if it could not be worked out) and the warnings to show.
@@ -613,7 +623,7 @@ def publish_completeness(
     if not registration.completeness.enabled:
         return None, []
     try:
-        found = _completeness(registration, batch, since)
+        found = _completeness(registration, batch, since, facts)
         write_markers(registration.places.table("table"), registration.completeness, found)
         # Registration ran before the gate, which held the batch's partitions (under
         # `fail`) until it passed, or marks them now: the metastore is set right at once.

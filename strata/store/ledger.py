@@ -350,10 +350,14 @@ def recorded_state(
     return None
 
 
-def batch_state(places: Places, batch: int) -> LedgerState | None:
+def batch_state(places: Places, batch: int, table: DeltaTable | None = None) -> LedgerState | None:
     """The state right after `batch`, as its ledger commit recorded it; None if it recorded
-    none (or is not among the newest commits, which a run asks about)."""
-    table = open_table(places.ledger.uri, places.options)
+    none (or is not among the newest commits, which a run asks about).
+
+    `table` is the ledger opened already, at a snapshot holding the batch's commit.
+    """
+    if table is None:
+        table = open_table(places.ledger.uri, places.options)
     if table is None:
         return None
     found = newest_commit(table, lambda c: c.get(BATCH_KEY) == batch and STATE_KEY in c, False)

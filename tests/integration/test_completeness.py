@@ -13,6 +13,7 @@ from deltalake import DeltaTable
 from strata.catalog.completeness import MARKER, Completeness, completeness
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.register import publish_completeness
+from strata.cli import main
 from strata.edge import registration
 from strata.run import run_batch
 from strata.store.files import filesystem
@@ -126,6 +127,45 @@ def test_an_hour_is_complete_only_after_the_lateness_and_late_rows_are_counted(
     )
     assert f"{HOUR}  complete since batch 2" in shown.stdout
     assert spark.read.parquet(str(table)).count() == landed + late_rows
+
+
+def test_a_run_reads_its_batchs_state_and_data_files_once_for_late_rows_and_completion(
+    make_pipeline, broker, spark, monkeypatch, capsys
+):
+    from strata.catalog import completeness as module
+
+    p = make_pipeline(partitions=2, overrides={"completeness": {"lateness": "1h"}})
+    argv = ["--pipeline", p.name, "--conf-dir", str(p.conf_dir)]
+    produce_clicks(broker, p.topic, 2, 60, hours=1)
+    assert main(["run", "--no-quality", *argv]) == 0
+    read: list[str] = []
+
+    def counted(name: str):
+        real = getattr(module, name)
+        return lambda *args, **kwargs: read.append(name) or real(*args, **kwargs)
+
+    for name in ("batch_state", "open_table"):
+        monkeypatch.setattr(module, name, counted(name))
+
+    def run() -> dict:
+        read.clear()
+        capsys.readouterr()
+        assert main(["run", "--no-quality", "--json", *argv]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    # A run counts its rows late after completion, then (after the gate) announces what
+    # it completed: both from one reading of the state its ledger commit recorded, and
+    # of the data table as its commit read it back.
+    produce_clicks(broker, p.topic, 2, 20, hours=1, start_ms=START_MS + 2 * HOUR_MS)
+    assert run()["completed"] == [HOUR]
+    assert read == ["batch_state"], read
+    late = produce_clicks(broker, p.topic, 2, 4, hours=1, seed=5)
+    body = run()
+    assert read == ["batch_state"], read
+    assert any(
+        f"landed {sum(late.values())} rows in 1 partitions already complete: {HOUR}" in w
+        for w in body["warnings"]
+    ), body["warnings"]
 
 
 def test_under_a_failing_gate_an_hour_is_complete_only_once_its_batch_is_checked(
