@@ -68,10 +68,12 @@ from strata.stages import Stages
 from strata.store.ledger import (
     RUN_COLUMNS,
     LedgerState,
+    Opened,
     commit_ledger,
     ledger_row,
     ledger_state,
     loss_row,
+    open_ledger,
     recent_state,
 )
 from strata.store.locations import void_unfinished_moves
@@ -79,6 +81,7 @@ from strata.store.lock import BothLocks, RunLock, run_lock
 from strata.store.ranges import OffsetRange
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
     from strata.catalog.register import Registration
@@ -177,9 +180,11 @@ def _run_steps(
             # Where reading goes on is the state the newest ledger commit recorded; an
             # idle run's summary (`strata.operations.metrics.after_run`) reads the newest
             # batches' rows only: neither grows with the pipeline's history.
-            rows, state = recent_state(cfg.places(), RUN_COLUMNS)
+            # The ledger is opened once, for the plan's checks and the ledger commit.
+            ledger = open_ledger(places)
+            rows, state = recent_state(places, RUN_COLUMNS, ledger)
             plan, resumed, states = _load_or_plan(
-                places, plan_settings(cfg), state, max_offsets, accept_loss
+                places, plan_settings(cfg), state, max_offsets, accept_loss, ledger
             )
         if plan is not None:
             # A plan reads with the schema it was saved with; one saved without (a
@@ -199,7 +204,9 @@ def _run_steps(
                     "and status stay)"
                 )
         elif plan.kind == "ingest":
-            outcome = yield from _ingest(batch_work(cfg, session), plan, state, resumed, lock)
+            outcome = yield from _ingest(
+                batch_work(cfg, session), plan, state, resumed, lock, ledger
+            )
         else:
             outcome = yield from execute_reprocess(
                 batch_work(cfg, session), plan, lock, resumed=True
@@ -279,9 +286,18 @@ def plan_settings(cfg: PipelineConfig) -> PlanSettings:
 
 
 def _ingest(
-    work: BatchWork, plan: BatchPlan, state: LedgerState, resumed: bool, lock: RunLock
+    work: BatchWork,
+    plan: BatchPlan,
+    state: LedgerState,
+    resumed: bool,
+    lock: RunLock,
+    ledger: DeltaTable | None = None,
 ) -> Steps[RunOutcome]:
-    """Read, check and commit an ingest batch, then publish its offsets."""
+    """Read, check and commit an ingest batch, then publish its offsets.
+
+    `ledger` is the ledger as the run opened it to plan (None: opened when needed); the
+    ledger commit builds on it, and delta-rs refuses the commit if another landed since.
+    """
     places = work.places
     outcome = RunOutcome(
         places.pipeline,
@@ -291,7 +307,7 @@ def _ingest(
     )
     check_continues(places, plan, state)
     if resumed:
-        check_schema(places, work.task.decoding)
+        check_schema(places, work.task.decoding, "open" if ledger is None else ledger)
     written = yield from write_and_commit(work, plan, TABLES, outcome, lock, resumed)
     results = outcome.ranges = written.results
     outcome.data_table = written.data
@@ -314,6 +330,7 @@ def _ingest(
             data_columns(work.schemas),
             plan.topic_ids,
             json.loads(plan.reader_schema) if plan.reader_schema else None,
+            ledger=ledger,
         )
     faults.reached(faults.AFTER_LEDGER)
     if not landed:
@@ -424,8 +441,11 @@ def _load_or_plan(
     state: LedgerState,
     max_offsets: int | None,
     accept_loss: str | None,
+    ledger: Opened = "open",
 ) -> tuple[BatchPlan | None, bool, list[PartitionState]]:
     """The unfinished batch's saved plan, or a new one saved before any read.
+
+    `ledger` is the ledger if the caller opened it already (`strata.store.ledger.Opened`).
 
     Returns:
         The plan (None when there is nothing new), whether it was an unfinished
@@ -451,7 +471,11 @@ def _load_or_plan(
     plan = replace(
         plan,
         topic_ids=check_topic_ids(
-            places, source, topics={s.topic for s in states}, committed=state.committed.keys()
+            places,
+            source,
+            topics={s.topic for s in states},
+            committed=state.committed.keys(),
+            ledger=ledger,
         ),
     )
     if decoding.registry.evolve:
@@ -462,7 +486,7 @@ def _load_or_plan(
         plan = replace(
             plan, reader_schema=decoding.schemas.text, fingerprint=decode_fingerprint(decoding)
         )
-    check_schema(places, decoding)
+    check_schema(places, decoding, ledger)
     saved = store.create(plan)
     return saved, saved is not plan, states
 

@@ -36,6 +36,7 @@ from strata.schema.avro import (
 from strata.store.ledger import (
     LedgerState,
     LogIds,
+    Opened,
     committed_columns,
     committed_log_ids,
 )
@@ -48,6 +49,7 @@ def check_topic_ids(
     planned: BatchPlan | None = None,
     topics: Collection[str] | None = None,
     committed: Collection[tuple[str, int]] = (),
+    ledger: Opened = "open",
 ) -> dict[str, str]:
     """Stop when a partition's log is not the one its committed offsets (or a plan) belong to.
 
@@ -64,6 +66,7 @@ def check_topic_ids(
         topics: The topics read now, when the caller has listed them already; by
             default they are asked of the brokers.
         committed: The partitions the ledger holds offsets for (for the ledger's check).
+        ledger: The ledger, if the caller opened it already (`Opened`).
 
     Returns:
         The brokers' id of each topic (empty where they keep none).
@@ -90,7 +93,7 @@ def check_topic_ids(
             f"({drop_command(places.pipeline, planned.batch)}). "
         )
     else:
-        newest = committed_log_ids(places)
+        newest = committed_log_ids(places, ledger)
         if newest is None:
             return current
         recorded, since = newest, f"batch {newest.batch} was committed"
@@ -177,12 +180,13 @@ def data_columns(schemas: SchemaSpec) -> list[list[str]]:
     return column_signature(table_layout(schemas, "table")[0])
 
 
-def check_schema(places: Places, decoding: Decoding) -> list[str]:
+def check_schema(places: Places, decoding: Decoding, ledger: Opened = "open") -> list[str]:
     """Stop before reading when the schema changed in a way the tables cannot take.
 
     Args:
         places: The pipeline's places (its ledger, its name).
         decoding: How messages are decoded, the schema read with included.
+        ledger: The ledger, if the caller opened it already (`Opened`).
 
     Returns:
         The columns the current schema adds to the table (old rows read them as null).
@@ -193,7 +197,7 @@ def check_schema(places: Places, decoding: Decoding) -> list[str]:
     # The decode rules first, before any batch is committed too: a schema or event-time
     # setting the decoder refuses must stop the plan, not fail every task of the batch.
     topic = DecodeRules.of_decoding(decoding).topic
-    recorded = committed_columns(places)
+    recorded = committed_columns(places, ledger)
     if recorded is None:
         return []
     batch, before = recorded

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -213,7 +213,26 @@ def recent_ledger(
     return _recent(places, table, columns, batches)
 
 
-def recent_state(places: Places, columns: list[str]) -> tuple[pa.Table, LedgerState]:
+Opened = DeltaTable | None | Literal["open"]
+"""A ledger its caller opened already (None: there is none yet), or "open" it here.
+
+Opening the ledger loads its whole file list, a file per batch until `strata compact`:
+a run opens it once and hands the handle to each step that reads it before its commit.
+"""
+
+
+def open_ledger(places: Places) -> DeltaTable | None:
+    """The pipeline's ledger, opened at its newest version; None before its first batch."""
+    return open_table(places.ledger.uri, places.options)
+
+
+def _opened(places: Places, ledger: Opened) -> DeltaTable | None:
+    return open_ledger(places) if isinstance(ledger, str) else ledger
+
+
+def recent_state(
+    places: Places, columns: list[str], ledger: Opened = "open"
+) -> tuple[pa.Table, LedgerState]:
     """The newest batches' rows (`recent_ledger`) and the state (`ledger_state`) at once.
 
     One snapshot of the ledger serves both: a run opens its ledger once, which a
@@ -222,8 +241,9 @@ def recent_state(places: Places, columns: list[str]) -> tuple[pa.Table, LedgerSt
     Args:
         places: The pipeline's places (its ledger, its name).
         columns: The columns of the rows to read.
+        ledger: The ledger, if opened already (`Opened`).
     """
-    table = open_table(places.ledger.uri, places.options)
+    table = _opened(places, ledger)
     if table is None:
         return LEDGER_SCHEMA.empty_table().select(columns), LedgerState(0, {})
     # The last batch is read from the snapshot once, for both.
@@ -612,22 +632,25 @@ def _remove_other_attempts(places: Places, batch: int, keep: str | None) -> None
             fs.delete_file(info.path)
 
 
-def committed_columns(places: Places) -> tuple[int, list[list[str]]] | None:
+def committed_columns(
+    places: Places, ledger: Opened = "open"
+) -> tuple[int, list[list[str]]] | None:
     """The data table's columns as of the newest batch that recorded them, with its number.
 
     Returns:
-        (batch, column signature), or None before the first batch.
+        (batch, column signature), or None before the first batch (`ledger`: `Opened`).
     """
-    return _newest_recorded(places, COLUMNS_KEY)
+    return _newest_recorded(_opened(places, ledger), COLUMNS_KEY)
 
 
-def committed_log_ids(places: Places) -> LogIds | None:
+def committed_log_ids(places: Places, ledger: Opened = "open") -> LogIds | None:
     """Which log each partition's committed offsets belong to, as the newest record says.
 
     Returns:
-        The map recorded by the newest batch that recorded one, or None before any did.
+        The map recorded by the newest batch that recorded one, or None before any did
+        (`ledger`: `Opened`).
     """
-    table = open_table(places.ledger.uri, places.options)
+    table = _opened(places, ledger)
     return None if table is None else _log_ids(table)
 
 
@@ -662,11 +685,10 @@ def committed_reader_schema(places: Places) -> tuple[int, dict[str, Any]] | None
     Returns:
         (batch, schema), or None before any batch recorded one.
     """
-    return _newest_recorded(places, READER_SCHEMA_KEY)
+    return _newest_recorded(open_ledger(places), READER_SCHEMA_KEY)
 
 
-def _newest_recorded(places: Places, key: str) -> tuple[int, Any] | None:
-    table = open_table(places.ledger.uri, places.options)
+def _newest_recorded(table: DeltaTable | None, key: str) -> tuple[int, Any] | None:
     if table is None:
         return None
     commit = newest_commit(table, lambda c: key in c)

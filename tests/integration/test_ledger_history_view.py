@@ -26,3 +26,25 @@ def test_the_view_after_a_run_opens_the_ledger_once(make_pipeline, monkeypatch):
     assert view["last_batch"] == 2
     committed = {q["partition"]: q["committed"] for q in view["partitions"]}
     assert committed[0] == 2
+
+
+def test_a_batch_opens_its_ledger_once_to_plan_check_and_commit(
+    make_pipeline, broker, spark, monkeypatch
+):
+    from strata.run import run_batch
+    from tests.conftest import produce_clicks
+
+    p = make_pipeline(partitions=2)
+    produce_clicks(broker, p.topic, 2, 30)
+    assert run_batch(p.cfg(), session=lambda _: spark).status == "committed"
+    produce_clicks(broker, p.topic, 2, 10, seed=3)
+    opened = []
+    real = ledger_module.open_table
+    monkeypatch.setattr(ledger_module, "open_table", lambda *a: opened.append(a) or real(*a))
+
+    outcome = run_batch(p.cfg(), session=lambda _: spark, register_tables=False)
+    assert outcome.status == "committed" and outcome.batch == 2
+    # Planning (the state, the topics' ids, the columns) and the ledger commit share one
+    # snapshot; the batch's recorded state is read once more after the commit.
+    ledger_uri = p.cfg().places().ledger.uri
+    assert [a[0] for a in opened].count(ledger_uri) == 2, opened
