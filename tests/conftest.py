@@ -120,17 +120,19 @@ def s3_endpoint(tmp_path_factory):
     proc.wait(10)
 
 
-def clicks_config(warehouse: Path, **overrides: Any):
-    """The click pipeline `clicks` in `warehouse`, configured in memory (no broker needed)."""
+def clicks_config(warehouse: Path | None = None, **overrides: Any):
+    """The click pipeline `clicks` (in `warehouse` if given), configured in memory (no
+    broker needed)."""
     from strata.config import EventTimeConfig, PipelineConfig
 
+    if warehouse is not None:
+        overrides["warehouse"] = str(warehouse)
     return PipelineConfig(
         name="clicks",
         topics=["clicks"],
         schema_file="clicks.avsc",
         schemas_dir=str(ROOT / "schemas"),
         event_time=EventTimeConfig(field="ts"),
-        warehouse=str(warehouse),
         **overrides,
     )
 

@@ -23,7 +23,7 @@ from strata.errors import ConfigError, SchemaError
 from strata.maintenance.compact import partition_end
 from strata.schema.avro import column_signature, data_schema, partition_columns, schema_changes
 from strata.schema.partitions import event_partitions, field_partitions, partition_span
-from tests.conftest import ROOT
+from tests.conftest import ROOT, clicks_config
 from tests.unit.test_config import GOOD, _project
 from tests.unit.test_decode import enc, raw
 
@@ -151,14 +151,7 @@ def test_a_field_partition_keeps_listed_values_and_sends_the_rest_to_other():
 
 
 def cfg(**partitioning) -> PipelineConfig:
-    return PipelineConfig(
-        name="clicks",
-        topics=["clicks"],
-        schema_file="clicks.avsc",
-        schemas_dir=str(ROOT / "schemas"),
-        event_time=EventTimeConfig(field="ts"),
-        partitioning=PartitioningConfig(**partitioning),
-    )
+    return clicks_config(partitioning=PartitioningConfig(**partitioning))
 
 
 def click(i: int, ts: str, **over) -> dict:
