@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from strata import faults
 from strata.batch.commit import (
     BatchWork,
@@ -207,6 +209,11 @@ def _run_steps(
             outcome = yield from _ingest(
                 batch_work(cfg, session), plan, state, resumed, lock, ledger
             )
+            if outcome.recorded is not None:
+                # The summary's view: the newest rows and the state as this commit left
+                # them, not read back from the ledger (hundreds of times when routed).
+                landed = outcome.recorded.rows.select(RUN_COLUMNS).cast(rows.schema)
+                outcome.seen = Seen(pa.concat_tables([rows, landed]), outcome.recorded.state, None)
         else:
             outcome = yield from execute_reprocess(
                 batch_work(cfg, session), plan, lock, resumed=True
@@ -323,7 +330,7 @@ def _ingest(
         )
     with own_files_on_loss(places, plan.batch, written.run_id), outcome.stages.timed("ledger"):
         lock.check()
-        landed = commit_ledger(
+        landed = outcome.recorded = commit_ledger(
             places,
             plan.batch,
             ledger_rows,
@@ -542,7 +549,8 @@ def _late_after_completion(catalog: Registration, outcome: RunOutcome) -> None:
     try:
         if outcome.batch is not None:
             # Read once for this and for the completeness published after the gate.
-            outcome.facts = batch_facts(catalog.places, outcome.batch, outcome.data_table)
+            recorded = None if outcome.recorded is None else outcome.recorded.state
+            outcome.facts = batch_facts(catalog.places, outcome.batch, outcome.data_table, recorded)
         found = completeness(
             catalog.places,
             catalog.completeness,

@@ -13,6 +13,7 @@ from strata.batch.plan import (
 from strata.batch.task import RangeResult
 from strata.stages import Stages
 from strata.store.ledger import (
+    LedgerCommit,
     LedgerState,
 )
 
@@ -24,18 +25,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Seen:
-    """What an idle run read, for its summary's view: nothing was committed since.
+    """What a run knows of its ledger at its end, for its summary's view.
 
     Attributes:
         rows: The ledger's `RUN_COLUMNS`, of its newest batches at least
-            (`strata.store.ledger.recent_ledger`).
+            (`strata.store.ledger.recent_ledger`), the run's own batch included.
         state: Where reading goes on.
-        states: The partitions' watermarks on the brokers.
+        states: The partitions' watermarks on the brokers, when nothing was committed
+            since they were asked; None: the view asks (lag after a commit).
     """
 
     rows: pa.Table
     state: LedgerState
-    states: list[PartitionState]
+    states: list[PartitionState] | None
 
 
 @dataclass
@@ -60,8 +62,11 @@ class RunOutcome:
         task_stages: The tasks' wall and CPU seconds per stage, summed over tasks.
         late_after_completion: Rows the batch landed per event-time partition that was
             already complete before it (see `strata.catalog.completeness`).
-        seen: What an idle run read of the ledger and the brokers, which its summary's
-            view takes instead of asking again.
+        seen: What the run read of the ledger (and, idle, of the brokers) and what its
+            ledger commit recorded, which its summary's view takes instead of reading
+            them again.
+        recorded: The batch's ledger commit as it landed (`LedgerCommit`), for what
+            follows it to read instead of the ledger.
         data_table: The Delta data table after the batch's commit, as the run read it
             back (a `DeltaTable`), for the batch's completeness to read without opening.
         facts: What the batch's completeness read of the tables
@@ -86,5 +91,6 @@ class RunOutcome:
     task_stages: Stages = field(default_factory=Stages)
     late_after_completion: dict[str, int] = field(default_factory=dict)
     seen: Seen | None = field(default=None, repr=False, compare=False)
+    recorded: LedgerCommit | None = field(default=None, repr=False, compare=False)
     data_table: DeltaTable | None = field(default=None, repr=False, compare=False)
     facts: BatchFacts | None = field(default=None, repr=False, compare=False)

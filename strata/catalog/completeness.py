@@ -298,7 +298,9 @@ class BatchFacts:
     adds: pa.Table | None
 
 
-def batch_facts(places: Places, batch: int, data: DeltaTable | None = None) -> BatchFacts | None:
+def batch_facts(
+    places: Places, batch: int, data: DeltaTable | None = None, state: LedgerState | None = None
+) -> BatchFacts | None:
     """Read what the batch's completeness reads (`BatchFacts`); None where it reads rows.
 
     Args:
@@ -306,6 +308,8 @@ def batch_facts(places: Places, batch: int, data: DeltaTable | None = None) -> B
         batch: The ingest batch just committed.
         data: The Delta data table opened already, at a snapshot holding the batch's
             commit (the run's own handle); opened here if not given.
+        state: The state the batch's ledger commit recorded, as the run committed it;
+            read from the ledger if not given.
 
     Returns:
         The facts, or None for a plain Parquet table or a batch whose ledger commit
@@ -314,7 +318,8 @@ def batch_facts(places: Places, batch: int, data: DeltaTable | None = None) -> B
     table = places.table("table")
     if table.format != "delta":
         return None
-    state = batch_state(places, batch)
+    if state is None:
+        state = batch_state(places, batch)
     if state is None:
         return None
     if data is None:

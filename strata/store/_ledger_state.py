@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -155,6 +158,19 @@ class LedgerState:
         )
 
 
+@dataclass(frozen=True)
+class LedgerCommit:
+    """A batch's ledger commit as it landed: what reading the ledger back would find.
+
+    Attributes:
+        state: The state the commit recorded (as `batch_state` reads it back).
+        rows: The batch's rows as committed (`LEDGER_SCHEMA`).
+    """
+
+    state: LedgerState
+    rows: pa.Table
+
+
 def _read(before: Traffic, batch: int, r: Mapping[str, Any]) -> Traffic:
     """A Kafka partition's traffic once an ingest row of `batch` is counted."""
     messages = r.get("messages") or 0
@@ -197,3 +213,29 @@ def _mark(
     if low is not None and (was is None or low[0] > was):
         at = low[0]
     return Mark(batch, committed_at_us, at, None if low is None else low[1], was)
+
+
+def fold_rows(rows: pa.Table, last: int = 0) -> LedgerState:
+    """The state after every batch of the rows, folded batch by batch (`LedgerState.after`).
+
+    Args:
+        rows: Ledger rows, with at least `batch`, `kind`, `topic`, `partition` and
+            `end_offset`; the watermark's columns (`RUN_COLUMNS`) where present.
+        last: The ledger's last batch, when a batch without rows may be newer.
+    """
+    state = LedgerState(last, {})
+    if rows.num_rows == 0:
+        return state
+    ordered = rows.sort_by([("batch", "ascending")]).to_pylist()
+    at = 0
+    while at < len(ordered):
+        batch = ordered[at]["batch"]
+        end = at
+        while end < len(ordered) and ordered[end]["batch"] == batch:
+            end += 1
+        times = [r["committed_at"] for r in ordered[at:end] if r.get("committed_at")]
+        when = max(times) if times else from_us(0)
+        assert when is not None
+        state = state.after(batch, when, ordered[at:end])
+        at = end
+    return state

@@ -26,9 +26,11 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 # The state is the ledger's: its users import it from here.
+from strata.store._ledger_state import LedgerCommit as LedgerCommit
 from strata.store._ledger_state import LedgerState as LedgerState
 from strata.store._ledger_state import Mark as Mark
 from strata.store._ledger_state import Traffic as Traffic
+from strata.store._ledger_state import fold_rows as fold_rows
 from strata.store._ledger_state import from_us as from_us
 from strata.store.delta import (
     BATCH_KEY,
@@ -384,32 +386,6 @@ def batch_state(places: Places, batch: int, table: DeltaTable | None = None) -> 
     return None if found is None else LedgerState.from_record(json.loads(found[STATE_KEY]))
 
 
-def fold_rows(rows: pa.Table, last: int = 0) -> LedgerState:
-    """The state after every batch of the rows, folded batch by batch (`LedgerState.after`).
-
-    Args:
-        rows: Ledger rows, with at least `batch`, `kind`, `topic`, `partition` and
-            `end_offset`; the watermark's columns (`RUN_COLUMNS`) where present.
-        last: The ledger's last batch, when a batch without rows may be newer.
-    """
-    state = LedgerState(last, {})
-    if rows.num_rows == 0:
-        return state
-    ordered = rows.sort_by([("batch", "ascending")]).to_pylist()
-    at = 0
-    while at < len(ordered):
-        batch = ordered[at]["batch"]
-        end = at
-        while end < len(ordered) and ordered[end]["batch"] == batch:
-            end += 1
-        times = [r["committed_at"] for r in ordered[at:end] if r.get("committed_at")]
-        when = max(times) if times else from_us(0)
-        assert when is not None
-        state = state.after(batch, when, ordered[at:end])
-        at = end
-    return state
-
-
 def lag_after(rows: list[dict[str, Any]]) -> int | None:
     """Messages left behind the planned high watermarks by a batch's ingest rows.
 
@@ -510,7 +486,7 @@ def commit_ledger(
     reader_schema: dict[str, Any] | None = None,
     partition_ids: dict[tuple[str, int], str] | None = None,
     ledger: DeltaTable | None = None,
-) -> bool:
+) -> LedgerCommit | None:
     """Append a batch's rows to the ledger in one transaction, unless already there.
 
     Each attempt writes a file of its own name and commits it only if the ledger does
@@ -541,12 +517,13 @@ def commit_ledger(
             if another batch's commit landed after it.
 
     Returns:
-        True if this call committed the batch, False if the ledger already held it.
+        The commit as it landed (its state and rows, so that the caller need not read
+        them back), or None if the ledger already held the batch.
     """
     uri = places.ledger.uri
     table = open_table(uri, places.options) if ledger is None else ledger
     if table is not None and (table.transaction_version(places.pipeline) or 0) >= batch:
-        return False
+        return None
     now = datetime.now(UTC)
     full = [
         {"pipeline": places.pipeline, "batch": batch, "committed_at": now, "note": None, **r}
@@ -570,13 +547,16 @@ def commit_ledger(
         state = (
             LedgerState(0, {}) if table is None else _current_state(places, table, recent=recent)
         )
-        meta[STATE_KEY] = state.after(batch, now, full).record()
+        made.append(state.after(batch, now, full).record())
+        meta[STATE_KEY] = made[-1]
         return meta
 
+    # The state each commit attempt records; the last one made is the one that lands.
+    made: list[dict[str, Any]] = []
     # A batch with nothing to record (an abandoned first plan) still takes its number.
     files = []
+    data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
     if full:
-        data = pa.Table.from_pylist(full, schema=LEDGER_SCHEMA)
         fs, root = filesystem(uri, places.options)
         name = f"{ledger_file_prefix(batch)}{uuid.uuid4().hex[:12]}.parquet"
         files.append(write_file(fs, root, name, data, {}))
@@ -601,7 +581,10 @@ def commit_ledger(
         )
     if files and (places.format == "parquet" or not committed):
         _remove_other_attempts(places, batch, keep=files[0].path if committed else None)
-    return committed
+    if not committed:
+        return None
+    # Through JSON, as the commit info is read back (`batch_state`).
+    return LedgerCommit(LedgerState.from_record(json.loads(json.dumps(made[-1]))), data)
 
 
 def ledger_file_prefix(batch: int) -> str:

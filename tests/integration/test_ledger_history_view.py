@@ -28,7 +28,7 @@ def test_the_view_after_a_run_opens_the_ledger_once(make_pipeline, monkeypatch):
     assert committed[0] == 2
 
 
-def test_a_batch_opens_its_ledger_once_to_plan_check_and_commit(
+def test_a_batch_opens_its_ledger_once_to_plan_check_commit_and_sum_up(
     make_pipeline, broker, spark, monkeypatch
 ):
     from strata.run import run_batch
@@ -41,10 +41,25 @@ def test_a_batch_opens_its_ledger_once_to_plan_check_and_commit(
     opened = []
     real = ledger_module.open_table
     monkeypatch.setattr(ledger_module, "open_table", lambda *a: opened.append(a) or real(*a))
+    import strata.catalog.completeness as completeness_module
 
-    outcome = run_batch(p.cfg(), session=lambda _: spark, register_tables=False)
+    monkeypatch.setattr(completeness_module, "open_table", ledger_module.open_table)
+
+    cfg = p.cfg()
+    outcome = run_batch(cfg, session=lambda _: spark, register_tables=False)
     assert outcome.status == "committed" and outcome.batch == 2
     # Planning (the state, the topics' ids, the columns) and the ledger commit share one
-    # snapshot; the batch's recorded state is read once more after the commit.
-    ledger_uri = p.cfg().places().ledger.uri
-    assert [a[0] for a in opened].count(ledger_uri) == 2, opened
+    # snapshot; what follows the commit (the late rows' count, the summary's view) takes
+    # the state and rows the commit recorded instead of opening the ledger again.
+    places = cfg.places()
+    assert [a[0] for a in opened].count(places.ledger.uri) == 1, opened
+    settings = status_settings(cfg)
+    summed_up = pipeline_view(places, settings, watermark=True, seen=outcome.seen)
+    assert [a[0] for a in opened].count(places.ledger.uri) == 1, opened
+    # And it is what reading the ledger back gives.
+    read_back = pipeline_view(places, settings, watermark=True)
+    assert summed_up == read_back
+    assert summed_up["last_batch"] == 2 and summed_up["watermark"] is not None
+    assert {q["partition"]: q["committed"] for q in summed_up["partitions"]} == {
+        r.partition: r.end for r in outcome.ranges
+    }
