@@ -20,7 +20,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from strata import faults
 from strata.errors import MaintenanceError
 from strata.log import get_logger
-from strata.store.delta import COMMIT_HOOKS, maintenance_transactions, open_table
+from strata.store.delta import COMMIT_HOOKS, add_actions, maintenance_transactions, open_table
 from strata.store.parquet import WrittenFile
 from strata.store.places import TableRef
 
@@ -83,7 +83,7 @@ def commit_partition(
         actions: list[AddAction | RemoveAction] = [
             RemoveAction(path, False, now, info[path]["size_bytes"], values) for path in sorted(old)
         ]
-        actions += [AddAction(f.path, f.size, f.partition_values, now, False, f.stats) for f in new]
+        actions += add_actions(new, data_change=False)
         # A compaction that lost its lease must not commit: vacuum may run by now.
         lock.check()
         fence = maintenance_transactions(table, pipeline, lock.token)

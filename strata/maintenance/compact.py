@@ -61,6 +61,7 @@ from strata.maintenance._moves import move_partitions, stands
 from strata.schema.avro import partition_columns
 from strata.schema.partitions import partition_span
 from strata.store.delta import committed_batch, open_table
+from strata.store.ledger import ledger_file_batch
 from strata.store.locations import TableFile, current_files, generation_dir, new_stamp
 from strata.store.parquet import partition_path
 from strata.store.places import Places, TableRef
@@ -256,7 +257,6 @@ def plan_table(
         token: This compaction's, in its merged files' names.
         last: The newest batch the ledger holds.
     """
-    batch_column = "batch" if which == "ledger" else "_batch"
     partition_by = list(table.metadata().partition_columns)
     adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     by_key: dict[tuple[str, ...], list[dict[str, Any]]] = {}
@@ -273,8 +273,8 @@ def plan_table(
             f
             for f in files
             if f["size_bytes"] < settings.small_bytes
-            and f.get(f"max.{batch_column}") is not None
-            and f[f"max.{batch_column}"] <= last
+            and (newest := _newest_batch(f, which)) is not None
+            and newest <= last
             # An unpartitioned table has no event hours: its newest files settle first.
             and (partition_by or _modified(f) <= settled_before)
         ]
@@ -292,6 +292,17 @@ def plan_table(
         if bins:
             picked.append(Picked(which, values, files, bins))
     return picked
+
+
+def _newest_batch(add: dict[str, Any], which: Location) -> int | None:
+    """The newest batch a file holds rows of: its statistics say, or a ledger file's name.
+
+    A ledger file of one batch is written without statistics (`commit_ledger`).
+    """
+    newest = add.get("max.batch" if which == "ledger" else "max._batch")
+    if newest is None and which == "ledger":
+        return ledger_file_batch(add["path"])
+    return None if newest is None else int(newest)
 
 
 def _wanted(

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
-from deltalake.transaction import AddAction, RemoveAction
+from deltalake.transaction import RemoveAction
 
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.register import (
@@ -41,7 +41,7 @@ from strata.config import MetastoreConfig
 from strata.errors import MetastoreError
 from strata.log import get_logger
 from strata.quality.checks import QUALITY_SCHEMA, QualityResult, quality_rows
-from strata.store.delta import BATCH_KEY, COMMIT_HOOKS, ensure_table, open_table
+from strata.store.delta import BATCH_KEY, COMMIT_HOOKS, add_actions, ensure_table, open_table
 from strata.store.files import filesystem
 from strata.store.parquet import write_file
 from strata.store.places import NAME_SUFFIXES, Places, TableRef
@@ -123,7 +123,7 @@ def replace_batch(quality: TableRef, result: QualityResult) -> int:
     fs, root = filesystem(uri, quality.options)
     prefix = _file_prefix(result.batch)
     written = write_file(fs, root, f"{prefix}{uuid.uuid4().hex[:12]}.parquet", rows, {})
-    add = AddAction(written.path, written.size, {}, int(time.time() * 1000), True, written.stats)
+    [add] = add_actions([written])
     for attempt in range(_ATTEMPTS):
         try:
             table.create_write_transaction(

@@ -24,7 +24,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -142,7 +142,7 @@ def create_with_files(
         create_table_with_add_actions(
             uri,
             DeltaSchema.from_arrow(schema),
-            _adds(files),
+            add_actions(files),
             mode="error",
             partition_by=partition_by or None,
             name=name,
@@ -324,7 +324,7 @@ def commit_files(
     """
     if (table.transaction_version(app_id) or 0) >= batch:
         return False
-    actions: list[AddAction | RemoveAction] = [*(removes or []), *_adds(files)]
+    actions: list[AddAction | RemoveAction] = [*(removes or []), *add_actions(files)]
     try:
         table.create_write_transaction(
             actions,
@@ -344,10 +344,15 @@ def commit_files(
     return True
 
 
-def _adds(files: list[WrittenFile]) -> list[AddAction]:
-    """Add actions for files written into the table."""
+def add_actions(files: list[WrittenFile], data_change: bool = True) -> list[AddAction]:
+    """Add actions for files written into a table (`data_change`: False for a rewrite)."""
     now = int(time.time() * 1000)
-    return [AddAction(f.path, f.size, f.partition_values, now, True, f.stats) for f in files]
+    # A file without statistics (None) is recorded without any: delta-rs takes None,
+    # though its annotation says str.
+    return [
+        AddAction(f.path, f.size, f.partition_values, now, data_change, cast("str", f.stats))
+        for f in files
+    ]
 
 
 def _batch_properties(app_id: str, batch: int, metadata: dict[str, Any]) -> CommitProperties:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
@@ -559,7 +559,10 @@ def commit_ledger(
     if full:
         fs, root = filesystem(uri, places.options)
         name = f"{ledger_file_prefix(batch)}{uuid.uuid4().hex[:12]}.parquet"
-        files.append(write_file(fs, root, name, data, {}))
+        # No statistics: the ledger is read by its files' names, never pruned by them,
+        # and every open of it parses the whole file list's statistics (12 MB of JSON in
+        # its checkpoint after 10,000 batches). Compaction knows a file's batch by name.
+        files.append(replace(write_file(fs, root, name, data, {}), stats=None))
     committed = True
     if table is None:
         # The first batch creates the ledger and commits its rows in one transaction.
@@ -590,6 +593,15 @@ def commit_ledger(
 def ledger_file_prefix(batch: int) -> str:
     """How the names of a batch's ledger files begin."""
     return f"ledger-b{batch:010d}-"
+
+
+def ledger_file_batch(path: str) -> int | None:
+    """The batch a ledger file was written for, by its name; None for a compaction's."""
+    name = path.rsplit("/", 1)[-1]
+    digits = name[len("ledger-b") : len("ledger-b") + 10]
+    if name.startswith("ledger-b") and digits.isdigit():
+        return int(digits)
+    return None
 
 
 def _remove_other_attempts(places: Places, batch: int, keep: str | None) -> None:

@@ -42,7 +42,9 @@ class WrittenFile:
         size: Bytes.
         partition_values: Partition column values.
         rows: Rows in the file (the Parquet footer's count).
-        stats: Delta statistics JSON.
+        stats: Delta statistics JSON; None records none (a reader then prunes nothing:
+            statistics of some columns only would make delta-rs's and Arrow's readers
+            skip files a filter on another column matches).
         offsets: Per `"topic:partition"`, `[rows, sum of offsets]` of the rows handed
             to the Parquet writer: what the driver reconciles against what was read.
             Empty for files without Kafka coordinates.
@@ -52,7 +54,7 @@ class WrittenFile:
     size: int
     partition_values: dict[str, str]
     rows: int
-    stats: str
+    stats: str | None
     offsets: dict[str, list[int]] = field(default_factory=dict)
 
 

@@ -168,3 +168,30 @@ def test_recent_rows_are_read_from_the_newest_files_alone(tmp_path, monkeypatch)
     rows = recent_ledger(places, ["batch", "end_offset"], batches=2)
     assert sorted(rows.column("batch").to_pylist()) == [4, 5]
     assert len(read) == 2
+
+
+def test_the_ledgers_files_carry_no_statistics_and_every_reader_still_finds_their_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    from strata.store.ledger import ledger_file_batch
+
+    places = _places(tmp_path)
+    for batch in (1, 2, 3):
+        rows = [_ingest(0, batch * 10 - 10, batch * 10, batch), _ingest(1, batch - 1, batch, 1)]
+        assert commit_ledger(places, batch, rows)
+    table = DeltaTable(places.ledger.uri)
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    # Each open of the ledger parses its files' statistics: it records none, and no
+    # reader is led to skip a file by statistics of some columns only.
+    assert [a["num_records"] for a in adds] == [None, None, None]
+    assert sorted(ledger_file_batch(a["path"]) for a in adds) == [1, 2, 3]
+    found = table.to_pyarrow_dataset().to_table(
+        filter=(ds.field("topic") == "clicks") & (ds.field("partition") == 1)
+    )
+    assert sorted(found.column("batch").to_pylist()) == [1, 2, 3]
+    assert table.to_pyarrow_table(filters=[("batch", ">", 1)]).num_rows == 4
+    assert read_ledger(places).num_rows == 6
+    # A compaction's file is named otherwise, and carries statistics: no batch by name.
+    assert ledger_file_batch("part-c0000000001-abc.parquet") is None
