@@ -180,12 +180,45 @@ def build_parser() -> argparse.ArgumentParser:
     quality.add_argument("--batch", type=int, default=None, help="batch to check")
     sql = sub.add_parser(
         "sql",
-        help="print Trino SQL for the pipeline (ddl)",
-        description="Print the Trino statements that register or create the pipeline's "
-        "tables: register_table calls for Delta, CREATE TABLE and partition sync for Parquet.",
+        help="print Trino SQL for the pipeline (ddl), or run a Trino query on its tables (query)",
+        description="ddl: print the Trino statements that register or create the pipeline's "
+        "tables: register_table calls for Delta, CREATE TABLE and partition sync for Parquet. "
+        "query: run one Trino query (a ready query by name, --file or -e) on the pipeline's "
+        "tables, embedded (DuckDB, no server) or, with trino.url or --trino, in Trino. The "
+        "tables are named as in Trino: <database>.<pipeline>, _raw, _quarantine, _ledger "
+        "and _quality; one nothing was committed to yet is there, empty. Only queries run: "
+        "any other statement is refused (exit code 2).",
     )
-    sql.add_argument("what", choices=["ddl"])
+    sql.add_argument("what", choices=["ddl", "query"])
+    sql.add_argument(
+        "name",
+        nargs="?",
+        metavar="QUERY",
+        help="query: a ready query, written for the demo's strata.clicks and run on this "
+        "pipeline's tables (see `strata sql query --list`)",
+    )
     _common(sql)
+    given = sql.add_mutually_exclusive_group()
+    given.add_argument("--file", metavar="PATH", help="query: run the query in this file")
+    given.add_argument("-e", "--execute", metavar="SQL", help="query: run this query")
+    given.add_argument("--list", action="store_true", help="query: list the ready queries")
+    sql.add_argument(
+        "--format",
+        choices=["table", "csv", "json"],
+        default="table",
+        help="query: aligned columns (default), CSV with a header, or a JSON list of objects",
+    )
+    where = sql.add_mutually_exclusive_group()
+    where.add_argument(
+        "--trino",
+        action="store_true",
+        help="query: send the statement to the Trino of trino.url (the default when it is set)",
+    )
+    where.add_argument(
+        "--embedded",
+        action="store_true",
+        help="query: run it embedded (DuckDB) even where trino.url is set",
+    )
     compact = sub.add_parser(
         "compact",
         help="merge small files of settled partitions into target-sized ones",
@@ -232,9 +265,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "sql" and args.name is None and len(extra) == 1:
+        # `sql query --pipeline P NAME`: argparse gives the optional QUERY nothing once
+        # options stand between it and `query`, and leaves NAME over.
+        args.name = extra.pop()
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "prometheus", False) and args.json:
         parser.error("--prometheus prints the exposition format alone; leave out --json")
+    if args.command == "sql":
+        _check_sql_args(parser, args)
     configure_logging()
     handler: Handler = {
         "run": _run,
@@ -260,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_pipeline(args.pipeline, args.conf_dir)
         if getattr(args, "prometheus", False):
             return _prometheus(cfg, args)
+        if args.command == "sql" and args.what == "query":
+            # One query over every table at once (a routed pipeline's too), not one per table.
+            return _sql_query(cfg, args)
         together = partial(_run_tables, args=args) if args.command == "run" else None
         return each_table(cfg, args.command, lambda one: handler(one, args), together)
 
@@ -476,6 +520,50 @@ def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
 
     ddl = pipeline_ddl(cfg.places(), cfg.schemas(), cfg.metastore)
     return ddl.rstrip("\n"), {"pipeline": cfg.name, "ddl": ddl}
+
+
+def _check_sql_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`sql ddl` takes none of the query's arguments; `sql query` takes one query."""
+    query_args = {
+        "QUERY": args.name,
+        "--file": args.file,
+        "--execute": args.execute,
+        "--list": args.list or None,
+        "--format": None if args.format == "table" else args.format,
+        "--trino": args.trino or None,
+        "--embedded": args.embedded or None,
+    }
+    if args.what == "ddl":
+        extra = [name for name, value in query_args.items() if value is not None]
+        if extra:
+            parser.error(f"`sql ddl` takes no {', '.join(extra)}; those are for `sql query`")
+        return
+    if args.list and args.name is not None:
+        parser.error("--list lists the ready queries; leave out QUERY")
+    if args.name is not None and (args.file is not None or args.execute is not None):
+        parser.error("give one query: a ready query's name, --file PATH or -e SQL")
+
+
+def _sql_query(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """`strata sql query`: one Trino query, embedded or in Trino."""
+    from pathlib import Path
+
+    from strata.edge import answer_query
+    from strata.errors import QueryError
+
+    if args.list:
+        from strata.catalog.query import ready_query_names
+
+        names = ready_query_names()
+        return "\n".join(names), {"queries": names}
+    text = None
+    if args.file is not None:
+        try:
+            text = Path(args.file).read_text()
+        except OSError as exc:
+            raise QueryError(f"cannot read the query file {args.file}: {exc}") from None
+    engine = "trino" if args.trino else "embedded" if args.embedded else None
+    return answer_query(cfg, args.name, text, args.execute, args.format, engine)
 
 
 def _compact(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

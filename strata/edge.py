@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from strata.config import PipelineConfig
 from strata.errors import ConfigError, StrataError
+from strata.log import get_logger
 from strata.operations.routes import (
     remembered_tables,
     require_one_table,
@@ -27,10 +28,13 @@ from strata.operations.routes import (
 from strata.schema.evolve import table_schema
 from strata.store.places import OwnedTable
 
+logger = get_logger(__name__)
+
 T = TypeVar("T")
 A = TypeVar("A")
 
 if TYPE_CHECKING:
+    from strata.catalog._answers import AnswerFormat
     from strata.catalog.register import Registration
     from strata.maintenance.compact import CompactionReport
     from strata.operations.status import StatusSettings
@@ -382,3 +386,107 @@ def each_table(
     if failed:
         out["tables_error"] = f"table {', '.join(failed)} of pipeline {cfg.name} failed (above)"
     return "\n".join(texts), out
+
+
+def answer_query(
+    cfg: PipelineConfig,
+    name: str | None,
+    file_text: str | None,
+    execute: str | None,
+    fmt: AnswerFormat,
+    engine: str | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """`strata sql query`: one Trino query on the pipeline's tables, and its answer.
+
+    Embedded (DuckDB over the tables, `strata.catalog.query`), or in the Trino of
+    `trino.url` when it is set (or `engine` is `trino`). A routed pipeline's tables
+    are all there, each table's under its own names.
+
+    Args:
+        cfg: A pipeline, a routed pipeline, or one table of a routed pipeline.
+        name: A ready query's name (rewritten for the pipeline's tables).
+        file_text: A query file's text.
+        execute: A query given as it is.
+        fmt: The answer's format: `table`, `csv` or `json`.
+        engine: `embedded`, `trino`, or None for Trino where `trino.url` is set.
+
+    Returns:
+        The answer as text, and a JSON body describing it.
+
+    Raises:
+        QueryError: For a statement that is not one query, or that the engine refuses.
+        ConfigError: For Trino without `trino.url`.
+    """
+    import time
+
+    from strata.catalog.query import (
+        only_query,
+        query_tables,
+        render_answer,
+        run_embedded,
+        statement_for,
+    )
+    from strata.errors import QueryError
+
+    database = cfg.metastore.database
+    if cfg.routed and name is not None:
+        raise QueryError(
+            f"pipeline {cfg.name} routes its topics to tables of their own, and a ready query "
+            f"reads one table's: name it as --pipeline {cfg.name}:TABLE"
+        )
+    statement, _ = statement_for(name, file_text, execute, cfg.name, database)
+    # Refused before anything is opened or sent, whichever engine would run it.
+    only_query(statement)
+    use_trino = engine == "trino" or (engine is None and cfg.trino.url is not None)
+    started = time.perf_counter()
+    if use_trino:
+        from strata.catalog.query import QueryAnswer
+        from strata.catalog.sql import query_in_trino
+
+        if cfg.trino.url is None:
+            raise ConfigError(
+                f"pipeline {cfg.name} has no trino.url: set it to send queries to Trino, or "
+                "leave out --trino to run them embedded"
+            )
+        settings = cfg.trino
+        catalog = settings.delta_catalog if cfg.table_format == "delta" else settings.hive_catalog
+        answer = QueryAnswer(*query_in_trino(settings, catalog, database, statement))
+    else:
+        tables = [as_evolved(cfg)] if not cfg.routed else _query_routes(cfg)
+        found = [t for table in tables for t in query_tables(table.places(), table.schemas())]
+        catalog = cfg.trino.delta_catalog if cfg.table_format == "delta" else cfg.trino.hive_catalog
+        answer = run_embedded(found, catalog, database, statement)
+    body = {
+        "pipeline": cfg.name,
+        "engine": "trino" if use_trino else "embedded",
+        "columns": answer.columns,
+        "row_count": len(answer.rows),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+    return render_answer(answer, fmt), body
+
+
+def _query_routes(cfg: PipelineConfig) -> list[PipelineConfig]:
+    """Each table of a routed pipeline that a query can read, with its evolved schema.
+
+    Without the brokers (a pattern's topics cannot be listed), the tables it has run
+    before: a table never run holds nothing yet.
+    """
+    from strata.errors import KafkaUnavailable
+
+    try:
+        found = table_configs(cfg)
+    except KafkaUnavailable:
+        found = []
+        for name in remembered_tables(cfg.places()):
+            try:
+                found.append((name, cfg.route(name, taken_off=True)))
+            except StrataError as exc:
+                found.append((name, exc))
+    out = []
+    for name, table in found:
+        if isinstance(table, StrataError):
+            logger.warning("table %s of pipeline %s is left out: %s", name, cfg.name, table)
+            continue
+        out.append(as_evolved(table))
+    return out

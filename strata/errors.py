@@ -86,6 +86,12 @@ class MetastoreError(StrataError):
     """The metastore could not be reached, or refused a change."""
 
 
+class QueryError(StrataError):
+    """A statement `strata sql query` will not run: not one query, or one the engine refuses."""
+
+    exit_code = 2
+
+
 class QualityError(StrataError):
     """Quality cannot be checked as asked (no such batch, a bad expectation)."""
 

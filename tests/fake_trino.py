@@ -3,7 +3,9 @@
 Trino cannot be installed here, so this speaks just enough of its HTTP protocol
 (POST /v1/statement, one final answer) to record what the real client sends: the
 user, the Authorization header and the statement. A statement naming `clicks_raw`
-is answered ALREADY_EXISTS, as Trino answers a table registered twice.
+is answered ALREADY_EXISTS, as Trino answers a table registered twice; a SELECT is
+answered with `answer` (columns and rows as Trino's protocol sends them), and the
+session's catalog and schema are kept in `sessions`.
 """
 
 from __future__ import annotations
@@ -70,8 +72,29 @@ class FakeTrino:
         tls: A (certificate, key) pair to serve https with; plain http without.
     """
 
+    answer = {
+        "columns": [
+            {
+                "name": "n",
+                "type": "bigint",
+                "typeSignature": {"rawType": "bigint", "arguments": []},
+            },
+            {
+                "name": "page",
+                "type": "varchar",
+                "typeSignature": {
+                    "rawType": "varchar",
+                    "arguments": [{"kind": "LONG", "value": 2147483647}],
+                },
+            },
+        ],
+        "data": [[3, "/home"], [1, "/cart"]],
+    }
+
     def __init__(self, tls: tuple[Path, Path] | None = None):
         seen = self.requests = []
+        sessions = self.sessions = []
+        query_answer = self.answer
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's naming
@@ -79,12 +102,18 @@ class FakeTrino:
                 seen.append(
                     (self.headers.get("X-Trino-User"), self.headers.get("Authorization"), body)
                 )
+                sessions.append(
+                    (self.headers.get("X-Trino-Catalog"), self.headers.get("X-Trino-Schema"))
+                )
                 answer = {
                     "id": f"q{len(seen)}",
                     "infoUri": "http://x",
                     "stats": {"state": "FINISHED"},
                     "updateType": "CALL",
                 }
+                if body.lstrip().upper().startswith("SELECT"):
+                    answer.update(query_answer)
+                    answer["updateType"] = None
                 if "clicks_raw" in body:
                     answer["error"] = {
                         "message": "Table already exists",

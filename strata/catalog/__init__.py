@@ -4,6 +4,7 @@
 - `register`: the tables and their partitions registered, idempotently;
 - `_partitions`: the partitions on storage, and those changed since the last registration;
 - `sql`: Trino DDL and calls;
+- `query`: one Trino query on the tables, embedded (DuckDB) or in Trino (`strata sql query`);
 - `types`: each Arrow type as Hive and Trino spell it;
 - `completeness`: when an event-time partition will not change any more.
 """

@@ -86,6 +86,50 @@ def run_in_trino(settings: TrinoConfig, statements: list[str]) -> list[str]:
     Raises:
         MetastoreError: If Trino cannot be reached or refuses a statement.
     """
+    return _run_statements(_connector(settings), f"Trino at {settings.url}", statements)
+
+
+def query_in_trino(
+    settings: TrinoConfig, catalog: str, schema: str, statement: str
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run one query in the Trino of `trino.url`, signed in as `run_in_trino` is.
+
+    Args:
+        settings: The `trino` settings; `url` must be set.
+        catalog: The session's catalog, where unqualified schemas are looked up.
+        schema: The session's schema, where unqualified tables are looked up.
+        statement: The query, as Trino takes it.
+
+    Returns:
+        The answer's column names, and its rows.
+
+    Raises:
+        QueryError: If Trino refuses the query as the user's error (a syntax error,
+            an unknown table or column).
+        MetastoreError: If Trino cannot be reached or fails otherwise.
+    """
+    from trino.exceptions import TrinoUserError
+
+    from strata.errors import MetastoreError, QueryError
+
+    where = f"Trino at {settings.url}"
+    try:
+        with _connector(settings, catalog, schema)() as conn:
+            cursor = conn.cursor()
+            cursor.execute(statement.strip().rstrip(";"))
+            rows = [tuple(r) for r in cursor.fetchall()]
+            columns = [d[0] for d in cursor.description or []]
+    except TrinoUserError as exc:
+        raise QueryError(redact(f"{where} refused the query: {exc.message}")) from None
+    except Exception as exc:  # noqa: BLE001 - the client raises requests' errors too
+        raise MetastoreError(redact(f"{where}: {type(exc).__name__}: {exc}")) from None
+    return columns, rows
+
+
+def _connector(
+    settings: TrinoConfig, catalog: str | None = None, schema: str | None = None
+) -> Callable[[], Any]:
+    """What opens a DB-API connection to the Trino of `trino.url`, signed in as configured."""
     import trino
 
     url = settings.url
@@ -103,13 +147,15 @@ def run_in_trino(settings: TrinoConfig, statements: list[str]) -> list[str]:
             host=host,
             port=int(port or (443 if scheme == "https" else 8080)),
             user=settings.user,
+            catalog=catalog,
+            schema=schema,
             http_scheme=scheme,
             auth=auth,
             http_session=_trusting(settings.ca_file),
             request_timeout=settings.timeout_s,
         )
 
-    return _run_statements(connect, f"Trino at {url}", statements)
+    return connect
 
 
 def _trusting(ca_file: str | None) -> Any:  # noqa: ANN401 - a requests.Session

@@ -105,7 +105,18 @@ def main(batches: int = 1) -> int:
         again = run_batch(cfg)
         print()
         print("a second run right away: " + render_summary(again))
+        _show_queries(cfg)
     return 0
+
+
+def _show_queries(cfg: PipelineConfig) -> None:
+    """Two ready queries on what landed, as an analyst runs them with no server."""
+    from strata.edge import answer_query
+
+    for name in ("rows_per_hour", "ledger_ranges"):
+        text, body = answer_query(cfg, name, None, None, "table", engine="embedded")
+        print(f"\n$ strata sql query --pipeline {cfg.name} {name}   ({body['seconds']:.2f} s)")
+        print(text)
 
 
 def _slow_click(at_ms: int) -> Message:

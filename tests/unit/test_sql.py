@@ -15,7 +15,8 @@ from strata.catalog.sql import pipeline_ddl, quote_identifier, quote_literal
 from strata.config import PipelineConfig, load_pipeline
 from tests.conftest import ROOT
 
-SQL_FILES = sorted((ROOT / "sql").rglob("*.sql"))
+# The ready queries are package data (strata/catalog/queries); sql/queries links to them.
+SQL_FILES = sorted({*(ROOT / "sql").rglob("*.sql"), *(ROOT / "strata").rglob("*.sql")})
 
 
 def statements(text: str) -> list[exp.Expression]:

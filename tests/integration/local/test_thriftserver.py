@@ -7,11 +7,10 @@ from collections import Counter
 from datetime import timedelta
 from functools import partial
 
-import sqlglot
 from pyhive import hive
-from sqlglot import exp
 
 from strata.catalog.metastore import MetastoreClient
+from strata.catalog.query import on_pipeline, only_query, ready_query
 from strata.catalog.register import location_uri, register_tables
 from strata.edge import registration
 from strata.maintenance.compact import Compaction, compact
@@ -22,21 +21,12 @@ from strata.store.ledger import read_ledger
 from strata.store.locations import current_files, current_locations, visible_files
 from strata.store.lock import run_lock
 from strata.store.parquet import partition_path
-from tests.conftest import ROOT, START_MS, produce_clicks
-
-QUERIES = ROOT / "sql" / "queries"
+from tests.conftest import START_MS, produce_clicks
 
 
 def spark_sql(name: str, pipeline: str) -> str:
-    """An analyst query from sql/queries, for this pipeline's tables, in Spark's dialect."""
-    tree = sqlglot.parse_one((QUERIES / name).read_text(), read="trino")
-
-    def rename(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Table) and node.name.startswith("clicks"):
-            return exp.table_(pipeline + node.name[len("clicks") :], db=node.db)
-        return node
-
-    return tree.transform(rename).sql("spark")
+    """A ready query, renamed for this pipeline's tables, in Spark's dialect."""
+    return on_pipeline(only_query(ready_query(name)), pipeline, "strata").sql("spark")
 
 
 def test_the_thrift_server_sees_exactly_what_the_ledger_says(
@@ -69,23 +59,23 @@ def test_the_thrift_server_sees_exactly_what_the_ledger_says(
     )
     total_rows = sum(per_partition.values())
 
-    hours = query(spark_sql("rows_per_hour.sql", p.name))
+    hours = query(spark_sql("rows_per_hour", p.name))
     assert len(hours) == 6 and sum(n for _, _, n in hours) == total_rows
 
-    fresh = query(spark_sql("freshness_per_partition.sql", p.name))
+    fresh = query(spark_sql("freshness_per_partition", p.name))
     assert max(row[4] for row in fresh) == 2 and sum(row[5] for row in fresh) == total_rows
 
-    late = query(spark_sql("late_arrivals.sql", p.name))
+    late = query(spark_sql("late_arrivals", p.name))
     assert (
         sum(n for hours_late, n in late if hours_late >= 1)
         == sum(r["late_rows"] for r in ledger)
         == 7
     )
 
-    reasons = query(spark_sql("quarantine_reasons.sql", p.name))
+    reasons = query(spark_sql("quarantine_reasons", p.name))
     assert sum(row[1] for row in reasons) == sum(r["quarantined"] for r in ledger) == 4
 
-    ranges = query(spark_sql("ledger_ranges.sql", p.name))
+    ranges = query(spark_sql("ledger_ranges", p.name))
     assert [(b, part, s, e, rows, q, g) for b, _, _, part, s, e, _, rows, q, g, _, _ in ranges] == [
         (
             r["batch"],
@@ -100,7 +90,7 @@ def test_the_thrift_server_sees_exactly_what_the_ledger_says(
     ]
     assert all(row[10] == 0 for row in ranges)
 
-    lag = query(spark_sql("lag_per_partition.sql", p.name))
+    lag = query(spark_sql("lag_per_partition", p.name))
     newest = {r["partition"]: r for r in ledger if r["batch"] == 2}
     assert [(row[1], row[2], row[4]) for row in lag] == [
         (q, newest[q]["end_offset"], newest[q]["high_watermark"] - newest[q]["end_offset"])
