@@ -24,6 +24,7 @@ Run the section alone with `python -m bench.history`.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -165,6 +166,9 @@ def history(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]
         conf = build_history(broker, work / label, topic, count)
         built[label] = time.monotonic() - began
         print(f"  {label}: {count:,} batches committed in {built[label]:.0f}s", flush=True)
+        # The build's gigabyte of files is still being written back to disk when it
+        # returns: flushed first, so the history's runs do not pay for the builder's.
+        os.sync()
         cmd = [strata, "run", "--pipeline", "bench", "--conf-dir", str(conf), "--json"]
         rounds: dict[str, list[dict[str, Any]]] = {"small": [], "noop": []}
         for n in range(ROUNDS):
