@@ -12,7 +12,7 @@ RUNTIME_LOCK := requirements/runtime.lock
 EXECUTOR_LOCK := requirements/executor.lock
 CHECK_PYTHON := @$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Strata needs Python 3.11; set PYTHON=/path/to/python3.11")'
 
-.PHONY: help setup check-java chromium demo test test-unit lint format bench profile dist lock clean report-screenshot
+.PHONY: help setup check-java chromium demo up down test test-unit lint format docs reference bench profile dist lock clean report-screenshot docs-screenshot
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -43,6 +43,12 @@ chromium: ## Install Debian's chromium (headless) for the report tests, unless p
 demo: setup ## Start a local broker, seed ~100k click events, run one batch, show what landed
 	$(BIN)/python -m strata.local.demo
 
+up: setup ## Start the playground in the background: broker, metastore, seeded clicks (docs/playground.md)
+	$(BIN)/strata-local up
+
+down: ## Stop the playground; its tables stay (strata-local down --purge deletes them)
+	$(BIN)/strata-local down
+
 test: setup chromium ## Run the whole suite (real broker, real Spark, headless Chromium)
 	$(BIN)/pytest -q --durations=15
 
@@ -57,6 +63,14 @@ lint: setup ## ruff and mypy (settings in pyproject.toml), both must be clean
 format: setup ## Apply ruff's formatting and import order
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+docs: setup ## Build the documentation site into site/ (MkDocs, --strict: a broken link or a missing page fails)
+	$(BIN)/python -m strata.reference --check docs/reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+	@echo "built site/: open site/index.html"
+
+reference: setup ## Regenerate docs/reference/ (configuration keys, commands, metrics, module map) from the code
+	$(BIN)/python -m strata.reference docs/reference
 
 bench: setup ## 1M and 3M JSON events: the job beside the bare consume loop and the naive peer
 	$(BIN)/python -m bench.run_bench
@@ -75,6 +89,11 @@ report-screenshot: setup chromium ## Run the demo over several batches, then scr
 	$(SCREENSHOT) --user-data-dir=$$(mktemp -d) --window-size=1200,700 \
 	  --screenshot=$(CURDIR)/data-docs-index.png file://$(CURDIR)/demo-warehouse/clicks_quality/docs/index.html 2>/dev/null
 	@echo "wrote quality-report.png and data-docs-index.png (the pages: demo-warehouse/clicks_quality/index.html and docs/index.html)"
+
+docs-screenshot: docs chromium ## Build the documentation site, then screenshot its configuration reference page
+	$(SCREENSHOT) --user-data-dir=$$(mktemp -d) --window-size=1280,1600 \
+	  --screenshot=$(CURDIR)/docs-configuration.png file://$(CURDIR)/site/reference/configuration.html 2>/dev/null
+	@echo "wrote docs-configuration.png (the page: site/reference/configuration.html)"
 
 DIST ?= dist
 EXECUTOR_ENV ?= build/executor-env
@@ -127,4 +146,4 @@ lock: ## Regenerate the lock files from setup.cfg, each in a throwaway venv (nee
 	echo "wrote $(DEV_LOCK) $(RUNTIME_LOCK) $(EXECUTOR_LOCK)"
 
 clean: ## Remove the virtualenv, caches and local warehouses
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-warehouse bench-warehouse spark-warehouse *.egg-info build dist
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache demo-warehouse bench-warehouse spark-warehouse *.egg-info build dist site

@@ -1,4 +1,4 @@
-"""The `strata` command line.
+"""The `strata` command: parse the arguments, load the configuration, run, print the summary.
 
 Errors a user can act on print one clear message and exit non-zero, never a
 traceback: 2 for configuration, 3 when another run holds the lock, 1 otherwise.
@@ -36,7 +36,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def _range_args(parser: argparse.ArgumentParser, required: bool) -> None:
     """One partition's offset range and the reason, as backfill and replay take them."""
     parser.add_argument("--topic", required=required, help="topic of the range")
-    parser.add_argument("--partition", type=int, required=required)
+    parser.add_argument("--partition", type=int, required=required, help="partition of the range")
     parser.add_argument("--from", dest="start", type=int, required=required, help="first offset")
     parser.add_argument("--to", dest="end", type=int, required=required, help="first offset after")
     parser.add_argument("--reason", required=True, help="why; recorded in the ledger")

@@ -198,6 +198,17 @@ def to_duckdb(tree: exp.Expr) -> str:
     DuckDB's `approx_count_distinct` keeps so few registers that it is off by 5-10%
     on a few hundred values. The count is made exact: on the data one process reads,
     `count(DISTINCT ...)` costs little, and it is within any error Trino allows.
+
+    Trino's `format_datetime` and `parse_datetime` take Joda-Time patterns
+    (`yyyy-MM-dd HH:mm`): sqlglot passes the first on as it is, a function DuckDB
+    lacks, and hands the second's pattern to `strptime` unchanged, where it means
+    nothing. Both become DuckDB's `strftime` and `strptime` with the pattern spelled
+    as those read it (`_strftime_pattern`). `current_timezone()` is the session's
+    zone, which DuckDB spells `current_setting('TimeZone')`.
+
+    Raises:
+        QueryError: For a Joda-Time pattern that is not a literal, or that has a
+            letter DuckDB cannot spell.
     """
 
     def as_in_trino(node: exp.Expr) -> exp.Expr:
@@ -208,9 +219,92 @@ def to_duckdb(tree: exp.Expr) -> str:
             )
         if isinstance(node, exp.ApproxDistinct):
             return exp.Count(this=exp.Distinct(expressions=[node.this.copy()]))
+        if isinstance(node, exp.Anonymous) and node.name.lower() == "format_datetime":
+            value, pattern = _joda_arguments("format_datetime", node.expressions)
+            return exp.Anonymous(this="strftime", expressions=[value, pattern])
+        if isinstance(node, exp.ParseDatetime):
+            value, pattern = _joda_arguments("parse_datetime", [node.this, node.args["format"]])
+            # Trino's answer has a zone: the pattern's, or the session's (UTC).
+            parsed = exp.Anonymous(this="strptime", expressions=[value, pattern])
+            return exp.cast(parsed, exp.DType.TIMESTAMPTZ)
+        if isinstance(node, exp.CurrentTimezone):
+            return exp.Anonymous(
+                this="current_setting", expressions=[exp.Literal.string("TimeZone")]
+            )
         return node
 
     return _trino_names(tree.copy()).transform(as_in_trino).sql("duckdb")
+
+
+def _joda_arguments(function: str, arguments: list[exp.Expr]) -> tuple[exp.Expr, exp.Literal]:
+    """A Joda-Time function's value, and its pattern spelled as DuckDB's strftime reads it."""
+    if len(arguments) != 2 or not (
+        isinstance(arguments[1], exp.Literal) and arguments[1].is_string
+    ):
+        raise QueryError(
+            f"{function} takes a value and a pattern written as a string literal here; "
+            "give the pattern as one, or run the query in Trino (--trino)"
+        )
+    return arguments[0].copy(), exp.Literal.string(_strftime_pattern(arguments[1].this, function))
+
+
+# Joda-Time's pattern letters, by how many times one is repeated (0: any other count),
+# as DuckDB's strftime and strptime spell them. Letters left out (`k`, `K`, `Z`, `G`,
+# `C`...) have no spelling there.
+_JODA_LETTERS: dict[str, dict[int, str]] = {
+    "y": {2: "%y", 0: "%Y"},
+    "Y": {2: "%y", 0: "%Y"},
+    "x": {4: "%G"},
+    "w": {2: "%V"},
+    "e": {1: "%u"},
+    "E": {1: "%a", 2: "%a", 3: "%a", 0: "%A"},
+    "M": {1: "%-m", 2: "%m", 3: "%b", 0: "%B"},
+    "d": {1: "%-d", 2: "%d"},
+    "D": {1: "%-j", 3: "%j"},
+    "a": {1: "%p"},
+    "H": {1: "%-H", 2: "%H"},
+    "h": {1: "%-I", 2: "%I"},
+    "m": {1: "%-M", 2: "%M"},
+    "s": {1: "%-S", 2: "%S"},
+    "S": {3: "%g", 6: "%f", 9: "%n"},
+    "z": {1: "%Z", 2: "%Z", 3: "%Z"},
+}
+
+
+def _strftime_pattern(pattern: str, function: str) -> str:
+    """A Joda-Time pattern (`yyyy-MM-dd'T'HH`) as DuckDB's strftime reads it.
+
+    Text in single quotes is literal (`''` is a quote); so is anything but a letter.
+
+    Raises:
+        QueryError: For a letter, or a count of it, DuckDB has no spelling for.
+    """
+    out: list[str] = []
+    at, quoted = 0, False
+    while at < len(pattern):
+        char = pattern[at]
+        if pattern.startswith("''", at):
+            out.append("'")
+            at += 2
+        elif char == "'":
+            quoted = not quoted
+            at += 1
+        elif quoted or not (char.isascii() and char.isalpha()):
+            out.append("%%" if char == "%" else char)
+            at += 1
+        else:
+            run = len(pattern[at:]) - len(pattern[at:].lstrip(char))
+            spellings = _JODA_LETTERS.get(char, {})
+            spelled = spellings.get(run, spellings.get(0))
+            if spelled is None:
+                raise QueryError(
+                    f"{function}: the pattern letter {char * run!r} in {pattern!r} has no "
+                    "equivalent in the embedded engine; write the pattern without it, or "
+                    "run the query in Trino (--trino)"
+                )
+            out.append(spelled)
+            at += run
+    return "".join(out)
 
 
 def _trino_names(tree: exp.Expr) -> exp.Expr:
@@ -348,6 +442,9 @@ def _connection(
     con.execute(f"CREATE SCHEMA {quote_identifier(database)}")
     # Trino shows timestamps with time zone in the session's zone; Strata's are UTC.
     con.execute("SET TimeZone = 'UTC'")
+    # Trino divides integers to an integer, truncated (7 / 2 is 3): DuckDB's `/` would
+    # give 3.5, and `latency_ms / 100 * 100` would no longer bucket.
+    con.execute("SET integer_division = true")
     for at, table in enumerate(tables):
         found = dataset(table.ref, schema=table.schema if table.ref.format != "delta" else None)
         source: Any = table.schema.empty_table() if found is None else found

@@ -291,12 +291,18 @@ def _load_file(name: str, conf_dir: str | Path) -> PipelineConfig:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
+# The page that lists every key, generated from the model (`strata.reference`).
+_REFERENCE = "docs/reference/configuration.md"
+
+
 def _fix_hint(err: Any) -> str:  # noqa: ANN401 - pydantic's ErrorDetails
     kind = err.get("type", "")
     if kind == "extra_forbidden":
-        return "; remove it or check its spelling against the README's configuration reference"
+        return (
+            f"; remove it or check its spelling against the configuration reference ({_REFERENCE})"
+        )
     if kind == "missing":
-        return "; add it (see the README's configuration reference)"
+        return f"; add it (see the configuration reference, {_REFERENCE})"
     if kind == "literal_error":
         return ""
     return ""

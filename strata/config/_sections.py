@@ -1,5 +1,4 @@
-"""The configuration's sections: Kafka, event time, partitioning, limits, routing, Spark,
-Airflow, maintenance, quality and completeness, each one typed model.
+"""The configuration's sections (Kafka, event time, limits, quality, ...), each one typed model.
 
 Every model is strict (`extra="forbid"`), frozen, and shows no credential in its repr
 (`strata.config.secrets`); the services a pipeline talks to over the network are

@@ -1,5 +1,4 @@
-"""The services a pipeline talks to over the network: the Hive Metastore, Trino, the
-Schema Registry and a Prometheus Pushgateway.
+"""The sections of the services a pipeline calls: metastore, Trino, registry, Pushgateway.
 
 Their URLs are checked by one rule (`service_url`) that never quotes a URL back, and
 credentials cross the network only over https, or to this machine where allowed.

@@ -129,22 +129,38 @@ class LocalBroker(LocalService):
     def seal(
         self, topic: str, partitions: list[int], value: bytes, timestamp_ms: int | None = None
     ) -> None:
-        """Produce one message per partition in a batch of its own.
+        """Produce one message per partition in a batch of its own (see `seal`)."""
+        seal(self.bootstrap, topic, partitions, value, timestamp_ms)
 
-        The local broker reports a partition's high watermark as the base offset of
-        its last record batch; ending each partition with a single-record batch makes
-        the watermark cover every message produced before it.
-        """
-        producer = Producer(
-            {"bootstrap.servers": self.bootstrap, "batch.num.messages": 1, "linger.ms": 0}
-        )
-        for p in partitions:
-            if timestamp_ms is None:
-                producer.produce(topic, value, partition=p)
-            else:
-                producer.produce(topic, value, partition=p, timestamp=timestamp_ms)
-            producer.flush(30)
+
+def seal(
+    bootstrap: str,
+    topic: str,
+    partitions: list[int],
+    value: bytes,
+    timestamp_ms: int | None = None,
+) -> None:
+    """Produce one message per partition in a batch of its own.
+
+    The local broker reports a partition's high watermark as the base offset of
+    its last record batch; ending each partition with a single-record batch makes
+    the watermark cover every message produced before it.
+
+    Args:
+        bootstrap: The broker's address.
+        topic: The topic.
+        partitions: The partitions to seal.
+        value: The sealing message.
+        timestamp_ms: Its Kafka timestamp; the producer's clock if None.
+    """
+    producer = Producer({"bootstrap.servers": bootstrap, "batch.num.messages": 1, "linger.ms": 0})
+    for p in partitions:
+        if timestamp_ms is None:
+            producer.produce(topic, value, partition=p)
+        else:
+            producer.produce(topic, value, partition=p, timestamp=timestamp_ms)
         producer.flush(30)
+    producer.flush(30)
 
 
 class _Relay:

@@ -56,6 +56,9 @@ class LocalService(Supervised):
     """
 
     name = "service"
+    # Set before `start` to leave the process running after this one exits, in a session
+    # of its own (`strata-local up`); whoever records its pid then stops it.
+    detached = False
 
     def __init__(self, port: int | None, log_path: Path) -> None:
         """Choose the port and the log file.
@@ -67,6 +70,11 @@ class LocalService(Supervised):
         self.port = port or free_port()
         self.log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The process's id while it is started here, else None."""
+        return None if self._proc is None else self._proc.pid
 
     def _spawn(
         self,
@@ -85,7 +93,7 @@ class LocalService(Supervised):
                 stdin=subprocess.DEVNULL,
                 cwd=cwd,
                 env=env or dict(os.environ),
-                start_new_session=detach,
+                start_new_session=detach or self.detached,
             )
 
     def _wait(self, timeout: float) -> None:

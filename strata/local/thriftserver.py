@@ -40,6 +40,9 @@ class LocalThriftServer(LocalService):
             "spark.hadoop.hive.metastore.uris": self.metastore_uri,
             "spark.ui.enabled": "false",
             "spark.sql.warehouse.dir": str(self.directory / "spark-warehouse"),
+            # Timestamps as Trino over the same tables shows them: Strata's partitions are
+            # UTC hours, and the machine's own zone would shift every timestamp shown.
+            "spark.sql.session.timeZone": "UTC",
         }
         hive = {
             "hive.server2.thrift.port": str(self.port),

@@ -505,7 +505,7 @@ def _parquet_skip(places: Places, which: Location) -> str | None:
         # The ledger too: it is registered for SQL as a plain Parquet directory.
         return (
             "unpartitioned plain Parquet: its location is the table's own, which catalogs "
-            "other than Strata's may hold (see the README)"
+            "other than Strata's may hold (see docs/operations.md, Plain Parquet tables)"
         )
     if places.metastore is None:
         return (

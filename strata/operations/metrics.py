@@ -7,7 +7,7 @@ replaced atomically) and/or pushes it to a Pushgateway under the grouping key
 `{job, pipeline}`, replacing what the pipeline pushed before. Every metric is a gauge
 (each run replaces the figures) named `strata_*`, its unit as suffix; the labels are
 `pipeline`, and `topic` and `partition`, or `table`, where a figure is per partition or
-per table. README.md, "Metrics", lists them.
+per table. The metrics reference (docs/reference/metrics.md) lists them.
 
 Nothing here can fail a run: a view that cannot be had, a file that cannot be written
 or a push that is refused is a warning in the run's summary; the batch stands.

@@ -1,4 +1,4 @@
-"""Where each partition of a plain Parquet table lives now.
+"""Where each partition of a plain Parquet table lives, as compaction moves it to new directories.
 
 A plain Parquet table has no log: the files in a partition's directory are the
 partition. Compaction cannot swap files there in place without a reader seeing both

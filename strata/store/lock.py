@@ -1,4 +1,4 @@
-"""One run per pipeline at a time, and one table maintenance.
+"""The run and maintenance locks: a local flock, or a lease in an object store.
 
 Two locks: the run lock (ingest, backfill, replay, ledger edits) and the maintenance
 lock (compaction, vacuum). Ingest only appends, which Delta lets land beside a

@@ -53,7 +53,9 @@ def test_unknown_key_names_file_key_and_fix(tmp_path):
     assert (
         "clicks.yaml" in text
         and "`limits.max_offset_per_task`" in text
-        and "remove it or check its spelling" in text
+        and "remove it or check its spelling against the configuration reference "
+        "(docs/reference/configuration.md)"
+        in text
     )
 
 

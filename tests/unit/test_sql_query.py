@@ -10,7 +10,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import UTC, date, datetime
+import math
+import time
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -142,6 +144,63 @@ def test_trino_functions_keep_their_meaning_on_duckdb():
         [], "delta", "strata", "SELECT count(*), max(x) AS m, x FROM (VALUES 1) AS t (x) GROUP BY x"
     )
     assert named.columns == ["_col0", "m", "x"]
+
+
+def test_joda_time_patterns_format_and_parse_as_in_trino():
+    """format_datetime and parse_datetime take Joda-Time patterns; DuckDB's take strftime's."""
+    moment = datetime(2026, 1, 4, 15, 4, 5, 678000, tzinfo=UTC)
+    pattern = "yyyy-MM-dd''T''HH:mm:ss.SSS EEE EEEE MMM MMMM a h hh d D ''o''''clock'' 100%"
+    statement = f"""
+        SELECT format_datetime(t, '{pattern}') AS text,
+               parse_datetime('{moment:%d/%m/%Y %H:%M:%S}.678', 'dd/MM/yyyy HH:mm:ss.SSS') AS at,
+               parse_datetime('{moment:%Y-%m-%d %H}', 'yyyy-MM-dd HH') AS hour
+        FROM (VALUES from_iso8601_timestamp('{moment.isoformat()}')) AS v (t)
+    """
+    answer = run_embedded([], "delta", "strata", statement)
+    text = (
+        f"{moment:%Y-%m-%dT%H:%M:%S}.{moment.microsecond // 1000:03d} {moment:%a %A %b %B %p} "
+        f"{(moment.hour - 1) % 12 + 1} {moment:%I} {moment.day} {moment.timetuple().tm_yday} "
+        "o'clock 100%"
+    )
+    hour = moment.replace(minute=0, second=0, microsecond=0)
+    assert answer.rows == [(text, moment, hour)]
+    # A letter DuckDB cannot spell is refused, named, before anything runs.
+    with pytest.raises(QueryError, match="'kk'") as refused:
+        to_duckdb(only_query("SELECT format_datetime(current_timestamp, 'yyyy kk')"))
+    assert refused.value.exit_code == 2
+
+
+def test_the_engine_answers_in_utc_whatever_the_machines_zone(monkeypatch):
+    """Trino over Strata's tables answers in UTC, the zone of their partitions."""
+    late = datetime(2026, 1, 1, 20, 42, tzinfo=UTC)
+    statement = f"""
+        SELECT current_timezone() AS zone,
+               date_trunc('day', from_iso8601_timestamp('{late.isoformat()}')) AS day,
+               hour(from_iso8601_timestamp('{late.isoformat()}')) AS hour,
+               from_iso8601_timestamp('{late.replace(tzinfo=None).isoformat()}') AS zoneless
+    """
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        # In the machine's zone, that instant is the next day.
+        assert late.astimezone().date() != late.date()
+        answer = run_embedded([], "delta", "strata", statement)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert answer.rows == [("UTC", late.replace(hour=0, minute=0), late.hour, late)]
+    assert answer.rows[0][1].utcoffset() == timedelta(0)
+
+
+def test_integers_divide_to_an_integer_as_in_trino():
+    """Trino truncates an integer quotient (7 / 2 is 3); DuckDB's `/` would give 3.5."""
+    statement = """
+        SELECT 7 / 2 AS whole, -7 / 2 AS negative, 7 / 2.0 AS fraction,
+               sum(x) / count(*) AS integer_mean, avg(x) AS mean
+        FROM (VALUES 1, 2) AS t (x)
+    """
+    answer = run_embedded([], "delta", "strata", statement)
+    assert answer.rows == [(math.trunc(7 / 2), math.trunc(-7 / 2), 7 / 2, math.trunc(3 / 2), 3 / 2)]
 
 
 def test_an_unknown_table_is_the_querys_fault(tmp_path):
