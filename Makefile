@@ -12,7 +12,7 @@ RUNTIME_LOCK := requirements/runtime.lock
 EXECUTOR_LOCK := requirements/executor.lock
 CHECK_PYTHON := @$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Strata needs Python 3.11; set PYTHON=/path/to/python3.11")'
 
-.PHONY: help setup check-java chromium demo up down test test-unit lint format docs reference bench profile dist lock clean report-screenshot docs-screenshot
+.PHONY: help setup check-java chromium demo up down test test-scheduler test-unit lint format docs reference bench profile dist lock clean report-screenshot docs-screenshot
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -49,8 +49,11 @@ up: setup ## Start the playground in the background: broker, metastore, seeded c
 down: ## Stop the playground; its tables stay (strata-local down --purge deletes them)
 	$(BIN)/strata-local down
 
-test: setup chromium ## Run the whole suite (real broker, real Spark, headless Chromium)
-	$(BIN)/pytest -q --durations=15
+test: setup chromium ## Run the whole suite but the scheduler tier (real broker, real Spark, headless Chromium)
+	$(BIN)/pytest -q --durations=15 -m "not scheduler"
+
+test-scheduler: setup chromium ## Run the scheduler tier: a real Airflow schedules the DAGs (a few minutes)
+	$(BIN)/pytest -q --durations=10 -m scheduler tests/integration/scheduler
 
 test-unit: setup ## Run the fast unit tier only (tests/unit)
 	$(BIN)/pytest -q tests/unit

@@ -7,10 +7,13 @@ batch stays committed; its event-time partitions are marked incomplete). Last, t
 `complete` task marks the event-time partitions the batch completed and emits an
 event of the table's Asset, `strata://<pipeline>/<table>`, listing them in its
 `extra`; when the batch completed none, the task is skipped and no event is emitted,
-so a DAG scheduled on the Asset runs once per completed hour.
+so a DAG scheduled on the Asset runs after a batch that completed hours (one event
+may list several; events emitted before its run starts all come to that run).
 Batches are idempotent, so retries are safe: a retried task finishes the batch its
-first attempt planned, exactly once. Runs never overlap (`max_active_runs=1`) and
-nothing is caught up: each run reads what Kafka holds beyond the last commit.
+first attempt planned, exactly once. Each DAG runs on its pipeline's
+`airflow.schedule`, a cron expression, a preset or a duration between the starts of
+runs (`30s`). Runs never overlap (`max_active_runs=1`) and nothing is caught up:
+each run reads what Kafka holds beyond the last commit.
 
 Each pipeline's DAG can live in a file of its own, a copy or symlink of this file
 named `strata_ingest_<pipeline>.py`: a malformed pipeline file then fails only its
@@ -45,7 +48,7 @@ def ingest_dag(cfg: PipelineConfig) -> DAG:
     with DAG(
         dag_id=f"strata_ingest_{name}",
         doc_md=__doc__,
-        schedule=cfg.airflow.schedule,
+        schedule=cfg.airflow.dag_schedule,
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,

@@ -8,14 +8,14 @@ XCom, so the UI shows what each run planned, read and registered. What Airflow k
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from strata.config import PipelineConfig, load_pipeline
 from strata.config.secrets import redact, redact_json
-from strata.errors import QualityGateFailed
+from strata.errors import BackfillError, QualityGateFailed
 from strata.store.ranges import OffsetRange
 
 if TYPE_CHECKING:
@@ -310,16 +310,94 @@ def _complete_one(
     }
 
 
+def check_conf(conf: Mapping[str, Any] | None, params: Iterable[str]) -> None:
+    """Refuse a trigger's conf that names a param the DAG does not take.
+
+    Airflow keeps whatever else a conf holds as an extra param: a misspelt
+    `to_batch` would replay the first batch alone, and say nothing.
+
+    Args:
+        conf: The DAG run's conf, as triggered.
+        params: The names of the DAG's params.
+
+    Raises:
+        BackfillError: Naming each unknown param and the params the DAG takes.
+    """
+    known = list(params)
+    unknown = sorted(set(conf or {}) - set(known))
+    if unknown:
+        raise BackfillError(
+            f"unknown param {', '.join(f'`{name}`' for name in unknown)}: this DAG takes "
+            f"{', '.join(known)}; nothing was done. Trigger it again with the names as listed"
+        )
+
+
+def _check_offsets(start: int, end: int) -> None:
+    if end <= start:
+        raise BackfillError(
+            f"to_offset {end} is not above from_offset {start}: the range is [from_offset, "
+            "to_offset), to_offset the first offset after it; nothing was done. Trigger "
+            "again with to_offset above from_offset"
+        )
+
+
 def backfill_task(
     pipeline: str, conf_dir: str, topic: str, partition: int, start: int, end: int, reason: str
 ) -> dict[str, Any]:
-    """Re-ingest one committed range, replacing its rows."""
+    """Re-ingest one committed range, replacing its rows.
+
+    Args:
+        pipeline: The pipeline.
+        conf_dir: The configuration directory.
+        topic: The range's topic.
+        partition: The range's partition.
+        start: The first offset (the DAG's `from_offset`).
+        end: The first offset after the range (`to_offset`).
+        reason: Why; recorded in the ledger.
+
+    Raises:
+        BackfillError: If the range is not one, not committed, or held by no copy;
+            nothing was changed.
+    """
     from strata.operations.report import summary_dict
     from strata.run import reprocess
 
+    _check_offsets(start, end)
     target = OffsetRange(topic, partition, start, end)
     outcome = reprocess(load_pipeline(pipeline, conf_dir), "backfill", [target], reason)
     return redact_json(summary_dict(outcome))
+
+
+def _check_replay(
+    from_batch: int | None,
+    to_batch: int | None,
+    target: tuple[str | None, int | None, int | None, int | None],
+) -> None:
+    """Refuse what JSON schema cannot: a replay takes batches, or one whole range."""
+    names = ("topic", "partition", "from_offset", "to_offset")
+    given = [name for name, value in zip(names, target, strict=True) if value is not None]
+    missing = [name for name in names if name not in given]
+    choose = (
+        "give from_batch (and to_batch), or topic, partition, from_offset and to_offset; "
+        "nothing was done"
+    )
+    if from_batch is None and to_batch is not None:
+        wrong = f"to_batch {to_batch} was given without from_batch"
+    elif from_batch is not None and given:
+        wrong = f"both from_batch and {', '.join(given)} were given"
+    elif from_batch is None and not given:
+        wrong = "neither from_batch nor a range was given"
+    elif missing and from_batch is None:
+        were = "was" if len(missing) == 1 else "were"
+        wrong = f"a range needs {', '.join(names)}; {', '.join(missing)} {were} not given"
+    elif from_batch is not None and to_batch is not None and to_batch < from_batch:
+        wrong = f"to_batch {to_batch} is below from_batch {from_batch}"
+        choose = "give to_batch at least from_batch, or none for one batch; nothing was done"
+    else:
+        if target[2] is not None and target[3] is not None:
+            _check_offsets(target[2], target[3])
+        return
+    raise BackfillError(f"{wrong}: {choose}")
 
 
 def replay_task(
@@ -339,11 +417,17 @@ def replay_task(
         from_batch: The first batch to replay, or None for a range.
         to_batch: The last batch; None is `from_batch`.
         target: Topic, partition, first offset and first offset after, for a range.
+
+    Raises:
+        BackfillError: Naming the DAG's params, if they name neither batches nor one
+            range, or both; if the batches or the range are not committed, or not in
+            the raw copy. Nothing was changed.
     """
     from strata.operations.backfill import replay_targets
     from strata.operations.report import summary_dict
     from strata.run import reprocess
 
+    _check_replay(from_batch, to_batch, target)
     cfg = load_pipeline(pipeline, conf_dir)
     targets = replay_targets(cfg.places(), from_batch, to_batch, target)
     outcome = reprocess(cfg, "replay", targets, reason)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -221,11 +222,103 @@ class LimitsConfig(_Strict):
     max_open_files: int = Field(default=64, gt=0)
 
 
+# The presets Airflow's `DAG(schedule=...)` takes besides a cron expression
+# (`airflow.sdk.definitions.timetables._cron.CRON_PRESETS`, `@once`, `@continuous`).
+_SCHEDULE_PRESETS = (
+    "@once",
+    "@continuous",
+    "@hourly",
+    "@daily",
+    "@weekly",
+    "@monthly",
+    "@quarterly",
+    "@yearly",
+)
+_MONTHS = tuple("jan feb mar apr may jun jul aug sep oct nov dec".split())
+_WEEKDAYS = tuple("sun mon tue wed thu fri sat".split())
+# Each field of a cron expression: its name, its lowest and highest value, its names.
+_CRON_FIELDS = (
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day of month", 1, 31, ()),
+    ("month", 1, 12, _MONTHS),
+    ("day of week", 0, 7, _WEEKDAYS),
+)
+_CRON_ITEM = re.compile(r"^(?:(\*|\?)|(\w+)(?:-(\w+))?)(?:/(\d+))?$")
+SCHEDULE_RULE = (
+    "write a duration (30s, 15m), one of " + ", ".join(_SCHEDULE_PRESETS) + ", or a cron "
+    "expression of five fields (minute hour day-of-month month day-of-week, e.g. '*/5 * * * *')"
+)
+
+
+def _cron_value(text: str, low: int, high: int, names: tuple[str, ...]) -> int | None:
+    if text.lower() in names:
+        return names.index(text.lower()) + low
+    return int(text) if text.isascii() and text.isdigit() and low <= int(text) <= high else None
+
+
+def _is_duration(schedule: str) -> bool:
+    # A cron expression has five fields: one word starting with a digit is a duration.
+    return schedule[:1].isdigit() and " " not in schedule
+
+
+def _cron_problem(expression: str) -> str | None:
+    """What is wrong with a five-field cron expression, or None if Airflow will take it.
+
+    Airflow parses cron with croniter, which is Airflow's dependency and not the
+    product's: this is the part of croniter's grammar a schedule needs (numbers and
+    names, `*`, ranges, steps, lists; `?` in the day fields), checked the same way,
+    so that a schedule the DAG would refuse fails when the configuration loads.
+    """
+    fields = expression.split()
+    if len(fields) != 5:
+        return f"it has {len(fields)} fields, not 5"
+    for text, (field, low, high, names) in zip(fields, _CRON_FIELDS, strict=True):
+        for item in text.split(","):
+            match = _CRON_ITEM.match(item)
+            if match is None:
+                return f"the {field} field {text!r} is not a list of values, ranges and steps"
+            wildcard, first, last, step = match.groups()
+            if wildcard == "?" and field not in ("day of month", "day of week"):
+                return f"'?' stands only for a day of month or of week, not the {field}"
+            for value in (first, last):
+                if value is not None and _cron_value(value, low, high, names) is None:
+                    return f"the {field} {value!r} is not between {low} and {high}"
+            if step is not None and int(step) == 0:
+                return f"the {field} field {text!r} steps by 0"
+    return None
+
+
+def _valid_schedule(value: str) -> str:
+    """A schedule of the ingest DAG: a duration, an Airflow preset or a cron expression."""
+    text = value.strip()
+    if text.startswith("@"):
+        if text not in _SCHEDULE_PRESETS:
+            raise ValueError(f"{value!r} is not a schedule preset; {SCHEDULE_RULE}")
+        return text
+    if _is_duration(text):
+        try:
+            ms = parse_duration_ms(text)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a schedule; {SCHEDULE_RULE}") from None
+        if ms < 1000:
+            raise ValueError(f"{value!r} is under a second; schedule runs at least 1s apart")
+        return text
+    problem = _cron_problem(text)
+    if problem is not None:
+        raise ValueError(f"{value!r} is not a schedule: {problem}; {SCHEDULE_RULE}")
+    return text
+
+
 class AirflowConfig(_Strict):
     """How Airflow schedules and runs the pipeline.
 
     Attributes:
-        schedule: Cron expression or preset (`@hourly`) of the ingest DAG.
+        schedule: When the ingest DAG runs: a duration between the starts of runs
+            (`30s`, `15m`; for less than the minute a cron expression allows), a
+            preset (`@hourly`, `@daily`, `@once`, `@continuous`...) or a cron
+            expression of five fields (`*/5 * * * *`). Checked at load. Runs never
+            overlap: a run due while one is running starts after it.
         spark_mode: `local` runs the job inside the Airflow worker (laptops, tests);
             `spark_submit` submits `jobs/ingest.py` to a cluster.
         spark_conn_id: Airflow connection of the Spark cluster, for `spark_submit`.
@@ -245,6 +338,18 @@ class AirflowConfig(_Strict):
     retry_delay: Duration = "1m"
     trino_conn_id: str | None = None
     lag_growth_runs: int = Field(default=3, ge=2)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        return _valid_schedule(value)
+
+    @property
+    def dag_schedule(self) -> str | timedelta:
+        """The schedule as Airflow's `DAG(schedule=...)` takes it: a duration as a timedelta."""
+        if _is_duration(self.schedule):
+            return timedelta(milliseconds=parse_duration_ms(self.schedule))
+        return self.schedule
 
     @model_validator(mode="before")
     @classmethod

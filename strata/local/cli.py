@@ -1,7 +1,7 @@
 """The `strata-local` command: the local stack a developer starts by hand.
 
 `strata-local up|down|status|events` runs the playground: a broker, a metastore and,
-if asked, a Schema Registry that stay up between commands, with `strata` pointed at
+if asked, a Schema Registry and an Airflow that stay up between commands, with `strata` pointed at
 them (`strata.local.playground`). `strata-local metastore up|status|down` runs the Hive
 Metastore thrift service from the pyspark jars in the background; `strata-local demo`
 is `make demo`. Output and exit codes follow the `strata` command's.
@@ -51,13 +51,21 @@ def _playground_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     up = sub.add_parser(
         "up",
         help="start the playground in the background: broker, metastore, seeded `clicks`",
-        description="Start a broker (Tansu) and a Hive Metastore (and with --registry the "
-        "local Schema Registry) in the background on loopback ports, create the topic "
-        "`clicks` and seed it with click events if it is new, and write "
-        "conf/local/playground.yaml so that `strata` uses them. Services already up are "
-        "left alone; ones that stopped are started again.",
+        description="Start a broker (Tansu) and a Hive Metastore (with --registry the "
+        "local Schema Registry, with --airflow an Airflow scheduling the project's "
+        "airflow_dags/) in the background on loopback ports, create the topic `clicks` and "
+        "seed it with click events if it is new, and write conf/local/playground.yaml so "
+        "that `strata` uses them. Services already up are left alone; ones that stopped "
+        "are started again.",
     )
     up.add_argument("--registry", action="store_true", help="start the Schema Registry too")
+    up.add_argument(
+        "--airflow",
+        action="store_true",
+        help="start Airflow too (API server and UI, scheduler, DAG processor, triggerer), "
+        "scheduling airflow_dags/ with the settings of --conf-dir",
+    )
+    labels = {"schema_registry": "schema registry", "airflow": "Airflow UI and API"}
     for name, port in playground.DEFAULT_PORTS.items():
         flag = "--registry-port" if name == "schema_registry" else f"--{name}-port"
         up.add_argument(
@@ -66,7 +74,7 @@ def _playground_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
             type=int,
             default=None,
             metavar="PORT",
-            help=f"loopback port of the {name.replace('_', ' ')} (0: a free one; default: "
+            help=f"loopback port of the {labels.get(name, name)} (0: a free one; default: "
             f"the one it had, else {port})",
         )
     up.add_argument(
@@ -151,7 +159,7 @@ def _playground(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     ground = playground.Playground(Path(args.dir), Path(getattr(args, "conf_dir", "conf")))
     if args.command == "up":
         ports = {n: getattr(args, f"{n}_port") for n in playground.DEFAULT_PORTS}
-        return playground.up(ground, ports, args.registry)
+        return playground.up(ground, ports, args.registry, args.airflow)
     if args.command == "down":
         return playground.down(ground, args.purge)
     if args.command == "status":

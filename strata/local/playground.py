@@ -1,19 +1,22 @@
 """The playground: a local stack that stays up between commands (`strata-local up`).
 
 `up` starts a broker (Tansu), a Hive Metastore and, if asked, the local Schema
-Registry, detached from the command, on loopback ports; creates the topic `clicks`
-and seeds it with click events; and writes `conf/local/playground.yaml`, which points
-every `strata` command at them. `down` stops them and removes that file; `status`
-says what runs where; `events` produces more click events to land.
+Registry and an Airflow (`strata.local.airflow`: its API server, scheduler, DAG
+processor and triggerer), detached from the command, on loopback ports; creates the
+topic `clicks` and seeds it with click events; and writes `conf/local/playground.yaml`,
+which points every `strata` command (and so every Airflow task) at them. `down` stops
+them and removes that file; `status` says what runs where; `events` produces more
+click events to land.
 
 Everything lives in one directory (`.strata/playground` by default): the state file
 recording each service's pid, port and command line, their logs, the metastore's
-Derby database and the warehouse. The wheel's Tansu keeps its log in memory (its
-SQLite and file engines are not built in), so the topic's messages last while the
-broker runs; the tables, the ledger and the metastore outlast `down`.
+Derby database, the warehouse and Airflow's home. The wheel's Tansu keeps its log in
+memory (its SQLite and file engines are not built in), so the topic's messages last
+while the broker runs; the tables, the ledger and the metastore outlast `down`.
 
 A pid is only ever signalled while its command line is the one recorded at start, so
-a pid the system gave to another process since is never killed.
+a pid the system gave to another process since is never killed; nor is one of the
+processes a service started (`strata.local.processes`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +35,9 @@ from typing import Any
 import yaml
 
 from strata.errors import StrataError
+from strata.local.airflow import COMPONENTS, LocalAirflow
 from strata.local.events import HOUR_MS, Message, click_events, produce
+from strata.local.processes import process_command, stop_recorded
 from strata.local.service import LocalService, port_open
 from strata.log import get_logger
 
@@ -45,9 +49,21 @@ CONF_FILE = "playground.yaml"
 TOPIC = "clicks"
 PARTITIONS = 4
 LOOPBACK = "127.0.0.1"
-# The ports the project's defaults and Kafka's, Hive's and Confluent's tools expect.
-DEFAULT_PORTS = {"broker": 9092, "metastore": 9083, "schema_registry": 8081}
-SERVICES = ("broker", "metastore", "schema_registry")
+# The ports the project's defaults and Kafka's, Hive's, Confluent's and Airflow's tools expect.
+DEFAULT_PORTS = {"broker": 9092, "metastore": 9083, "schema_registry": 8081, "airflow": 8080}
+# Airflow's components, as the state file names them; only the API server has a port.
+AIRFLOW = {component: "airflow_" + component.replace("-", "_") for component in COMPONENTS}
+# The services that start one by one, as against Airflow's components that start as one.
+_ALONE = ("broker", "metastore", "schema_registry")
+SERVICES = (*_ALONE, *AIRFLOW.values())
+_LABELS = {
+    "schema_registry": "schema registry",
+    "airflow": "Airflow API server",
+    "airflow_api_server": "Airflow API server",
+    "airflow_scheduler": "Airflow scheduler",
+    "airflow_dag_processor": "Airflow DAG processor",
+    "airflow_triggerer": "Airflow triggerer",
+}
 # What `up` seeds: six event hours before the current one, some late and malformed.
 SEED_EVENTS = 5_000
 SEED_HOURS = 6
@@ -66,10 +82,12 @@ class Service:
     """One service `up` started, as the state file records it.
 
     Attributes:
-        name: `broker`, `metastore` or `schema_registry`.
+        name: `broker`, `metastore`, `schema_registry` or an Airflow component
+            (`airflow_api_server`, `airflow_scheduler`...).
         pid: Its process id.
-        port: The loopback port it listens on.
-        address: What clients are given: `host:port`, `thrift://...` or `http://...`.
+        port: The loopback port it listens on; 0 for an Airflow component without one.
+        address: What clients are given: `host:port`, `thrift://...` or `http://...`;
+            empty without a port.
         command: Its command line when it started, to recognise the process by.
     """
 
@@ -81,7 +99,14 @@ class Service:
 
     def alive(self) -> bool:
         """Whether the recorded process still runs, is that process, and listens."""
-        return process_command(self.pid) == self.command and port_open(self.port)
+        if process_command(self.pid) != self.command:
+            return False
+        return not self.port or port_open(self.port)
+
+    def where(self) -> str:
+        """` at ADDRESS (pid N)`, or ` (pid N)` without an address: for status lines."""
+        at = f" at {self.address}" if self.address else ""
+        return f"{at} (pid {self.pid})"
 
 
 @dataclass(frozen=True)
@@ -89,12 +114,15 @@ class Playground:
     """Where the playground keeps everything, and the `conf/` it points `strata` from.
 
     Attributes:
-        directory: The state file, logs, metastore database and warehouse.
-        conf_dir: The configuration directory whose `local/` gets `playground.yaml`.
+        directory: The state file, logs, metastore database, warehouse, Airflow's home.
+        conf_dir: The configuration directory whose `local/` gets `playground.yaml`,
+            and Airflow's `STRATA_CONF_DIR`.
+        dags_folder: The DAG files Airflow schedules: the project's.
     """
 
     directory: Path
     conf_dir: Path = Path("conf")
+    dags_folder: Path = Path("airflow_dags")
 
     def command(self, action: str) -> str:
         """The `strata-local` command line of an action on this playground."""
@@ -120,6 +148,11 @@ class Playground:
     def logs(self) -> Path:
         """The broker's and the registry's logs."""
         return self.directory / "logs"
+
+    @property
+    def airflow_home(self) -> Path:
+        """Airflow's `AIRFLOW_HOME`: its SQLite database, the components' and tasks' logs."""
+        return self.directory / "airflow"
 
     @property
     def conf_file(self) -> Path:
@@ -152,24 +185,6 @@ class Playground:
         part.replace(self.state_file)
 
 
-def process_command(pid: int) -> str | None:
-    """A live process's command line (arguments joined by spaces), or None if it is gone.
-
-    A zombie (exited, not yet reaped) counts as gone: its command line is empty.
-    """
-    if Path("/proc/self/cmdline").exists():
-        try:
-            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return None
-        return " ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a) or None
-    # No /proc (macOS): ask ps.
-    done = subprocess.run(
-        ["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip() or None
-
-
 def port_taken(port: int) -> bool:
     """Whether something listens on a loopback port already (a bind would fail)."""
     with socket.socket() as s:
@@ -180,24 +195,6 @@ def port_taken(port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def _stop(service: Service) -> bool:
-    """Stop a recorded service if it is still that process; whether it was running."""
-    if process_command(service.pid) != service.command:
-        return False
-    try:
-        os.kill(service.pid, signal.SIGTERM)
-        deadline = time.monotonic() + _STOP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if process_command(service.pid) != service.command:
-                return True
-            time.sleep(0.2)
-        if process_command(service.pid) == service.command:
-            os.kill(service.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # It ended between the check and the signal.
-    return True
 
 
 def _check_free(name: str, port: int) -> None:
@@ -252,7 +249,10 @@ def _start(ground: Playground, name: str, port: int) -> Service:
 
 
 def up(
-    ground: Playground, ports: dict[str, int | None], registry: bool = False
+    ground: Playground,
+    ports: dict[str, int | None],
+    registry: bool = False,
+    airflow: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """Start what is not running yet, seed `clicks` if it is new, and write the settings.
 
@@ -261,15 +261,18 @@ def up(
 
     Args:
         ground: The playground's directory and configuration directory.
-        ports: Port per service; 0 takes a free one; for a missing name or None, the
-            port it had before if it is restarted, else its default.
+        ports: Port per service (`airflow`: its API server's); 0 takes a free one; for
+            a missing name or None, the port it had before if it is restarted, else
+            its default.
         registry: Start the local Schema Registry too.
+        airflow: Start Airflow too, scheduling the project's DAGs over `ground.conf_dir`.
 
     Returns:
         The text for people and the JSON-ready body.
 
     Raises:
-        PlaygroundError: If a port is taken or the state file is damaged; nothing started.
+        PlaygroundError: If a port is taken, Airflow is asked for but cannot run here,
+            or the state file is damaged; nothing started.
         StrataError: If a service did not start; those started before it run, recorded.
     """
     ground.directory.mkdir(parents=True, exist_ok=True)
@@ -277,7 +280,7 @@ def up(
     if written is not None and written != ground.conf_file.resolve():
         # Pointed at another conf/ this time: the old settings would point at nothing.
         written.unlink(missing_ok=True)
-    wanted = [n for n in SERVICES if n != "schema_registry" or registry or n in services]
+    wanted = [n for n in _ALONE if n != "schema_registry" or registry or n in services]
     lines: list[str] = []
     to_start: dict[str, int] = {}
     for name in wanted:
@@ -287,11 +290,13 @@ def up(
             continue
         if old is not None:
             lines.append(f"{_label(name)} (pid {old.pid}) had stopped; starting it again")
-            _stop(old)  # Not listening but still that process: a hung one.
+            # Not listening but still that process: a hung one.
+            stop_recorded([(old.pid, old.command)])
         # Where it listened before, so the settings stay the same, unless asked otherwise.
         port = ports.get(name)
         to_start[name] = port if port is not None else old.port if old else DEFAULT_PORTS[name]
         _check_free(name, to_start[name])
+    airflow_port = _airflow_to_start(ground, services, ports.get("airflow"), airflow, lines)
     started: list[str] = []
     for name, port in to_start.items():
         services[name] = _start(ground, name, port)
@@ -303,13 +308,17 @@ def up(
     seeded = _seed(services["broker"].address) if "broker" in started else None
     _write_settings(ground, services)
     ground.record(services, ground.conf_file.resolve())
+    if airflow_port is not None:
+        # After the settings: the DAG processor and every task read them.
+        services.update(_start_airflow(ground, airflow_port))
+        started += AIRFLOW.values()
+        ground.record(services, ground.conf_file.resolve())
     if not started:
         lines.append(f"the playground is already up ({ground.directory})")
-    for name in wanted:
+    for name in [*wanted, *(n for n in AIRFLOW.values() if n in services)]:
         # Running since an earlier `up`, or started by this one.
         verb = "started" if name in started else "running"
-        service = services[name]
-        lines.append(f"{verb}: {_label(name)} at {service.address} (pid {service.pid})")
+        lines.append(f"{verb}: {_label(name)}{services[name].where()}")
     if seeded is not None:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(seeded.items()))
         lines.append(f"created topic `{TOPIC}` ({PARTITIONS} partitions) and seeded it: {counts}")
@@ -318,6 +327,9 @@ def up(
     lines += _where(ground)
     lines += _shadowing_variables()
     lines += ["", "next:", *_tour(ground)]
+    ui = _airflow_url(services)
+    if ui is not None:
+        lines += _airflow_next(ui, ground.airflow_home.resolve())
     body = {
         "status": "up",
         "started": started,
@@ -325,8 +337,101 @@ def up(
         "seeded": seeded,
         "conf_file": str(ground.conf_file.resolve()),
         "warehouse": str(ground.warehouse.resolve()),
+        "airflow": ui,
     }
     return "\n".join(lines), body
+
+
+def _airflow_to_start(
+    ground: Playground,
+    services: dict[str, Service],
+    port: int | None,
+    asked: bool,
+    lines: list[str],
+) -> int | None:
+    """The port to start Airflow on, or None if it is not wanted or runs already.
+
+    Airflow is wanted when asked for or recorded (as the registry is). Its components
+    run as one, on one database and one secret, so if any of them stopped, the others
+    are stopped too and Airflow starts again whole. Recorded components that run stay
+    in `services`; ones that are to start again are taken out of it.
+    """
+    old = {n: services.pop(n) for n in AIRFLOW.values() if n in services}
+    if not asked and not old:
+        return None
+    if len(old) == len(AIRFLOW) and all(s.alive() for s in old.values()):
+        services.update(old)
+        return None
+    airflow = Path(sys.executable).parent / "airflow"
+    if not airflow.exists():
+        raise PlaygroundError(
+            f"Airflow is not installed beside this Python ({airflow} is missing): install the "
+            "`airflow` extra (`make setup` does), or run `strata-local up` without --airflow"
+        )
+    if not ground.dags_folder.is_dir():
+        raise PlaygroundError(
+            f"there is no {ground.dags_folder}/ here ({Path.cwd()}) for Airflow to schedule: "
+            "run `strata-local up --airflow` in the project's root"
+        )
+    if old:
+        gone = ", ".join(f"{_label(n)} (pid {s.pid})" for n, s in old.items() if not s.alive())
+        lines.append(f"{gone or 'Airflow'} had stopped; starting Airflow again")
+        stop_recorded((s.pid, s.command) for s in old.values())
+    api = old.get(AIRFLOW["api-server"])
+    chosen = port if port is not None else api.port if api else DEFAULT_PORTS["airflow"]
+    _check_free("airflow", chosen)
+    return chosen
+
+
+def _start_airflow(ground: Playground, port: int) -> dict[str, Service]:
+    """Start Airflow detached; a record per component for the state file."""
+    airflow = LocalAirflow(
+        ground.airflow_home,
+        ground.dags_folder,
+        {"STRATA_CONF_DIR": str(ground.conf_dir.resolve())},
+        port or None,
+        detached=True,
+    )
+    log.info(
+        "starting Airflow on %s:%s (its database first: this takes a while)", LOOPBACK, airflow.port
+    )
+    try:
+        airflow.start()
+    except RuntimeError as exc:
+        # It stopped what it had started; the message has the components' logs.
+        raise StrataError(
+            f"{exc}\nwhat did start is recorded: `{ground.command('down')}`"
+        ) from None
+    found: dict[str, Service] = {}
+    for component, pid in airflow.pids.items():
+        command = process_command(pid)
+        if command is not None:
+            api = component == "api-server"
+            name = AIRFLOW[component]
+            address = airflow.url if api else ""
+            found[name] = Service(name, pid, airflow.port if api else 0, address, command)
+    if len(found) < len(AIRFLOW):
+        stop_recorded((s.pid, s.command) for s in found.values())
+        raise PlaygroundError(
+            "an Airflow component exited right after it started; see the logs in "
+            f"{airflow.home / 'logs'}"
+        )
+    return found
+
+
+def _airflow_url(services: dict[str, Service]) -> str | None:
+    api = services.get(AIRFLOW["api-server"])
+    return None if api is None else api.address
+
+
+def _airflow_next(url: str, home: Path) -> list[str]:
+    return [
+        "",
+        f"Airflow's UI: {url} (no sign-in: every user is an admin; its database and logs: "
+        f"{home}). Its DAGs start paused, as Airflow creates them: switch "
+        "strata_ingest_clicks on there and it lands `clicks` on its schedule; "
+        "`strata-local events` gives it more to land.",
+    ]
 
 
 def down(ground: Playground, purge: bool = False) -> tuple[str, dict[str, Any]]:
@@ -334,7 +439,8 @@ def down(ground: Playground, purge: bool = False) -> tuple[str, dict[str, Any]]:
 
     Args:
         ground: The playground's directory.
-        purge: Delete the warehouse, the metastore's database and the logs as well.
+        purge: Delete the warehouse, the metastore's database, Airflow's home and the
+            logs as well.
 
     Returns:
         The text for people and the JSON-ready body.
@@ -342,8 +448,10 @@ def down(ground: Playground, purge: bool = False) -> tuple[str, dict[str, Any]]:
     services, conf_file = ground.recorded()
     lines: list[str] = []
     stopped: list[str] = []
+    # All at once: Airflow's components take seconds each to wind down.
+    ended = set(stop_recorded((s.pid, s.command) for s in services.values()))
     for name, service in services.items():
-        if _stop(service):
+        if service.pid in ended:
             stopped.append(name)
             lines.append(f"stopped: {_label(name)} (pid {service.pid})")
         else:
@@ -356,7 +464,7 @@ def down(ground: Playground, purge: bool = False) -> tuple[str, dict[str, Any]]:
         lines.append(f"the playground was not up ({ground.state_file} records nothing)")
     purged = []
     if purge:
-        for part in (ground.warehouse, ground.metastore_dir, ground.logs):
+        for part in (ground.warehouse, ground.metastore_dir, ground.airflow_home, ground.logs):
             if part.exists():
                 shutil.rmtree(part)
                 purged.append(str(part))
@@ -386,10 +494,7 @@ def status(ground: Playground) -> tuple[str, dict[str, Any]]:
             f"with `{ground.command('up')}`"
         )
     alive = {n: s.alive() for n, s in services.items()}
-    lines = [
-        f"{_label(n)}: {'up' if alive[n] else 'down'} at {s.address} (pid {s.pid})"
-        for n, s in services.items()
-    ]
+    lines = [f"{_label(n)}: {'up' if alive[n] else 'down'}{s.where()}" for n, s in services.items()]
     if not all(alive.values()):
         gone = ", ".join(_label(n) for n, ok in alive.items() if not ok)
         raise PlaygroundError(
@@ -398,11 +503,15 @@ def status(ground: Playground) -> tuple[str, dict[str, Any]]:
         )
     lines.append(f"settings: {conf_file}")
     lines.append(f"data: {ground.directory}")
+    ui = _airflow_url(services)
+    if ui is not None:
+        lines.append(f"Airflow's UI: {ui}")
     body = {
         "status": "up",
         "services": {n: {**s.__dict__, "up": alive[n]} for n, s in services.items()},
         "conf_file": None if conf_file is None else str(conf_file),
         "warehouse": str(ground.warehouse.resolve()),
+        "airflow": ui,
     }
     return "\n".join(lines), body
 
@@ -552,4 +661,4 @@ def _new_topic_note(ground: Playground) -> list[str]:
 
 
 def _label(name: str) -> str:
-    return name.replace("_", " ")
+    return _LABELS.get(name, name)

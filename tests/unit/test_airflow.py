@@ -168,3 +168,151 @@ def test_with_a_trino_connection_registration_calls_trino_through_it(tmp_path, m
     assert wanted == ["""CALL "hive".system.sync_partition_metadata('strata', 'clicks', 'ADD')"""]
     assert fake.statements == [("etl", wanted[0])]
     assert shown["trino"] == {"conn_id": "lake_trino", "ran": wanted}
+
+
+def _pipelines_scheduled(tmp_path: Path, schedules: dict[str, str]) -> Path:
+    """A configuration of one `clicks` pipeline per schedule, named by the dict's keys."""
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    shutil.copytree(ROOT / "schemas", tmp_path / "schemas")
+    clicks = (ROOT / "conf" / "pipelines" / "clicks.yaml").read_text()
+    for name, schedule in schedules.items():
+        body = clicks + f"airflow: {{schedule: {schedule!r}}}\n"
+        (conf / "pipelines" / f"{name}.yaml").write_text(body)
+    return conf
+
+
+def test_a_duration_schedules_the_ingest_dag_every_so_long_and_cron_stays_cron(
+    tmp_path, monkeypatch
+):
+    from datetime import timedelta
+
+    from airflow.sdk.definitions.timetables.trigger import (
+        CronTriggerTimetable,
+        DeltaTriggerTimetable,
+    )
+
+    conf = _pipelines_scheduled(tmp_path, {"fast": "30s", "slow": "*/5 * * * *"})
+    monkeypatch.setenv("STRATA_CONF_DIR", str(conf))
+    bag = load_dags(conf)
+    fast = bag.dags.__getitem__("strata_ingest_fast").timetable
+    slow = bag.dags.__getitem__("strata_ingest_slow").timetable
+    # Under a minute, which no cron expression can say: a run every 30 seconds.
+    assert isinstance(fast, DeltaTriggerTimetable) and fast.delta == timedelta(seconds=30)
+    assert isinstance(slow, CronTriggerTimetable) and slow.expression == "*/5 * * * *"
+
+
+def test_a_bad_schedule_leaves_the_other_pipelines_dags_loaded_and_names_the_key(
+    tmp_path, monkeypatch
+):
+    from airflow.dag_processing.dagbag import DagBag
+
+    conf = _pipelines_scheduled(tmp_path, {"good": "@hourly", "bad": "every hour"})
+    monkeypatch.setenv("STRATA_CONF_DIR", str(conf))
+    bag = DagBag(dag_folder=str(DAGS))
+    assert "strata_ingest_good" in bag.dag_ids and "strata_ingest_bad" not in bag.dag_ids
+    # Only the configuration check fails to import, naming the file, the key and the fix.
+    error = bag.import_errors.pop(str(DAGS / "strata_config_errors.py"))
+    assert bag.import_errors == {}
+    assert f"{conf / 'pipelines' / 'bad.yaml'}: key `airflow.schedule`" in error
+    assert "'every hour' is not a schedule" in error and "write a duration (30s, 15m)" in error
+
+
+BACKFILL_CONF = {
+    "pipeline": "clicks",
+    "topic": "clicks",
+    "partition": 3,
+    "from_offset": 1200,
+    "to_offset": 5000,
+    "reason": "INC-42",
+}
+
+
+def test_the_backfill_dag_requires_every_param_typed_and_bounded(monkeypatch):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    monkeypatch.setenv("STRATA_CONF_DIR", str(ROOT / "conf"))
+    params = load_dags(ROOT / "conf").dags["strata_backfill"].params
+    assert params.get_param("pipeline").schema["enum"] == ["clicks"]
+    # No default: leaving one out is refused, not a backfill of partition 0 from offset 0.
+    for name in BACKFILL_CONF:
+        with pytest.raises(ParamValidationError, match="No value passed"):
+            params.get_param(name).resolve()
+    assert {name: params.get_param(name).resolve(v) for name, v in BACKFILL_CONF.items()} == (
+        BACKFILL_CONF
+    )
+    bad = [
+        ("pipeline", "orders"),
+        ("topic", ""),
+        ("partition", "3"),
+        ("partition", 2**31),
+        ("from_offset", -1),
+        ("from_offset", 1.5),
+        ("to_offset", 0),
+        ("reason", "x"),
+    ]
+    for name, value in bad:
+        with pytest.raises(ParamValidationError):
+            params.get_param(name).resolve(value)
+
+
+def test_the_replay_dag_requires_a_pipeline_and_a_reason(monkeypatch):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    monkeypatch.setenv("STRATA_CONF_DIR", str(ROOT / "conf"))
+    params = load_dags(ROOT / "conf").dags["strata_replay"].params
+    for name in ("pipeline", "reason"):
+        with pytest.raises(ParamValidationError, match="No value passed"):
+            params.get_param(name).resolve()
+    for name in ("from_batch", "to_batch", "topic", "partition", "from_offset", "to_offset"):
+        assert params.get_param(name).resolve() is None
+    with pytest.raises(ParamValidationError):
+        params.get_param("to_batch").resolve(2**63)
+
+
+@pytest.mark.parametrize(
+    ("task", "args", "message"),
+    [
+        (
+            "backfill_task",
+            ("clicks", 0, 500, 500, "INC-1"),
+            "to_offset 500 is not above from_offset 500",
+        ),
+        ("replay_task", ("fix", None, 3), "to_batch 3 was given without from_batch"),
+        ("replay_task", ("fix",), "neither from_batch nor a range was given"),
+        (
+            "replay_task",
+            ("fix", 1, None, ("clicks", None, None, None)),
+            "both from_batch and topic",
+        ),
+        ("replay_task", ("fix", None, None, ("clicks", 0, None, 9)), "from_offset was not given"),
+        ("replay_task", ("fix", 5, 4), "to_batch 4 is below from_batch 5"),
+        (
+            "replay_task",
+            ("fix", None, None, ("clicks", 0, 9, 2)),
+            "to_offset 2 is not above from_offset 9",
+        ),
+    ],
+)
+def test_the_tasks_refuse_what_the_params_schema_cannot_say_before_reading_anything(
+    task, args, message, tmp_path
+):
+    import strata.orchestrate
+    from strata.errors import BackfillError
+
+    # An empty configuration directory: the refusal comes before the pipeline is read.
+    with pytest.raises(BackfillError, match=message) as refused:
+        getattr(strata.orchestrate, task)("clicks", str(tmp_path), *args)
+    assert "nothing was done" in str(refused.value)
+
+
+def test_a_conf_naming_a_param_the_dag_does_not_take_is_refused():
+    from strata.errors import BackfillError
+    from strata.orchestrate import check_conf
+
+    check_conf(BACKFILL_CONF, BACKFILL_CONF)
+    check_conf(None, BACKFILL_CONF)
+    with pytest.raises(
+        BackfillError, match=r"unknown param `from`, `to`: this DAG takes pipeline,"
+    ):
+        check_conf({"pipeline": "clicks", "to": 5, "from": 1}, BACKFILL_CONF)

@@ -337,3 +337,94 @@ def test_a_careless_topics_pattern_matches_every_topic_name_in_linear_time(tmp_p
     cfg = load_pipeline("clicks", _project(tmp_path, body))
     assert not cfg.reads_topic("a" * 60 + "!")
     assert cfg.reads_topic("a" * 60)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "loaded", "every"),
+    [
+        ("30s", "30s", 30),
+        ("15m", "15m", 900),
+        ("@hourly", "@hourly", None),
+        ("@continuous", "@continuous", None),
+        (" */5 * * * * ", "*/5 * * * *", None),
+        ("0 6-18/2 * jan-mar MON,fri", "0 6-18/2 * jan-mar MON,fri", None),
+        ("0 0 ? * 7", "0 0 ? * 7", None),
+    ],
+)
+def test_a_schedule_is_a_duration_a_preset_or_cron(tmp_path, schedule, loaded, every):
+    from datetime import timedelta
+
+    conf = _project(tmp_path, {**GOOD, "airflow": {"schedule": schedule}})
+    airflow = load_pipeline("clicks", conf).airflow
+    assert airflow.schedule == loaded
+    assert airflow.dag_schedule == (loaded if every is None else timedelta(seconds=every))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "why"),
+    [
+        ("every hour", "it has 2 fields, not 5"),
+        ("0 * * *", "it has 4 fields, not 5"),
+        ("0 0 * * * *", "it has 6 fields, not 5"),
+        ("0 24 * * *", "the hour '24' is not between 0 and 23"),
+        ("* * * 13 *", "the month '13' is not between 1 and 12"),
+        ("0 0 * * funday", "the day of week 'funday' is not between 0 and 7"),
+        ("*/0 * * * *", "the minute field '*/0' steps by 0"),
+        ("? * * * *", "'?' stands only for a day of month or of week, not the minute"),
+        ("1- * * * *", "the minute field '1-' is not a list of values, ranges and steps"),
+        ("@often", "'@often' is not a schedule preset"),
+        ("30x", "'30x' is not a schedule"),
+        ("500ms", "'500ms' is under a second"),
+    ],
+)
+def test_a_bad_schedule_fails_at_load_naming_the_file_key_and_fix(tmp_path, schedule, why):
+    conf = _project(tmp_path, {**GOOD, "airflow": {"schedule": schedule}})
+    with pytest.raises(ConfigError) as err:
+        load_pipeline("clicks", conf)
+    text = str(err.value)
+    assert "clicks.yaml" in text and "key `airflow.schedule`" in text and why in text
+    if "under a second" not in why:
+        assert "write a duration (30s, 15m), one of @once, @continuous, @hourly" in text
+
+
+@pytest.mark.parametrize(
+    "cron",
+    [
+        "* * * * *",
+        "*/90 * * * *",
+        "5-1 * * * *",
+        "5/15 * * * *",
+        "1,2-5/2 0 1-31/7 * *",
+        "* * * dec-jan sat-mon",
+        "0 0 * * 0-7",
+        "01 * * * *",
+        "0 25 * * *",
+        "60 * * * *",
+        "0 0 0 * *",
+        "0 0 32 * *",
+        "* * * 0 *",
+        "0 0 * * 8",
+        "*/5-10 * * * *",
+        "1-5/0 * * * *",
+        "a * * * *",
+        "- * * * *",
+        "* ? * * *",
+    ],
+)
+def test_a_cron_schedule_is_refused_at_load_exactly_when_airflow_refuses_it(tmp_path, cron):
+    # Airflow validates a cron schedule with croniter (`CronMixin.validate`); the
+    # product checks it without Airflow, which is only an extra: the two must agree.
+    from croniter import croniter
+
+    try:
+        croniter(cron)
+        airflow_takes = True
+    except ValueError:  # croniter's errors (CroniterBadCronError...) are ValueErrors
+        airflow_takes = False
+    conf = _project(tmp_path, {**GOOD, "airflow": {"schedule": cron}})
+    try:
+        load_pipeline("clicks", conf)
+        loads = True
+    except ConfigError:
+        loads = False
+    assert loads == airflow_takes

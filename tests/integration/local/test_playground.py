@@ -1,4 +1,5 @@
-"""The playground (`strata-local up|events|status|down`): the tour, run as a newcomer runs it.
+"""The playground (`strata-local up|events|status|down`): the tour, run as a newcomer runs it,
+and the Airflow `up --airflow` starts beside it.
 
 Every command is the installed console script in a process of its own, in a copy of
 the project's `conf/` and `schemas/` (so the real `conf/local` is never written), with
@@ -17,8 +18,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ import pytest
 import yaml
 
 from strata.catalog.metastore import MetastoreClient
-from strata.local.playground import STATE_FILE, process_command
+from strata.local.playground import AIRFLOW, STATE_FILE, process_command
 from tests.conftest import ROOT, without_project_variables
 
 BIN = Path(sys.executable).parent
@@ -83,7 +85,14 @@ class Project:
 
 
 # What only a test adds to a command: its own directory, free ports and machine-readable output.
-TEST_ONLY = {"--dir": 1, "--json": 0, "--broker-port": 1, "--metastore-port": 1, "--format": 1}
+TEST_ONLY = {
+    "--dir": 1,
+    "--json": 0,
+    "--broker-port": 1,
+    "--metastore-port": 1,
+    "--airflow-port": 1,
+    "--format": 1,
+}
 
 
 def typed(command: str, args: list[str]) -> tuple[str, list[str]]:
@@ -133,7 +142,8 @@ def project(tmp_path: Path) -> Iterator[Project]:
     finally:
         found.local("down")
         for pid in found.leftovers():
-            os.kill(pid, signal.SIGKILL)
+            # Each service leads a process group of its own: what it started goes with it.
+            os.killpg(pid, signal.SIGKILL)
 
 
 def test_the_tour_lands_queries_and_outlives_down(project: Project) -> None:
@@ -276,6 +286,83 @@ def test_the_playground_says_what_to_do_when_it_is_not_as_expected(project: Proj
     os.kill(again["services"]["broker"]["pid"], signal.SIGTERM)
     wait_gone(again["services"]["broker"]["pid"])
     assert project.leftovers() == []
+
+
+def test_airflow_schedules_the_projects_dags_and_goes_down_with_the_playground(
+    project: Project,
+) -> None:
+    # The project's DAG files, as `up --airflow` finds them in the project's root.
+    shutil.copytree(ROOT / "airflow_dags", project.root / "airflow_dags")
+    with socket_listening() as port:
+        taken = project.local("up", *FREE_PORTS, "--airflow", "--airflow-port", str(port))
+    assert taken.returncode == 2
+    assert f"port {port}" in taken.stderr and "--airflow-port" in taken.stderr
+    assert not (project.data / STATE_FILE).exists() and not project.settings.exists()
+
+    done = project.local("up", *FREE_PORTS, "--airflow", "--airflow-port", "0", "--json")
+    up = ok(done)
+    assert up["started"] == ["broker", "metastore", *AIRFLOW.values()]
+    url = up["services"]["airflow_api_server"]["address"]
+    assert up["airflow"] == url and f"Airflow's UI: {url}" in done.stdout
+    token = get(f"{url}/auth/token")["access_token"]
+    # Parsed by the DAG processor, from the project's airflow_dags/ over its conf/.
+    dag = wait_for(lambda: get(f"{url}/api/v2/dags/strata_ingest_clicks", token))
+    assert dag["is_paused"] is True and "clicks" in {t["name"] for t in dag["tags"]}
+    assert get(f"{url}/api/v2/importErrors", token)["total_entries"] == 0
+    assert all(s["up"] for s in ok(project.local("status", "--json"))["services"].values())
+
+    # A component killed (the scheduler): status names it, and what it started runs on.
+    leaders = [up["services"][name]["pid"] for name in AIRFLOW.values()]
+    scheduler = up["services"]["airflow_scheduler"]["pid"]
+    # The executor's workers, in the scheduler's group.
+    assert [pid for pid, group in in_groups(leaders).items() if group == scheduler != pid]
+    os.kill(scheduler, signal.SIGKILL)
+    wait_gone(scheduler)
+    status = project.local("status")
+    assert status.returncode == 2 and f"Airflow scheduler: down (pid {scheduler})" in status.stderr
+
+    # down: every component stopped, and every process they started, the killed one's too.
+    stopping = project.local("down", "--json")
+    down = ok(stopping)
+    assert down["stopped"] == [
+        "broker",
+        "metastore",
+        "airflow_api_server",
+        "airflow_dag_processor",
+        "airflow_triggerer",
+    ]
+    assert f"Airflow scheduler (pid {scheduler}) had stopped already" in stopping.stdout
+    assert project.leftovers() == [] and in_groups(leaders) == {}
+    assert ok(project.local("down", "--json"))["stopped"] == []
+
+
+def get(url: str, token: str | None = None) -> Any:
+    """A JSON answer of Airflow's API server."""
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+        return json.load(r)
+
+
+def wait_for(found: Callable[[], Any], timeout: float = 120) -> Any:
+    """Poll until `found()` answers (an HTTP 404 is "not yet"); fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return found()
+        except urllib.error.HTTPError as err:
+            if err.code != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(1)
+
+
+def in_groups(leaders: list[int]) -> dict[int, int]:
+    """Every running process of these process groups: pid to group."""
+    listed = subprocess.run(
+        ["ps", "-e", "-o", "pid=,pgid=,stat="], capture_output=True, text=True, check=True
+    )
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    # A zombie has ended; only its parent has not collected it yet.
+    return {int(p): int(g) for p, g, stat in rows if int(g) in leaders and "Z" not in stat}
 
 
 @contextmanager
