@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,13 +22,13 @@ import pytest
 from strata.catalog.completeness import completeness
 from strata.store.ledger import read_ledger
 from tests.conftest import HOUR_MS, START_MS, expected_offsets, produce_clicks
+from tests.integration.quality.test_quality import CHROMIUM, chromium
 
 pytestmark = pytest.mark.integration
 
 TASKS = ("plan", "ingest", "register", "quality_gate", "complete")
 # Runs start at least this far apart: under the minute a cron expression allows.
 EVERY = timedelta(seconds=20)
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # The check mark the UI's grid draws in the cell of a task instance that succeeded.
 TICK = '<path d="M20 6 9 17l-5-5"></path>'
 
@@ -76,34 +74,16 @@ def _grid_screenshot(scheduled, dag_id: str, folder: Path) -> tuple[Path, str]:
     assert os.path.exists(CHROMIUM), "`make test` installs Debian's chromium (make chromium)"
     page = f"{scheduled.airflow.url}/auth/token/login?next=/dags/{dag_id}"
 
-    def chromium(*args: str) -> str:
-        done = subprocess.run(
-            [
-                CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                f"--user-data-dir={folder / 'chromium-profile'}",
-                "--window-size=1600,1000",
-                "--virtual-time-budget=15000",
-                *args,
-                page,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=folder,
+    def shown(*args: str) -> str:
+        done = chromium(
+            "--window-size=1600,1000", "--virtual-time-budget=15000", *args, page, cwd=folder
         )
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout
 
     shot = folder / "grid.png"
-    chromium(f"--screenshot={shot}")
-    dom = chromium("--dump-dom")
+    shown(f"--screenshot={shot}")
+    dom = shown("--dump-dom")
     (folder / "grid.html").write_text(dom)
     return shot, dom
 
