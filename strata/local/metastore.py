@@ -166,6 +166,10 @@ class LocalMetastore(LocalService):
         # An IPv4 socket: Java's default dual-stack socket would show the address as
         # `::ffff:127.0.0.1`, which is the same loopback but reads as IPv6 in `ss`.
         command = [java, "-Xmx512m", "-Djava.net.preferIPv4Stack=true", "-cp", classpath]
+        # Hive's log (`hive.log`, rolled daily) in the metastore's own directory: by default
+        # it goes to the user's temporary directory, shared by every metastore and never
+        # cleaned.
+        command.append(f"-Dhive.log.dir={self.directory}")
         command += [LAUNCHER_CLASS, LOOPBACK, str(self.port)]
         # Derby writes derby.log to the working directory.
         self._spawn(command, cwd=self.directory, detach=detach)

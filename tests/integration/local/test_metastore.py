@@ -1,4 +1,4 @@
-"""The local Hive Metastore listens on loopback only, and still serves there."""
+"""The local Hive Metastore listens on loopback only, still serves there, and logs at home."""
 
 from __future__ import annotations
 
@@ -53,3 +53,5 @@ def test_the_local_metastore_listens_on_loopback_only(metastore, tmp_path):
             True,
             False,
         )
+    # Hive's own log is the metastore's, in its directory, not the user's temporary one.
+    assert "bind_check" in (metastore.directory / "hive.log").read_text()
