@@ -29,14 +29,13 @@ from strata import faults
 from strata.batch.commit import (
     BatchWork,
     Steps,
-    own_files_on_loss,
-    remove_batch_files,
     run_alone,
     run_steps,
     write_and_commit,
 )
 from strata.batch.kafka import asked_together, partition_states, publish_offsets
 from strata.batch.outcome import RunOutcome, Seen
+from strata.batch.parquet_files import own_files_on_loss, remove_batch_files
 from strata.batch.plan import (
     KEPT_PLANS,
     BatchPlan,

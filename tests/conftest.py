@@ -24,6 +24,7 @@ import pyarrow.dataset as ds
 import pytest
 import yaml
 from deltalake import DeltaTable
+from pyiceberg.catalog.hive import HiveCatalog
 
 from strata.config import PipelineConfig, load_pipeline
 from strata.local.broker import LocalBroker
@@ -236,6 +237,13 @@ class Pipeline:
                 paths, filesystem=fs, format="parquet", partitioning="hive", partition_base_dir=root
             )
             return dataset.to_table(columns=columns)
+        if cfg.table_format == "iceberg" and which != "ledger":
+            # What an Iceberg reader sees: pyiceberg's own scan of the current snapshot,
+            # through a catalog of its own (not the one Strata commits with).
+            ref = cfg.places().table(which)  # type: ignore[arg-type]
+            catalog = HiveCatalog("readers", uri=cfg.metastore.uri)
+            table = catalog.load_table((cfg.metastore.database, ref.name))
+            return table.scan(selected_fields=tuple(columns or ("*",))).to_arrow()
         return DeltaTable(cfg.location(which)).to_pyarrow_table(columns=columns)
 
     def landed(self) -> Counter[tuple[int, int]]:

@@ -25,6 +25,7 @@ def read_raw_copy(
     batch: int,
     progress: dict[tuple[str, int, int], RangeProgress],
     only_batch: int | None = None,
+    files: tuple[str, ...] | None = None,
 ) -> Iterator[RawChunk]:
     """Yield the raw copy's messages of the ranges, as `read_ranges` yields Kafka's.
 
@@ -44,6 +45,8 @@ def read_raw_copy(
         progress: Filled in place, keyed by (topic, partition, start).
         only_batch: Read only the rows this batch wrote (a batch resumed from its own
             committed raw copy).
+        files: The raw copy's files to read, relative to its root, where it is not a
+            Delta table (Iceberg: the driver lists its current snapshot's).
 
     Yields:
         Chunks in `RAW_SCHEMA`.
@@ -58,7 +61,13 @@ def read_raw_copy(
 
     from strata.store.delta import range_filter
 
-    dataset = DeltaTable(raw_uri, storage_options=storage_options).to_pyarrow_dataset()
+    if files is None:
+        dataset = DeltaTable(raw_uri, storage_options=storage_options).to_pyarrow_dataset()
+    else:
+        from strata.store.files import filesystem
+
+        fs, root = filesystem(raw_uri, storage_options or {})
+        dataset = ds.dataset([f"{root}/{f}" for f in files], filesystem=fs, format="parquet")
     present = [name for name in RAW_SCHEMA.names if name in dataset.schema.names]
     for r in ranges:
         state = progress.setdefault((r.topic, r.partition, r.start), RangeProgress(r))

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
-import pyarrow.fs as pafs
+from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
 from strata import faults
 from strata.batch.kafka import partition_states
 from strata.batch.outcome import RunOutcome
+from strata.batch.parquet_files import own_files_on_loss, remove_batch_files
 from strata.batch.plan import BatchPlan, drop_command
 from strata.batch.planning import check_topic_ids
 from strata.batch.reconcile import (
@@ -40,18 +40,16 @@ from strata.batch.reconcile import (
 )
 from strata.batch.task import RangeResult, SplitJob, SplitResult, TaskSpec, execute
 from strata.config import KafkaSource, SchemaSpec, TableName
-from strata.errors import LeaseLost, PlanError, ReconcileError
+from strata.errors import PlanError, ReconcileError
 from strata.log import get_logger
 from strata.schema.avro import table_layout
 from strata.stages import Stages
+from strata.store import iceberg
 from strata.store.delta import (
     add_missing_columns,
-    batch_metadata,
     batch_removes,
     commit_files,
-    commit_metadata,
     commit_removes,
-    committed_batch,
     create_with_files,
     ensure_table,
     open_table,
@@ -60,12 +58,12 @@ from strata.store.delta import (
 )
 from strata.store.ledger import read_ledger
 from strata.store.lock import RunLock
-from strata.store.parquet import WrittenFile, is_batch_file
+from strata.store.parquet import WrittenFile
 from strata.store.places import Places
 from strata.store.ranges import OffsetRange
+from strata.store.tables import batch_record
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
 
@@ -140,7 +138,9 @@ def write_and_commit(
     # Each Delta table is opened once for the batch, and the handle passed along: to
     # tell whether the batch stands in it, to commit to it, and to read it back. Plain
     # Parquet tables have no commits of their own (the ledger decides): none is opened.
-    handles = dict.fromkeys(tables) if parquet else open_tables(places, tables)
+    handles: dict[TableName, Any] = (
+        dict.fromkeys(tables) if parquet else open_tables(places, tables)
+    )
     done = tables_done(handles, places.pipeline, plan.batch)
     run_id = uuid.uuid4().hex[:8]
     nothing: dict[TableName, list[WrittenFile]] = {name: [] for name in TABLES}
@@ -167,8 +167,11 @@ def write_and_commit(
         # must go before this attempt writes, or rows could show twice.
         remove_batch_files(places, plan.batch, lock=lock)
     write = frozenset(name for name, d in done.items() if not d)
+    raw_files = None
+    if source == "raw" and places.format == "iceberg":
+        raw_files = iceberg.files_to_read(places.table("raw"), raw_batch)
     jobs = [
-        SplitJob(work.task, plan.batch, i, split, write, source, run_id, raw_batch)
+        SplitJob(work.task, plan.batch, i, split, write, source, run_id, raw_batch, raw_files)
         for i, split in enumerate(plan.splits)
     ]
     split_results = yield TaskRequest(work, jobs, f"{places.pipeline} batch {plan.batch}", outcome)
@@ -212,7 +215,8 @@ def write_and_commit(
                     "has the new column(s) from this batch on; earlier rows read them as null"
                 )
     with outcome.stages.timed("read_back"):
-        current = up_to_date(handles)
+        # An Iceberg handle is loaded after its commit already (`commit_files`).
+        current = handles if places.format == "iceberg" else up_to_date(handles)
         reconcile_tables(
             {n: places.table(n) for n in tables},
             plan,
@@ -221,7 +225,8 @@ def write_and_commit(
             current,
             created,
         )
-    return BatchWrite(results, written, run_id, current.get("table"))
+    data = current.get("table")
+    return BatchWrite(results, written, run_id, data if isinstance(data, DeltaTable) else None)
 
 
 class BatchWrite(NamedTuple):
@@ -239,21 +244,6 @@ class BatchWrite(NamedTuple):
     files: dict[TableName, list[WrittenFile]]
     run_id: str
     data: DeltaTable | None = None
-
-
-@contextmanager
-def own_files_on_loss(places: Places, batch: int, run_id: str) -> Iterator[None]:
-    """On a lost lease, delete this run's own plain Parquet files of the batch, then stop.
-
-    They are not committed and never will be by this run; their names carry its id, so
-    they are told from the files of the run that took over.
-    """
-    try:
-        yield
-    except LeaseLost:
-        if places.format == "parquet":
-            remove_batch_files(places, batch, only_run=run_id)
-        raise
 
 
 def _source_for(
@@ -337,33 +327,35 @@ def raw_covers(places: Places, target: OffsetRange) -> bool:
     return reach >= target.end
 
 
-def open_tables(places: Places, names: tuple[TableName, ...]) -> dict[TableName, DeltaTable | None]:
-    """A batch's Delta tables, each opened once for the batch; None where there is none yet."""
+def open_tables(places: Places, names: tuple[TableName, ...]) -> dict[TableName, Any]:
+    """A batch's Delta or Iceberg tables, each opened once; None where there is none yet."""
+    if places.format == "iceberg":
+        return {name: iceberg.open_table(places.table(name)) for name in names}
     return {name: open_table(places.table(name).uri, places.options) for name in names}
 
 
 def tables_done(
-    tables: Mapping[TableName, DeltaTable | None], pipeline: str, batch: int
+    tables: Mapping[TableName, Any], pipeline: str, batch: int
 ) -> dict[TableName, bool]:
-    """Whether each Delta table (as just opened; None: none) holds the batch's commit."""
-    return {
-        name: table is not None and (table.transaction_version(pipeline) or 0) >= batch
-        for name, table in tables.items()
-    }
+    """Whether each table (as just opened; None: none) holds the batch's commit."""
+    return {name: committed_in(table, pipeline) >= batch for name, table in tables.items()}
 
 
-def stored_results(
-    places: Places, batch: int, table: DeltaTable | None = None
-) -> list[RangeResult]:
+def committed_in(table: Any, pipeline: str) -> int:  # noqa: ANN401 - Delta or Iceberg
+    """The newest batch of `pipeline` a Delta or Iceberg table (None: none) holds, or 0."""
+    if table is None:
+        return 0
+    if isinstance(table, DeltaTable):
+        return table.transaction_version(pipeline) or 0
+    return iceberg.committed_batch(table, pipeline) or 0
+
+
+def stored_results(places: Places, batch: int, table: Any = None) -> list[RangeResult]:  # noqa: ANN401
     """A committed batch's per-partition results, from the data table's commit info.
 
     The data table is opened, unless given (`table`, at a snapshot holding the commit).
     """
-    stored = (
-        batch_metadata(places.table("table").uri, batch, places.options, RANGES_KEY)
-        if table is None
-        else commit_metadata(table, batch, RANGES_KEY)
-    )
+    stored = batch_record(places.table("table"), places.pipeline, batch, RANGES_KEY, table)
     if stored is None:
         raise ReconcileError(
             f"batch {batch}: the data table records it but its commit has no ranges; "
@@ -381,9 +373,9 @@ def commit_table(
     batch: int,
     meta: dict[str, Any],
     replacing: list[OffsetRange] | None = None,
-    table: DeltaTable | None = None,
-) -> tuple[list[str], DeltaTable | None]:
-    """Commit a batch's files to one Delta table, with its app transaction, once.
+    table: Any = None,  # noqa: ANN401 - a Delta or an Iceberg table
+) -> tuple[list[str], Any]:
+    """Commit a batch's files to one Delta (or Iceberg) table, with its app transaction, once.
 
     A table that did not exist is created with the batch's files in one transaction.
 
@@ -407,6 +399,12 @@ def commit_table(
     """
     ref = places.table(name)
     schema, partition_by = table_layout(schemas, name)
+    if ref.format == "iceberg":
+        added, table = iceberg.commit_files(
+            ref, schema, partition_by, files, places.pipeline, batch, meta, replacing, table
+        )
+        faults.reached(faults.AFTER_COMMIT[name])
+        return added, table
     if table is None:
         # A new table holds no rows of ranges to replace and has every column of the
         # schema: there is nothing to rewrite or add first. If another runner created
@@ -455,6 +453,12 @@ def fence_table(
     """
     ref = places.table(name)
     schema, partition_by = table_layout(schemas, name)
+    if ref.format == "iceberg":
+        found = iceberg.open_table(ref) or iceberg.create_table(ref, schema, partition_by)
+        return (
+            iceberg.commit_batch(ref, places.pipeline, found, [], batch, {FENCE_KEY: note})
+            is not None
+        )
     table = ensure_table(ref.uri, schema, partition_by, ref.options, ref.name)
     return commit_files(table, schema, partition_by, [], places.pipeline, batch, {FENCE_KEY: note})
 
@@ -462,8 +466,11 @@ def fence_table(
 def remove_batch_rows(
     places: Places, schemas: SchemaSpec, name: TableName, batch: int, note: str
 ) -> int:
-    """Remove an ingest batch's own files from a Delta table; how many were removed."""
-    table = open_table(places.table(name).uri, places.options)
+    """Remove an ingest batch's own files from a Delta or Iceberg table; how many were removed."""
+    ref = places.table(name)
+    if ref.format == "iceberg":
+        return iceberg.remove_batch(ref, batch, {FENCE_KEY: note})
+    table = open_table(ref.uri, ref.options)
     if table is None:
         return 0
     removes = batch_removes(table, batch)
@@ -642,57 +649,3 @@ def _check_session(spark: SparkSession, work: BatchWork) -> None:
             "spark.speculation is on; plain Parquet tables need it off (every file in their "
             "directories is read). Set spark.speculation=false for this job."
         )
-
-
-def remove_batch_files(
-    places: Places,
-    batch: int,
-    keep: Collection[str] = (),
-    only_run: str | None = None,
-    lock: RunLock | None = None,
-) -> int:
-    """Delete files of `batch` from the plain Parquet tables, but those in `keep`.
-
-    Without a table log the files in the directories are the table, so a runner must
-    never delete what another one committed: with a `lock`, the files are listed first,
-    the ledger is then checked not to hold the batch, and the lease is checked before
-    each deletion.
-
-    Args:
-        places: Where the tables are.
-        batch: The batch.
-        keep: Paths relative to their table's root that stay (the batch's own files).
-        only_run: Delete only files this run (by its id) wrote.
-        lock: The run's lock, when files of other runs may be deleted.
-
-    Returns:
-        How many files were deleted.
-
-    Raises:
-        PlanError: If the ledger holds the batch: another run committed it meanwhile.
-    """
-    doomed: list[tuple[pafs.FileSystem, str]] = []
-    for name in TABLES:
-        fs, root = places.table(name).filesystem()
-        if fs.get_file_info(root).type == pafs.FileType.NotFound:
-            continue
-        for info in fs.get_file_info(pafs.FileSelector(root, recursive=True)):
-            if not (info.type == pafs.FileType.File and is_batch_file(info.base_name, batch)):
-                continue
-            if info.path[len(root) :].lstrip("/") in keep:
-                continue
-            if only_run is not None and f"-{only_run}-" not in info.base_name:
-                continue
-            doomed.append((fs, info.path))
-    if lock is not None and doomed:
-        lock.check()
-        if (committed_batch(places.ledger.uri, places.pipeline, places.options) or 0) >= batch:
-            raise PlanError(
-                f"batch {batch} was committed by another run while this one ran; nothing of "
-                "this run was committed, and that run's files were left as they are"
-            )
-    for fs, path in doomed:
-        if lock is not None:
-            lock.check()
-        fs.delete_file(path)
-    return len(doomed)

@@ -16,13 +16,13 @@ from strata.batch.plan import drop_command
 from strata.batch.task import RangeResult
 from strata.config import TableName
 from strata.errors import ReconcileError
-from strata.store.delta import batch_metadata, commit_metadata
 from strata.store.places import TableRef
-from strata.store.tables import Counts, batch_counts, file_counts, range_counts
+from strata.store.tables import Counts, batch_counts, batch_record, file_counts, range_counts
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from deltalake import DeltaTable
+    from pyiceberg.table import Table as IcebergTable
 
     from strata.batch.plan import BatchPlan
     from strata.batch.task import SplitResult
@@ -212,7 +212,7 @@ def reconcile_resumed(
     results: list[RangeResult],
     committed: TableName,
     ref: TableRef,
-    table: DeltaTable | None = None,
+    table: DeltaTable | IcebergTable | None = None,
 ) -> None:
     """A resumed batch decides as the attempt whose commits already stand did.
 
@@ -234,11 +234,7 @@ def reconcile_resumed(
         ReconcileError: Naming the partition, before anything more is committed.
     """
     name = committed
-    stored = (
-        batch_metadata(ref.uri, plan.batch, ref.options, RANGES_KEY)
-        if table is None
-        else commit_metadata(table, plan.batch, RANGES_KEY)
-    )
+    stored = batch_record(ref, pipeline, plan.batch, RANGES_KEY, table)
     if stored is None:
         return
     before = {(r["topic"], r["partition"]): r for r in stored}
@@ -283,7 +279,7 @@ def reconcile_tables(
     plan: BatchPlan,
     results: list[RangeResult],
     written: dict[TableName, list[WrittenFile]] | None = None,
-    tables: Mapping[TableName, DeltaTable | None] | None = None,
+    tables: Mapping[TableName, DeltaTable | IcebergTable | None] | None = None,
     created: Mapping[TableName, list[WrittenFile]] | None = None,
 ) -> None:
     """Before the ledger commit: each table holds the batch's rows exactly once.

@@ -72,6 +72,9 @@ class SplitJob:
             number), so no two runs or attempts ever write the same file.
         raw_batch: With `raw`, read only the raw rows this batch wrote (a batch
             resumed from its own committed raw copy); None reads every batch's.
+        raw_files: With `raw`, for a raw copy that is not Delta (Iceberg), the files
+            of its current snapshot to read, relative to its root: the driver, which
+            reaches the catalog, lists them; the tasks read no catalog.
     """
 
     spec: TaskSpec
@@ -82,6 +85,7 @@ class SplitJob:
     source: str = "kafka"
     run_id: str = ""
     raw_batch: int | None = None
+    raw_files: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -228,6 +232,7 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
             job.batch,
             progress,
             job.raw_batch,
+            job.raw_files,
         )
     else:
         conf = client_conf(spec.kafka, **{"group.id": spec.group_id})

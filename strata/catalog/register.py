@@ -64,7 +64,7 @@ from strata.schema.avro import TABLE_SUFFIXES, partition_columns, table_layout
 from strata.store.ledger import LEDGER_SCHEMA, ledger_state
 from strata.store.locations import place, read_markers
 from strata.store.parquet import partition_path
-from strata.store.places import Places, TableRef
+from strata.store.places import DATABASE_DESCRIPTION, Places, TableRef
 
 DELTA_PROVIDER = "delta"
 
@@ -465,11 +465,16 @@ def register_tables(registration: Registration, *, full: bool = False) -> Regist
     settings = _settings_key(registration)
     with MetastoreClient(ms.uri, ms.timeout_s) as client:
         client.ensure_database(
-            ms.database, location_uri(registration.warehouse), "Tables landed from Kafka by Strata"
+            ms.database, location_uri(registration.warehouse), DATABASE_DESCRIPTION
         )
         for which, suffix in TABLE_SUFFIXES.items():
             name = f"{places.pipeline}{suffix}"
             location = places.table(which).uri
+            if places.table(which).format == "iceberg":
+                # Its catalog entry is the table's own pointer to its metadata, kept by
+                # each commit (`strata.store.iceberg`): never redefined from here.
+                report.unchanged.append(name)
+                continue
             if parquet:
                 schema, partition_by = (
                     (LEDGER_SCHEMA, [])

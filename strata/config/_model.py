@@ -92,9 +92,11 @@ class PipelineConfig(_Strict):
         layout: `per_task` (each task writes at most one file per event-time partition)
             or `shuffle` (rows are shuffled on the event-time partition first, so each
             gets about one file per batch, at the price of moving the rows once more).
-        table_format: `delta` (default) or `parquet`: plain Hive-style Parquet
+        table_format: `delta` (default), `parquet`: plain Hive-style Parquet
             directories for the data, raw and quarantine tables, for Presto/Hive-only
-            shops. The ledger stays Delta and its commit is the batch's commit point.
+            shops, or `iceberg`: Iceberg tables in the Hive Metastore's catalog
+            (`metastore.uri`), partitioned by identity `dt`/`hr` columns. The ledger
+            stays Delta and its commit is the batch's commit point.
         warehouse: Root that relative locations hang from; `STRATA_WAREHOUSE` overrides it.
         table: Location of the table (relative to the warehouse, absolute, or s3://).
         raw_table: Location of the raw copy of every message read.
@@ -151,7 +153,7 @@ class PipelineConfig(_Strict):
     event_time: EventTimeConfig
     partitioning: PartitioningConfig = Field(default_factory=PartitioningConfig)
     layout: Literal["per_task", "shuffle"] = "per_task"
-    table_format: Literal["delta", "parquet"] = "delta"
+    table_format: Literal["delta", "parquet", "iceberg"] = "delta"
     warehouse: str = "warehouse"
     table: str | None = None
     raw_table: str | None = None
@@ -390,6 +392,16 @@ class PipelineConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _iceberg_catalog(self) -> PipelineConfig:
+        if self.table_format == "iceberg" and self.metastore.uri is None:
+            raise ValueError(
+                "table_format iceberg keeps its tables in the Hive Metastore's catalog, and "
+                "no metastore is set: set metastore.uri (or STRATA_METASTORE_URI) to "
+                "thrift://host:9083, or use table_format delta"
+            )
+        return self
+
     def shared_storage_error(self, master: str) -> str | None:
         """Why this pipeline's tables cannot be written by executors of `master`, or None."""
         return self.places().shared_storage_error(master)
@@ -430,12 +442,15 @@ class PipelineConfig(_Strict):
         if self._places is None:
             fmt = self.table_format
             options = dict(self.storage_options)
+            uri = self.metastore.uri
+            metastore = None if uri is None else (uri, self.metastore.database)
             refs: dict[Role, TableRef] = {
                 role: TableRef(
                     self.location(role),
                     "delta" if role == "ledger" else fmt,
                     options,
                     self.name + NAME_SUFFIXES[role],
+                    metastore,
                 )
                 for role in TABLE_ROLES
             }
@@ -446,8 +461,6 @@ class PipelineConfig(_Strict):
                 parse_duration_ms(self.lock_lease) / 1000,
                 self.lock_dir,
             )
-            uri = self.metastore.uri
-            metastore = None if uri is None else (uri, self.metastore.database)
             self._places = Places(self.name, self._route_of, fmt, refs, state, metastore)
         return self._places
 

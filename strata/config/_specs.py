@@ -93,7 +93,7 @@ class SchemaSpec:
         path: The schema file, for messages.
         text: The Avro schema, as JSON text.
         format: `json`, `avro` or `confluent_avro`.
-        table_format: `delta` or `parquet`.
+        table_format: `delta`, `parquet` or `iceberg`.
         registered: Whether the tables are registered in a metastore (Hive's and
             Trino's types then bound them too).
         partitioning: The data table's partitioning.

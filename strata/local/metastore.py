@@ -87,6 +87,16 @@ def hive_site(directory: Path) -> str:
         # The async logger needs a jar the wheel lacks; synchronous logging works.
         "hive.async.log.enabled": "false",
         "hive.metastore.warehouse.dir": str(directory / "warehouse"),
+        # Iceberg commits take a table lock through the metastore's lock API, whose
+        # tables (TXNS, HIVE_LOCKS, ...) are not the JDO schema autoCreateAll makes:
+        # in test mode Hive 2.3 creates them in Derby at start.
+        "hive.in.test": "true",
+        # The jars carry HikariCP, not the BoneCP pool Hive 2.3 picks by default for
+        # those tables' connections.
+        "datanucleus.connectionPoolingType": "HikariCP",
+        # A lock whose holder died (a committer killed mid-commit) is given up after
+        # this long instead of five minutes; a commit holds it for well under a second.
+        "hive.txn.timeout": "30s",
     }
     body = "\n".join(
         f"  <property><name>{escape(k)}</name><value>{escape(v)}</value></property>"
@@ -174,10 +184,31 @@ class LocalMetastore(LocalService):
         # Derby writes derby.log to the working directory.
         self._spawn(command, cwd=self.directory, detach=detach)
         self._wait(timeout)
+        _prepare_locks(self.port)
         if detach and self._proc is not None:
             state = {"pid": self._proc.pid, "port": self.port, "uri": self.uri}
             (self.directory / STATE_FILE).write_text(json.dumps(state))
         return self
+
+
+def _prepare_locks(port: int) -> None:
+    """Have the metastore create its lock tables now, from one connection.
+
+    In test mode each of the metastore's connection threads creates them on its first
+    lock call: two first calls at once (two committers) race, and one fails finding a
+    table the other is still creating.
+    """
+    from hive_metastore.ThriftHiveMetastore import Client
+    from hive_metastore.ttypes import ShowLocksRequest
+    from thrift.protocol import TBinaryProtocol
+    from thrift.transport import TSocket, TTransport
+
+    transport = TTransport.TBufferedTransport(TSocket.TSocket(LOOPBACK, port))
+    transport.open()
+    try:
+        Client(TBinaryProtocol.TBinaryProtocol(transport)).show_locks(ShowLocksRequest())
+    finally:
+        transport.close()
 
 
 def metastore_up(directory: Path, port: int | None = None) -> dict[str, object]:

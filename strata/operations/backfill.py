@@ -174,9 +174,9 @@ def reprocess_plan(
 
 
 def _check_request(places: Places, source: KafkaSource, target: OffsetRange, reason: str) -> None:
-    if places.format != "delta":
+    if places.format == "parquet":
         raise BackfillError(
-            "backfill replaces rows inside a Delta transaction; plain Parquet tables "
+            "backfill replaces rows inside a Delta or Iceberg commit; plain Parquet tables "
             "(table_format: parquet) cannot be backfilled yet"
         )
     if not source.reads(target.topic):

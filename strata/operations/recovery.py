@@ -18,17 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from strata.batch.commit import fence_table, remove_batch_files, remove_batch_rows
+from strata.batch.commit import fence_table, remove_batch_rows
 from strata.batch.kafka import partition_states, publish_offsets, topic_ids
+from strata.batch.parquet_files import remove_batch_files
 from strata.batch.plan import PlanStore, drop_command
 from strata.batch.reconcile import RANGES_KEY, TABLES
 from strata.config import KafkaSource, SchemaSpec, TableName
 from strata.errors import LedgerEditError, PlanError
-from strata.store.delta import batch_metadata
 from strata.store.ledger import LogIds, commit_ledger, committed_log_ids, ledger_state, unread_row
 from strata.store.lock import run_lock
 from strata.store.places import Places
 from strata.store.ranges import OffsetRange
+from strata.store.tables import batch_record
 
 
 @dataclass
@@ -103,7 +104,8 @@ def drop_plan(
             raise LedgerEditError(
                 f"batch {batch} of pipeline {places.pipeline} has no saved plan; nothing to drop"
             )
-        delta = places.format == "delta"
+        # Delta and Iceberg tables commit; plain Parquet files count once written.
+        delta = places.format != "parquet"
         stood = [name for name in TABLES if delta and _committed(places, name, batch)]
         kind = plan.kind if plan is not None else _committed_kind(places, batch, stood)
         if begun is not None:
@@ -156,15 +158,15 @@ def drop_plan(
 
 def _committed(places: Places, name: TableName, batch: int) -> bool:
     """Whether a table holds a real commit of the batch (not a drop's empty fence)."""
-    return batch_metadata(places.table(name).uri, batch, places.options, RANGES_KEY) is not None
+    return batch_record(places.table(name), places.pipeline, batch, RANGES_KEY) is not None
 
 
 def _committed_kind(places: Places, batch: int, stood: list[TableName]) -> str | None:
     """The kind of a batch whose plan cannot be read, from its tables' commits."""
     for name in stood:
-        uri = places.table(name).uri
+        ref = places.table(name)
         for kind in ("backfill", "replay"):
-            if batch_metadata(uri, batch, places.options, f"strata.{kind}") is not None:
+            if batch_record(ref, places.pipeline, batch, f"strata.{kind}") is not None:
                 return kind
         return "ingest"
     return None
@@ -275,7 +277,7 @@ def seek(
                         "land twice unless the topic is a new log"
                     )
         # A runner still holding a plan of this batch number commits nothing of it.
-        if places.format == "delta":
+        if places.format != "parquet":
             for name in TABLES:
                 lock.check()
                 fence_table(places, schemas, name, nxt, f"seek by {who}: {reason}")

@@ -44,7 +44,7 @@ from strata.quality.checks import QUALITY_SCHEMA, QualityResult, quality_rows
 from strata.store.delta import BATCH_KEY, COMMIT_HOOKS, add_actions, ensure_table, open_table
 from strata.store.files import filesystem
 from strata.store.parquet import write_file
-from strata.store.places import NAME_SUFFIXES, Places, TableRef
+from strata.store.places import DATABASE_DESCRIPTION, NAME_SUFFIXES, Places, TableRef
 
 logger = get_logger(__name__)
 
@@ -187,9 +187,7 @@ def register_quality_table(places: Places, metastore: MetastoreConfig, warehouse
     else:
         wanted = delta_table(ms.database, name, location, pipeline)
     with MetastoreClient(ms.uri, ms.timeout_s) as client:
-        client.ensure_database(
-            ms.database, location_uri(warehouse), "Tables landed from Kafka by Strata"
-        )
+        client.ensure_database(ms.database, location_uri(warehouse), DATABASE_DESCRIPTION)
         return ensure_definition(client, wanted)[0]
 
 

@@ -41,7 +41,10 @@ Role = Literal["table", "raw", "quarantine", "ledger", "quality", "state"]
 ROLES: tuple[Role, ...] = ("table", "raw", "quarantine", "ledger", "quality", "state")
 TABLE_ROLES: tuple[Role, ...] = ("table", "raw", "quarantine", "ledger", "quality")
 """The roles that are tables (the quality's is the folder its results live in)."""
-TableFormat = Literal["delta", "parquet"]
+TableFormat = Literal["delta", "parquet", "iceberg"]
+
+DATABASE_DESCRIPTION = "Tables landed from Kafka by Strata"
+"""The description of the metastore database a pipeline's tables are registered in."""
 TableName = Literal["table", "raw", "quarantine"]
 """The tables a batch writes: the data, the raw copy of every message, the quarantine."""
 
@@ -249,15 +252,19 @@ class TableRef:
 
     Attributes:
         uri: The table's location: a local path or an `s3://` URI.
-        format: `delta`, or `parquet` for plain Parquet directories.
+        format: `delta`, `parquet` for plain Parquet directories, or `iceberg`.
         options: Storage options (credentials, endpoint) for the object store.
         name: Its name in the metastore (and in its Delta metadata).
+        metastore: `(metastore uri, database)` of its catalog, for an Iceberg table
+            (whose metastore entry is the table's pointer to its metadata); None if
+            the pipeline has no metastore.
     """
 
     uri: str
     format: TableFormat
     options: dict[str, str] = field(default_factory=dict, repr=False)
     name: str = ""
+    metastore: tuple[str, str] | None = None
 
     def filesystem(self) -> tuple[pafs.FileSystem, str]:
         """The table's file system, and its root path on it."""

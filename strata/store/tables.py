@@ -1,10 +1,10 @@
-"""Reading a pipeline's tables, Delta or plain Parquet: the one way every reader opens them.
+"""Reading a pipeline's tables, Delta, Iceberg or plain Parquet: the one way readers open them.
 
 Run, backfill, replay, quality and the summary page all read back what a batch wrote:
 to reconcile it, to check it, to count what landed where. They open a table through
 `TableRef` (`strata.store.places`), which knows the table's location, its format and
 the storage options, so
-the Delta-or-Parquet decision is made here once. Writing and committing stay with
+the decision by format is made here once. Writing and committing stay with
 `strata.batch.write` and `strata.store.delta`.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,13 +24,15 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from strata.store.delta import open_table, range_filter
+from strata.store import iceberg
+from strata.store.delta import batch_metadata, commit_metadata, open_table, range_filter
 from strata.store.files import filesystem
 from strata.store.locations import current_files
 from strata.store.places import TableRef
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
+    from pyiceberg.table import Table as IcebergTable
 
     from strata.store.ranges import OffsetRange
 
@@ -39,7 +41,9 @@ Counts = dict[tuple[str, int], int]
 
 
 def dataset(
-    ref: TableRef, schema: pa.Schema | None = None, table: DeltaTable | None = None
+    ref: TableRef,
+    schema: pa.Schema | None = None,
+    table: DeltaTable | IcebergTable | None = None,
 ) -> ds.Dataset | None:
     """The table's current files as one Arrow dataset, or None if there is no table yet.
 
@@ -47,18 +51,20 @@ def dataset(
         ref: The table.
         schema: For plain Parquet, the schema to read with; files that do not match it
             (a stray file in the directory) are left out rather than failing the read.
-        table: For Delta, the table opened already, at the snapshot to read; without,
-            it is opened.
+        table: For Delta or Iceberg, the table opened already, at the snapshot to
+            read; without, it is opened.
 
     Returns:
-        The dataset: for Delta, the files of the current snapshot; for Parquet, the
+        The dataset: for Delta and Iceberg, the files of the current snapshot; for Parquet, the
         data files of each partition's directory in use, with `dt`/`hr` from the path
         (None while there is none).
     """
+    if ref.format == "iceberg":
+        return iceberg.arrow_dataset(ref, cast("IcebergTable | None", table))
     if ref.format == "delta":
         if table is None:
             table = open_table(ref.uri, ref.options)
-        return None if table is None else table.to_pyarrow_dataset()
+        return None if table is None else cast("DeltaTable", table).to_pyarrow_dataset()
     fs, root = filesystem(ref.uri, ref.options)
     # Each partition's files are those of its directory in use (see strata.store.locations).
     paths = [f"{root}/{f.path}" for f in current_files(fs, root)]
@@ -74,6 +80,30 @@ def dataset(
         schema=schema,
         exclude_invalid_files=schema is not None,
     )
+
+
+def batch_record(
+    ref: TableRef,
+    pipeline: str,
+    batch: int,
+    key: str,
+    table: DeltaTable | IcebergTable | None = None,
+) -> Any:  # noqa: ANN401 - JSON as recorded
+    """What a batch's commit to a Delta or Iceberg table recorded under `key`, or None.
+
+    Args:
+        ref: The table.
+        pipeline: Whose batch.
+        batch: The batch number.
+        key: The commit info's (Delta) or snapshot summary's (Iceberg) key.
+        table: The table opened already; without, it is opened.
+    """
+    if ref.format == "iceberg":
+        found = cast("IcebergTable | None", table) or iceberg.open_table(ref)
+        return None if found is None else iceberg.snapshot_summary(found, pipeline, batch, key)
+    if table is None:
+        return batch_metadata(ref.uri, batch, ref.options, key)
+    return commit_metadata(cast("DeltaTable", table), batch, key)
 
 
 def read(ref: TableRef, columns: list[str], where: ds.Expression | None = None) -> pa.Table:
@@ -115,7 +145,9 @@ def count_by_partition(data: pa.Table) -> Counts:
     }
 
 
-def batch_counts(ref: TableRef, batch: int, table: DeltaTable | None = None) -> Counts:
+def batch_counts(
+    ref: TableRef, batch: int, table: DeltaTable | IcebergTable | None = None
+) -> Counts:
     """Rows of one batch in the table, per (topic, partition).
 
     Of a Delta table, only the files whose `_batch` statistics can hold the batch are
@@ -126,17 +158,23 @@ def batch_counts(ref: TableRef, batch: int, table: DeltaTable | None = None) -> 
     Args:
         ref: The table.
         batch: The batch number.
-        table: For Delta, the table opened already, at the snapshot to count; without,
-            it is opened.
+        table: For Delta or Iceberg, the table opened already, at the snapshot to
+            count; without, it is opened.
     """
     fs, root = filesystem(ref.uri, ref.options)
+    if ref.format == "iceberg":
+        found = cast("IcebergTable | None", table) or iceberg.open_table(ref)
+        if found is None:
+            return {}
+        paths = [f"{root}/{iceberg.relative(ref, f)}" for f in iceberg.batch_files(found, batch)]
+        return _counted_files(fs, paths, batch)
     if ref.format != "delta":
         return _counted_files(fs, [f"{root}/{f.path}" for f in current_files(fs, root)], batch)
     if table is None:
         table = open_table(ref.uri, ref.options)
     if table is None:
         return {}
-    adds = pa.table(table.get_add_actions(flatten=True))
+    adds = pa.table(cast("DeltaTable", table).get_add_actions(flatten=True))
     if adds.num_rows == 0:
         return {}
     paths = adds.column("path")
@@ -151,7 +189,7 @@ def batch_counts(ref: TableRef, batch: int, table: DeltaTable | None = None) -> 
 
 
 def range_counts(
-    ref: TableRef, ranges: list[OffsetRange], table: DeltaTable | None = None
+    ref: TableRef, ranges: list[OffsetRange], table: DeltaTable | IcebergTable | None = None
 ) -> Counts:
     """Rows of the table within each offset range, of any batch, per (topic, partition).
 

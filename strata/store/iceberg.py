@@ -1,0 +1,577 @@
+"""Iceberg tables through pyiceberg's Hive catalog: each batch's files in one snapshot, once.
+
+The Spark tasks write Parquet files as for Delta (partition columns kept out of the
+files, Hive-style `dt=/hr=` directories). The driver commits a table's files of a
+batch as one fast append, built from what the tasks reported (`WrittenFile`): no file
+is opened again. The snapshot's summary records the batch, the run and the batch's
+ranges; the table property `strata.batch.<pipeline>` records the newest batch
+committed, set in the same metadata commit as the append.
+
+Exactly once rests on three things:
+
+- The batch is checked on the table as loaded for the commit, and the append carries
+  pyiceberg's requirement that the branch still points at the snapshot it was built
+  on. The Hive catalog checks that requirement under the metastore's table lock, so
+  of two runners committing one batch, one commits; the other's commit fails.
+- A failed commit is retried here, not by pyiceberg: its own retry rebuilds the
+  append on whatever landed meanwhile, and would add a batch's files a second time
+  after another runner committed the batch. Tables are created with
+  `commit.retry.num-retries=0`; `commit_batch` reloads the table, and stops if the
+  batch is there now.
+- Data files lack field ids: the table's name mapping (`schema.name-mapping.default`)
+  maps the Parquet columns to Iceberg's column ids, and identity partition columns,
+  kept out of the files, are read from each file's partition values, as Iceberg's
+  specification has every reader do.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+from hive_metastore.ttypes import (
+    DataOperationType,
+    LockComponent,
+    LockLevel,
+    LockRequest,
+    LockType,
+)
+from pyiceberg.catalog.hive import HiveCatalog
+from pyiceberg.conversions import to_bytes
+from pyiceberg.exceptions import CommitFailedException, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.io.pyarrow import _ConvertToIcebergWithoutIDs, visit_pyarrow
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.table import TableProperties
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.typedef import Record
+
+from strata.store.files import filesystem
+from strata.store.parquet import WrittenFile
+from strata.store.places import DATABASE_DESCRIPTION
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+    from pyiceberg.types import PrimitiveType
+
+    from strata.store.places import TableRef
+    from strata.store.ranges import OffsetRange
+
+# The table property holding the newest batch of a pipeline committed to the table.
+_BATCH_PROPERTY = "strata.batch.{pipeline}"
+# Snapshot summary keys of a batch's commit.
+SUMMARY_BATCH = "strata.batch"
+SUMMARY_PIPELINE = "strata.pipeline"
+# A commit beaten by another writer's is tried again this often, the batch checked first.
+_COMMIT_TRIES = 8
+# The first field id of partition fields, as Iceberg numbers them.
+_PARTITION_FIELD_IDS = 1000
+
+
+class _HiveCatalog(HiveCatalog):
+    """pyiceberg's Hive catalog, with the table lock Hive Metastores of every version take.
+
+    pyiceberg asks for the lock without an operation type; a Hive 2.3 metastore in
+    test mode refuses that (`operationType=UNSET`). Iceberg's Java client asks for the
+    same lock with `NO_TXN`, which every metastore since 2.x accepts.
+    """
+
+    def _create_lock_request(self, database_name: str, table_name: str) -> LockRequest:
+        component = LockComponent(
+            level=LockLevel.TABLE,
+            type=LockType.EXCLUSIVE,
+            dbname=database_name,
+            tablename=table_name,
+            operationType=DataOperationType.NO_TXN,
+            isTransactional=False,
+        )
+        return LockRequest(
+            component=[component], user=getpass.getuser(), hostname=socket.gethostname()
+        )
+
+
+def catalog(ref: TableRef) -> HiveCatalog:
+    """The Hive catalog of the table's metastore (one per metastore and storage options).
+
+    Raises:
+        ValueError: If the table has no metastore (configuration checks this first).
+    """
+    if ref.metastore is None:
+        raise ValueError(
+            f"table {ref.name}: table_format iceberg needs metastore.uri, where its catalog is"
+        )
+    key = (ref.metastore[0], tuple(sorted(ref.options.items())))
+    held: dict[Any, HiveCatalog] = _THREAD.__dict__.setdefault("catalogs", {})
+    if key not in held:
+        held[key] = _catalog(*key)
+    return held[key]
+
+
+# A catalog's metastore client is one Thrift connection, which threads must not share:
+# each thread (a routed pipeline's batches commit from a few) keeps catalogs of its own.
+_THREAD = threading.local()
+
+
+def _catalog(uri: str, options: tuple[tuple[str, str], ...]) -> HiveCatalog:
+    """A catalog of the metastore at `uri`, its files reached with the storage `options`."""
+    opts = dict(options)
+    properties = {
+        "uri": uri,
+        # A lock whose holder died is given up by the metastore (`hive.txn.timeout`);
+        # until then a commit waits, rather than failing at once.
+        "lock-check-retries": "30",
+        "lock-check-max-wait-time": "5",
+        # The metastore's copy of the columns in types Hive 2 knows too (`timestamp` for
+        # a UTC instant); Iceberg readers take the types from the table's metadata.
+        "hive.hive2-compatible": "true",
+    }
+    endpoint = opts.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        properties["s3.endpoint"] = endpoint
+    for ours, theirs in (
+        ("AWS_ACCESS_KEY_ID", "s3.access-key-id"),
+        ("AWS_SECRET_ACCESS_KEY", "s3.secret-access-key"),
+        ("AWS_SESSION_TOKEN", "s3.session-token"),
+    ):
+        if opts.get(ours):
+            properties[theirs] = opts[ours]
+    region = opts.get("AWS_REGION") or opts.get("AWS_DEFAULT_REGION")
+    if region or endpoint:
+        properties["s3.region"] = region or "us-east-1"
+    return _HiveCatalog("strata", **properties)
+
+
+def location(uri: str) -> str:
+    """A table location as Iceberg metadata records it: a URI (`file:` for a local path)."""
+    return uri if "://" in uri else f"file://{uri}"
+
+
+def identifier(ref: TableRef) -> tuple[str, str]:
+    """The table's (database, name) in the catalog."""
+    return (ref.metastore[1] if ref.metastore else "default", ref.name)
+
+
+def open_table(ref: TableRef) -> Table | None:
+    """The Iceberg table, or None if the catalog has none of that name."""
+    try:
+        return catalog(ref).load_table(identifier(ref))
+    except NoSuchTableError:
+        return None
+
+
+def committed_batch(table: Table | None, pipeline: str) -> int | None:
+    """The newest batch of `pipeline` committed to the table (as loaded), or None."""
+    if table is None:
+        return None
+    value = table.properties.get(_BATCH_PROPERTY.format(pipeline=pipeline))
+    return None if value is None else int(value)
+
+
+def iceberg_schema(schema: pa.Schema) -> Schema:
+    """An Arrow schema as an Iceberg schema with fresh column ids (non-nullable: required)."""
+    converted = visit_pyarrow(schema, _ConvertToIcebergWithoutIDs())
+    return assign_fresh_schema_ids(converted)
+
+
+def create_table(ref: TableRef, schema: pa.Schema, partition_by: list[str]) -> Table:
+    """Create the table (identity partitions on `partition_by`), or load it if it exists.
+
+    Of two runners creating it at once, the metastore keeps one; the other loads it.
+    """
+    # The partition columns are kept out of the files, and pyiceberg's reader fills a
+    # column a file lacks from the file's partition value only if the column is
+    # optional: they are declared optional (every row has them all the same).
+    fresh = iceberg_schema(
+        pa.schema([f.with_nullable(True) if f.name in partition_by else f for f in schema])
+    )
+    spec = PartitionSpec(
+        *(
+            PartitionField(
+                fresh.find_field(column).field_id,
+                _PARTITION_FIELD_IDS + i,
+                IdentityTransform(),
+                column,
+            )
+            for i, column in enumerate(partition_by)
+        )
+    )
+    properties = {
+        TableProperties.DEFAULT_NAME_MAPPING: fresh.name_mapping.model_dump_json(),
+        TableProperties.COMMIT_NUM_RETRIES: "0",
+        "write.parquet.compression-codec": "snappy",
+    }
+    found = catalog(ref)
+    database, _ = identifier(ref)
+    # The first commit can come before the first registration, which creates the
+    # database too (and finds it here then): beside the table, as registration puts it.
+    found.create_namespace_if_not_exists(
+        database,
+        {
+            "location": location(ref.uri).rstrip("/").rsplit("/", 1)[0],
+            "comment": DATABASE_DESCRIPTION,
+        },
+    )
+    try:
+        return found.create_table(
+            identifier(ref),
+            fresh,
+            location=location(ref.uri),
+            partition_spec=spec,
+            properties=properties,
+        )
+    except TableAlreadyExistsError:
+        return catalog(ref).load_table(identifier(ref))
+
+
+def data_file(table: Table, root: str, written: WrittenFile) -> DataFile:
+    """The manifest entry of a file a task wrote, from what the task reported."""
+    spec = table.spec()
+    schema = table.schema()
+    values = []
+    for field in spec.fields:
+        column = schema.find_column_name(field.source_id)
+        raw = written.partition_values.get(column or "")
+        values.append(_partition_value(schema.find_type(field.source_id), raw))
+    bounds = _batch_bounds(schema, written.stats)
+    return DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=f"{root}/{written.path}",
+        file_format=FileFormat.PARQUET,
+        partition=Record(*values),
+        file_size_in_bytes=written.size,
+        record_count=written.rows,
+        sort_order_id=None,
+        spec_id=spec.spec_id,
+        equality_ids=None,
+        key_metadata=None,
+        lower_bounds=bounds[0],
+        upper_bounds=bounds[1],
+    )
+
+
+def _batch_bounds(
+    schema: Schema, stats: str | None
+) -> tuple[dict[int, bytes] | None, dict[int, bytes] | None]:
+    """The `_batch` column's bounds, from the task's statistics, as manifest metrics.
+
+    With them a scan for one batch's rows (`batch_files`) reads only the files that may
+    hold it, as Delta's statistics let a Delta table's count do.
+    """
+    if stats is None or "_batch" not in {f.name for f in schema.fields}:
+        return None, None
+    found = json.loads(stats)
+    low = found.get("minValues", {}).get("_batch")
+    high = found.get("maxValues", {}).get("_batch")
+    if low is None or high is None:
+        return None, None
+    column = schema.find_field("_batch")
+    kind = cast("PrimitiveType", column.field_type)
+    return {column.field_id: to_bytes(kind, low)}, {column.field_id: to_bytes(kind, high)}
+
+
+def batch_files(table: Table, batch: int) -> list[str]:
+    """The current data files that may hold rows of `batch`, by their `_batch` bounds."""
+    if table.current_snapshot() is None:
+        return []
+    scan = table.scan(row_filter=f"_batch = {int(batch)}")
+    return [task.file.file_path for task in scan.plan_files()]
+
+
+def _partition_value(kind: Any, raw: str | None) -> Any:  # noqa: ANN401 - Iceberg's types
+    """A Hive-style partition value (a string) as the partition column's type holds it."""
+    if raw is None:
+        return None
+    name = str(kind)
+    if name in ("int", "long"):
+        return int(raw)
+    return raw
+
+
+def commit_files(
+    ref: TableRef,
+    schema: pa.Schema,
+    partition_by: list[str],
+    files: list[WrittenFile],
+    pipeline: str,
+    batch: int,
+    meta: Mapping[str, Any],
+    replacing: list[OffsetRange] | None = None,
+    table: Table | None = None,
+) -> tuple[list[str], Table]:
+    """Commit a batch's files to one Iceberg table, creating it first if there is none.
+
+    Args:
+        ref: The table.
+        schema: Its Arrow schema as the batch wrote it.
+        partition_by: Its partition columns (identity partitions).
+        files: The batch's files.
+        pipeline: The pipeline (or routed table) committing.
+        batch: The batch number.
+        meta: What the snapshot's summary records (the batch's ranges, ...).
+        replacing: Ranges whose rows the commit removes first (a backfill or replay).
+        table: The table as loaded earlier in the batch; None if there was none.
+
+    Returns:
+        The columns added to the table first, and the table after the commit.
+    """
+    if table is None:
+        table = create_table(ref, schema, partition_by)
+    added = add_missing_columns(table, schema)
+    commit_batch(ref, pipeline, table, files, batch, meta, replacing)
+    return added, table.refresh()
+
+
+def commit_batch(
+    ref: TableRef,
+    pipeline: str,
+    table: Table,
+    files: list[WrittenFile],
+    batch: int,
+    summary: Mapping[str, Any],
+    replacing: list[OffsetRange] | None = None,
+) -> Table | None:
+    """Append a batch's files to the table in one snapshot, unless the batch is there.
+
+    Args:
+        ref: The table.
+        pipeline: The pipeline (or routed table) committing: whose batch it is.
+        table: The table as loaded earlier; it is reloaded before each try.
+        files: The batch's files (paths relative to the table's root).
+        batch: The batch number.
+        summary: What the snapshot's summary records besides the batch (its ranges,
+            the run); values that are not strings are kept as JSON.
+        replacing: Ranges whose rows are deleted in the same metadata commit, before
+            the files are added (a backfill or replay): files holding only such rows
+            are dropped, the others rewritten without them.
+
+    Returns:
+        The table after the commit; None if the batch was there already (another
+        runner, or an earlier attempt, committed it).
+
+    Raises:
+        CommitFailedException: If every try was beaten by another writer's commit.
+    """
+    properties = {
+        SUMMARY_BATCH: str(batch),
+        SUMMARY_PIPELINE: pipeline,
+        **{k: v if isinstance(v, str) else json.dumps(v) for k, v in summary.items()},
+    }
+    root = location(ref.uri).rstrip("/")
+    for attempt in range(_COMMIT_TRIES):
+        table = table.refresh()
+        if (committed_batch(table, pipeline) or -1) >= batch:
+            return None
+        entries = [data_file(table, root, f) for f in files]
+        try:
+            with table.transaction() as tx:
+                tx.set_properties({_BATCH_PROPERTY.format(pipeline=pipeline): str(batch)})
+                if replacing:
+                    tx.delete(ranges_filter(replacing), snapshot_properties=properties)
+                # Always one snapshot, even of no files: the append carries the requirement
+                # that no commit landed since the table was loaded, which a change of
+                # properties alone would not.
+                with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                    for entry in entries:
+                        append.append_data_file(entry)
+        except CommitFailedException:
+            if attempt == _COMMIT_TRIES - 1:
+                raise
+            time.sleep(min(0.05 * 2**attempt, 2.0))
+            continue
+        return table.refresh()
+    raise AssertionError("unreachable")
+
+
+def ranges_filter(ranges: list[OffsetRange]) -> str:
+    """An Iceberg row filter for the rows of any of the offset ranges."""
+    return " OR ".join(
+        f"(_topic = '{r.topic}' AND _partition = {int(r.partition)} AND "
+        f"_offset >= {int(r.start)} AND _offset < {int(r.end)})"
+        for r in ranges
+    )
+
+
+def snapshot_summary(table: Table, pipeline: str, batch: int, key: str) -> Any:  # noqa: ANN401
+    """A value the batch's snapshot recorded (`commit_batch`'s summary), or None."""
+    for snapshot in reversed(table.snapshots()):
+        summary = snapshot.summary
+        if summary is None:
+            continue
+        if summary.get(SUMMARY_BATCH) == str(batch) and summary.get(SUMMARY_PIPELINE) == pipeline:
+            value = summary.get(key)
+            if value is None:
+                return None
+            try:
+                return json.loads(value)
+            except ValueError:
+                return value
+    return None
+
+
+def current_files(table: Table) -> list[str]:
+    """The data files of the table's current snapshot, as absolute URIs."""
+    if table.current_snapshot() is None:
+        return []
+    return [task.file.file_path for task in table.scan().plan_files()]
+
+
+def relative(ref: TableRef, path: str) -> str:
+    """A data file's URI as a path relative to the table's root."""
+    root = location(ref.uri).rstrip("/") + "/"
+    if not path.startswith(root):
+        raise ValueError(f"{path} is not under the table's location {root}")
+    return path[len(root) :]
+
+
+def add_missing_columns(table: Table, schema: pa.Schema) -> list[str]:
+    """Add the columns of `schema` the table lacks (new ids, the name mapping with them).
+
+    Of two runners adding them at once, one's change lands; the other finds the
+    columns there when it tries again.
+
+    Returns:
+        The columns added, by name.
+    """
+    for attempt in range(_COMMIT_TRIES):
+        have = {f.name for f in table.schema().fields}
+        missing = [f.name for f in schema if f.name not in have]
+        if not missing:
+            return []
+        try:
+            # Only the new columns, optional (as Iceberg adds a column to existing rows):
+            # a union with the whole schema would also try to tighten the partition
+            # columns to required.
+            added = pa.schema([schema.field(name).with_nullable(True) for name in missing])
+            with table.update_schema() as update:
+                update.union_by_name(added)
+        except CommitFailedException:
+            if attempt == _COMMIT_TRIES - 1:
+                raise
+            table = table.refresh()
+            continue
+        table.refresh()
+        return missing
+    return []
+
+
+def arrow_dataset(ref: TableRef, table: Table | None = None) -> ds.Dataset | None:
+    """The table's current snapshot as one Arrow dataset; None if there is no table or file.
+
+    The files are read as the tasks wrote them, each partition's columns from its
+    `dt=/hr=` directories (as its partition values hold them), under the table's
+    current schema: a column added since a file was written reads as null there.
+    """
+    if table is None:
+        table = open_table(ref)
+    if table is None:
+        return None
+    files = current_files(table)
+    if not files:
+        return None
+    fs, root = filesystem(ref.uri, ref.options)
+    schema = _plain_strings(table.schema().as_arrow())
+    partition_by = [table.schema().find_column_name(f.source_id) for f in table.spec().fields]
+    partitioning = ds.partitioning(
+        pa.schema([schema.field(c) for c in partition_by if c is not None]), flavor="hive"
+    )
+    return ds.dataset(
+        [f"{root}/{relative(ref, f)}" for f in files],
+        filesystem=fs,
+        format="parquet",
+        schema=schema,
+        partitioning=partitioning,
+        partition_base_dir=root,
+    )
+
+
+def _plain_strings(schema: pa.Schema) -> pa.Schema:
+    """pyiceberg's Arrow schema with `string`/`binary` where it says `large_` (as written)."""
+    swap = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+    return pa.schema(
+        [f.with_type(swap.get(f.type, f.type)) for f in schema], metadata=schema.metadata
+    )
+
+
+def files_to_read(ref: TableRef, batch: int | None = None) -> tuple[str, ...]:
+    """The current files of the table, relative to its root; of one batch's rows if given.
+
+    What the Spark tasks read a raw copy from: they reach the files, not the catalog.
+    """
+    table = open_table(ref)
+    if table is None:
+        return ()
+    found = current_files(table) if batch is None else batch_files(table, batch)
+    return tuple(relative(ref, f) for f in found)
+
+
+def only_batch(table: Table, data: DataFile, batch: int) -> bool:
+    """Whether a data file holds rows of `batch` alone (its `_batch` bounds say so)."""
+    column = table.schema().find_field("_batch")
+    kind = cast("PrimitiveType", column.field_type)
+    lows, highs = data.lower_bounds or {}, data.upper_bounds or {}
+    low, high = lows.get(column.field_id), highs.get(column.field_id)
+    return low is not None and high is not None and low == high == to_bytes(kind, batch)
+
+
+def replace_files(
+    ref: TableRef,
+    table: Table,
+    chosen: Callable[[Table], list[DataFile]],
+    added: list[WrittenFile],
+    summary: Mapping[str, Any],
+) -> int:
+    """Swap files of the current snapshot for others, in one snapshot; how many went.
+
+    Args:
+        ref: The table.
+        table: The table; it is reloaded before each try.
+        chosen: The files to remove, chosen on the table as loaded for the try.
+        added: Files to add in their place (a compaction's), relative to the root.
+        summary: What the snapshot's summary records.
+
+    Returns:
+        How many files were removed (0: nothing was committed).
+    """
+    root = location(ref.uri).rstrip("/")
+    for attempt in range(_COMMIT_TRIES):
+        table = table.refresh()
+        doomed = chosen(table)
+        if not doomed:
+            return 0
+        entries = [data_file(table, root, f) for f in added]
+        try:
+            with table.transaction() as tx:
+                props = {k: v if isinstance(v, str) else json.dumps(v) for k, v in summary.items()}
+                with tx.update_snapshot(snapshot_properties=props).overwrite() as swap:
+                    for gone in doomed:
+                        swap.delete_data_file(gone)
+                    for entry in entries:
+                        swap.append_data_file(entry)
+        except CommitFailedException:
+            if attempt == _COMMIT_TRIES - 1:
+                raise
+            time.sleep(min(0.05 * 2**attempt, 2.0))
+            continue
+        return len(doomed)
+    return 0
+
+
+def remove_batch(ref: TableRef, batch: int, summary: Mapping[str, Any]) -> int:
+    """Remove an ingest batch's own files (holding its rows alone); how many went."""
+    table = open_table(ref)
+    if table is None or table.current_snapshot() is None:
+        return 0
+
+    def own(current: Table) -> list[DataFile]:
+        scan = current.scan(row_filter=f"_batch = {int(batch)}")
+        return [t.file for t in scan.plan_files() if only_batch(current, t.file, batch)]
+
+    return replace_files(ref, table, own, [], summary)
