@@ -168,6 +168,24 @@ def s3_landed(p, options) -> Counter:
     return counts
 
 
+def iceberg_table(cfg: PipelineConfig, which: str):
+    """One of a pipeline's Iceberg tables as any pyiceberg reader loads it: through a
+    Hive catalog of its own (not the one Strata commits with)."""
+    opts = cfg.storage_options
+    properties = {"uri": cfg.metastore.uri or ""}
+    for ours, theirs in (
+        ("AWS_ENDPOINT_URL", "s3.endpoint"),
+        ("AWS_ACCESS_KEY_ID", "s3.access-key-id"),
+        ("AWS_SECRET_ACCESS_KEY", "s3.secret-access-key"),
+        ("AWS_REGION", "s3.region"),
+    ):
+        if ours in opts:
+            properties[theirs] = opts[ours]
+    catalog = HiveCatalog("readers", **properties)
+    name = cfg.places().table(which).name  # type: ignore[arg-type]
+    return catalog.load_table((cfg.metastore.database, name))
+
+
 @dataclass
 class Pipeline:
     """A pipeline configured in a temporary conf dir, against the test broker."""
@@ -240,10 +258,9 @@ class Pipeline:
         if cfg.table_format == "iceberg" and which != "ledger":
             # What an Iceberg reader sees: pyiceberg's own scan of the current snapshot,
             # through a catalog of its own (not the one Strata commits with).
-            ref = cfg.places().table(which)  # type: ignore[arg-type]
-            catalog = HiveCatalog("readers", uri=cfg.metastore.uri)
-            table = catalog.load_table((cfg.metastore.database, ref.name))
-            return table.scan(selected_fields=tuple(columns or ("*",))).to_arrow()
+            return (
+                iceberg_table(cfg, which).scan(selected_fields=tuple(columns or ("*",))).to_arrow()
+            )
         return DeltaTable(cfg.location(which)).to_pyarrow_table(columns=columns)
 
     def landed(self) -> Counter[tuple[int, int]]:

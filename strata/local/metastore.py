@@ -35,7 +35,16 @@ JANINO_MAIN = "org.codehaus.commons.compiler.samples.CompilerDemo"
 # the address given. Janino erases generics, so the server's arguments are set one
 # call at a time rather than chained through their self-typed builders.
 LAUNCHER_SOURCE = """\
+import java.io.IOException;
 import java.net.InetSocketAddress;
+import java.net.URI;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FSDataInputStream;
+import org.apache.hadoop.fs.FSDataOutputStream;
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.fs.permission.FsPermission;
 import org.apache.hadoop.hive.common.LogUtils;
 import org.apache.hadoop.hive.conf.HiveConf;
 import org.apache.hadoop.hive.metastore.HiveMetaStore;
@@ -45,6 +54,7 @@ import org.apache.thrift.protocol.TBinaryProtocol;
 import org.apache.thrift.server.TThreadPoolServer;
 import org.apache.thrift.transport.TServerSocket;
 import org.apache.thrift.transport.TTransportFactory;
+import org.apache.hadoop.util.Progressable;
 
 public class StrataLocalMetastore {
     public static void main(String[] args) throws Throwable {
@@ -63,6 +73,54 @@ public class StrataLocalMetastore {
         server.minWorkerThreads(conf.getIntVar(HiveConf.ConfVars.METASTORESERVERMINTHREADS));
         server.maxWorkerThreads(conf.getIntVar(HiveConf.ConfVars.METASTORESERVERMAXTHREADS));
         new TThreadPoolServer(server).serve();
+    }
+}
+
+// What the metastore sees of an object store (s3://) it has no connector for: every
+// path a directory that exists. It only checks and creates table and database
+// directories there; it never reads or writes the tables' data.
+class StrataObjectStoreStandIn extends FileSystem {
+    private URI uri;
+    private Path cwd = new Path("/");
+
+    public void initialize(URI name, Configuration conf) throws IOException {
+        super.initialize(name, conf);
+        String authority = name.getAuthority() == null ? "" : name.getAuthority();
+        uri = URI.create(name.getScheme() + "://" + authority);
+        setConf(conf);
+    }
+
+    public URI getUri() { return uri; }
+
+    public FSDataInputStream open(Path f, int bufferSize) throws IOException {
+        throw new IOException("the local metastore does not read " + f);
+    }
+
+    public FSDataOutputStream create(Path f, FsPermission permission, boolean overwrite,
+            int bufferSize, short replication, long blockSize, Progressable progress)
+            throws IOException {
+        throw new IOException("the local metastore does not write " + f);
+    }
+
+    public FSDataOutputStream append(Path f, int bufferSize, Progressable progress)
+            throws IOException {
+        throw new IOException("the local metastore does not write " + f);
+    }
+
+    public boolean rename(Path src, Path dst) { return false; }
+
+    public boolean delete(Path f, boolean recursive) { return false; }
+
+    public FileStatus[] listStatus(Path f) { return new FileStatus[0]; }
+
+    public void setWorkingDirectory(Path dir) { cwd = dir; }
+
+    public Path getWorkingDirectory() { return cwd; }
+
+    public boolean mkdirs(Path f, FsPermission permission) { return true; }
+
+    public FileStatus getFileStatus(Path f) {
+        return new FileStatus(0L, true, 1, 0L, 0L, f.makeQualified(uri, cwd));
     }
 }
 """
@@ -97,6 +155,10 @@ def hive_site(directory: Path) -> str:
         # A lock whose holder died (a committer killed mid-commit) is given up after
         # this long instead of five minutes; a commit holds it for well under a second.
         "hive.txn.timeout": "30s",
+        # Tables on an object store: the wheel has no S3 connector, and the metastore
+        # needs none to record where a table is (see the launcher's stand-in).
+        "fs.s3.impl": "StrataObjectStoreStandIn",
+        "fs.s3a.impl": "StrataObjectStoreStandIn",
     }
     body = "\n".join(
         f"  <property><name>{escape(k)}</name><value>{escape(v)}</value></property>"

@@ -48,18 +48,19 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from strata import faults
 from strata.config import LimitsConfig, Location, MaintenanceConfig, PartitioningConfig
 from strata.durations import parse_duration_ms
 from strata.errors import MaintenanceError
 from strata.log import get_logger
+from strata.maintenance import _iceberg
 from strata.maintenance._bins import Bin, Picked, rewrite_bin
 from strata.maintenance._commit import commit_partition
 from strata.maintenance._moves import move_partitions, stands
 from strata.schema.avro import partition_columns
 from strata.schema.partitions import partition_span
+from strata.store import iceberg
 from strata.store.delta import committed_batch, open_table
 from strata.store.ledger import ledger_file_batch
 from strata.store.locations import TableFile, current_files, generation_dir, new_stamp
@@ -233,14 +234,15 @@ def pack(files: list[dict[str, Any]], target: int) -> list[list[dict[str, Any]]]
 def plan_table(
     ref: TableRef,
     which: Location,
-    table: DeltaTable,
+    partition_by: list[str],
+    adds: list[dict[str, Any]],
     settings: Compaction,
     settled_before: datetime,
     only: dict[str, str] | None,
     token: str,
     last: int,
 ) -> list[Picked]:
-    """The partitions of one Delta table to compact, with their bins.
+    """The partitions of one Delta or Iceberg table to compact, with their bins.
 
     A file is picked when it is small and every row in it belongs to a batch the ledger
     holds (its `_batch`, or for the ledger `batch`, statistics say so: at most `last`);
@@ -249,7 +251,9 @@ def plan_table(
     Args:
         ref: The table's reference.
         which: Which of the pipeline's tables it is.
-        table: The table, opened.
+        partition_by: The table's partition columns.
+        adds: Its current files, as Delta's flattened add actions show them (for
+            Iceberg, `strata.maintenance._iceberg.table_files`).
         settings: What is merged, and into what.
         settled_before: Partitions (and an unpartitioned table's files) ended before
             this are settled.
@@ -257,8 +261,6 @@ def plan_table(
         token: This compaction's, in its merged files' names.
         last: The newest batch the ledger holds.
     """
-    partition_by = list(table.metadata().partition_columns)
-    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     by_key: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for add in adds:
         key = tuple(str(add[f"partition.{c}"]) for c in partition_by)
@@ -467,18 +469,21 @@ def _plan_all(
     last = committed_batch(places.ledger.uri, places.pipeline, places.options) or 0
     for which in MAINTAINED if only is None else ("table",):
         ref = places.table(which)
-        if places.format != "delta":
+        if places.format == "parquet":
             skipped = _parquet_skip(places, which)
             if skipped:
                 report.skipped[which] = skipped
                 continue
             found = plan_directory(ref, settings, settled_before, only, token, last)
         else:
-            table = open_table(ref.uri, places.options)
-            if table is None:
+            files = _table_files(ref)
+            if files is None:
                 report.skipped[which] = "no table yet"
                 continue
-            found = plan_table(ref, which, table, settings, settled_before, only, token, last)
+            partition_by, adds = files
+            found = plan_table(
+                ref, which, partition_by, adds, settings, settled_before, only, token, last
+            )
         picked += found
         for p in found:
             merged = p.merged
@@ -497,6 +502,21 @@ def _plan_all(
                 )
             )
     return picked
+
+
+def _table_files(ref: TableRef) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """A Delta or Iceberg table's partition columns and current files; None: no table."""
+    if ref.format == "iceberg":
+        found = iceberg.open_table(ref)
+        if found is None:
+            return None
+        columns = [found.schema().find_column_name(f.source_id) for f in found.spec().fields]
+        return [c for c in columns if c], _iceberg.table_files(ref, found)
+    table = open_table(ref.uri, ref.options)
+    if table is None:
+        return None
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    return list(table.metadata().partition_columns), adds
 
 
 def _parquet_skip(places: Places, which: Location) -> str | None:
@@ -544,10 +564,13 @@ def _rewrite_and_commit(
         outs = [by_bin[(b.uri, b.stem)] for b in p.bins]
         new = [f for files, _ in outs for f in files]
         old = p.merged
+        ref = places.table(p.table)
         if places.format == "parquet":
             entry.outcome = moved[p.name]
+        elif ref.format == "iceberg":
+            entry.outcome = _iceberg.commit_partition(ref, pipeline, p, old, new, lock)
         else:
-            entry.outcome = commit_partition(places.table(p.table), pipeline, p, old, new, lock)
+            entry.outcome = commit_partition(ref, pipeline, p, old, new, lock)
         kept = [f for f in p.files if f["path"] not in old]
         if entry.outcome == "compacted":
             entry.files_after = len(kept) + len(new)

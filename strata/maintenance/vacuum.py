@@ -41,7 +41,9 @@ from strata.config import Location, MetastoreConfig
 from strata.durations import parse_duration_ms
 from strata.errors import MetastoreError
 from strata.log import get_logger
+from strata.maintenance import _iceberg
 from strata.maintenance.compact import MAINTAINED
+from strata.store import iceberg
 from strata.store.delta import committed_batch, fence_maintenance, newest_commit, open_table
 from strata.store.files import read_bytes
 from strata.store.ledger import COLUMNS_KEY, STATE_KEY, TOPIC_IDS_KEY, ledger_state
@@ -252,6 +254,17 @@ def vacuum(
             out["tables"][which] = figures
         if places.format == "parquet":
             out["tables"]["table"] = sweep_moved(places, metastore, timedelta(hours=hours), lock)
+        if places.format == "iceberg":
+            ledger_batch = committed_batch(places.ledger.uri, places.pipeline, places.options)
+            for which in ("table", "raw", "quarantine"):
+                out["tables"][which] = _iceberg.vacuum_table(
+                    places.table(which),
+                    places.pipeline,
+                    timedelta(hours=hours),
+                    ledger_batch or 0,
+                    lock,
+                    dry_run,
+                )
         if not dry_run:
             # The saved plans no committed batch got to forget: those of a pipeline that
             # kept every plan, or whose deletion failed after a commit.
@@ -469,6 +482,11 @@ def table_health(places: Places, small: int) -> dict[str, dict[str, Any]]:
         elif which != "ledger" and places.format == "parquet":
             sizes = _parquet_sizes(places, which)
             log = None
+        elif which != "ledger" and places.format == "iceberg":
+            found = iceberg.open_table(places.table(which))
+            if found is None:
+                continue
+            sizes, log = _iceberg.data_sizes(found), None
         else:
             continue
         out[which] = {

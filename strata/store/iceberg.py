@@ -54,6 +54,7 @@ from pyiceberg.table import TableProperties
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 
+from strata.errors import LeaseLost
 from strata.store.files import filesystem
 from strata.store.parquet import WrittenFile
 from strata.store.places import DATABASE_DESCRIPTION
@@ -67,6 +68,10 @@ if TYPE_CHECKING:
 
 # The table property holding the newest batch of a pipeline committed to the table.
 _BATCH_PROPERTY = "strata.batch.{pipeline}"
+# The table property holding the fencing token of the newest maintenance run to commit.
+_MAINTENANCE_PROPERTY = "strata.maintenance.{pipeline}"
+# The snapshot summary key of a maintenance fence: the token, and what fenced.
+FENCE_INFO_KEY = "strata.maintenance_fence"
 # Snapshot summary keys of a batch's commit.
 SUMMARY_BATCH = "strata.batch"
 SUMMARY_PIPELINE = "strata.pipeline"
@@ -521,12 +526,63 @@ def only_batch(table: Table, data: DataFile, batch: int) -> bool:
     return low is not None and high is not None and low == high == to_bytes(kind, batch)
 
 
+def maintenance_token(table: Table, pipeline: str) -> int | None:
+    """The fencing token of the newest maintenance run that committed to the table."""
+    value = table.properties.get(_MAINTENANCE_PROPERTY.format(pipeline=pipeline))
+    return None if value is None else int(value)
+
+
+def _check_token(table: Table, pipeline: str, token: int | None) -> None:
+    """Stop a maintenance run whose lease a later one took over (its token is higher)."""
+    stands = maintenance_token(table, pipeline)
+    if token is not None and stands is not None and stands > token:
+        raise LeaseLost(
+            f"pipeline {pipeline}: this maintenance run lost its lease: a later one (fencing "
+            f"token {stands}, this run's is {token}) fenced {table.name()}. Nothing more "
+            "was committed by it; what it left is picked up by the next compaction, and its "
+            "files are deleted by vacuum. Run the command again."
+        )
+
+
+def fence_maintenance(table: Table, pipeline: str, token: int, what: str) -> None:
+    """Commit a maintenance run's token to the table in a snapshot with no files: a fence.
+
+    The snapshot moves the branch: a compaction built on an earlier snapshot fails its
+    commit's requirement, and on the table as it is now sees the higher token and stops.
+    So files a compaction paused past its lease wrote can be deleted: it will never
+    commit them.
+
+    Raises:
+        LeaseLost: If the table holds a higher token: a later maintenance run fenced it.
+        CommitFailedException: If concurrent commits beat the fence on every try.
+    """
+    key = _MAINTENANCE_PROPERTY.format(pipeline=pipeline)
+    for attempt in range(_COMMIT_TRIES):
+        table = table.refresh()
+        _check_token(table, pipeline, token)
+        if maintenance_token(table, pipeline) == token:
+            return  # an attempt whose reply was lost landed after all
+        note = {FENCE_INFO_KEY: json.dumps({"token": token, "by": what})}
+        try:
+            with table.transaction() as tx:
+                tx.set_properties({key: str(token)})
+                with tx.update_snapshot(snapshot_properties=note).fast_append():
+                    pass
+        except CommitFailedException:
+            if attempt == _COMMIT_TRIES - 1:
+                raise
+            time.sleep(min(0.05 * 2**attempt, 2.0))
+            continue
+        return
+
+
 def replace_files(
     ref: TableRef,
     table: Table,
     chosen: Callable[[Table], list[DataFile]],
     added: list[WrittenFile],
     summary: Mapping[str, Any],
+    fence: tuple[str, int] | None = None,
 ) -> int:
     """Swap files of the current snapshot for others, in one snapshot; how many went.
 
@@ -536,19 +592,29 @@ def replace_files(
         chosen: The files to remove, chosen on the table as loaded for the try.
         added: Files to add in their place (a compaction's), relative to the root.
         summary: What the snapshot's summary records.
+        fence: `(pipeline, token)` of a maintenance run holding a lease: the commit
+            records the token, and is refused once a later run fenced the table.
 
     Returns:
         How many files were removed (0: nothing was committed).
+
+    Raises:
+        LeaseLost: If a later maintenance run fenced the table.
     """
     root = location(ref.uri).rstrip("/")
     for attempt in range(_COMMIT_TRIES):
         table = table.refresh()
+        if fence is not None:
+            _check_token(table, *fence)
         doomed = chosen(table)
         if not doomed:
             return 0
         entries = [data_file(table, root, f) for f in added]
         try:
             with table.transaction() as tx:
+                if fence is not None:
+                    pipeline, token = fence
+                    tx.set_properties({_MAINTENANCE_PROPERTY.format(pipeline=pipeline): str(token)})
                 props = {k: v if isinstance(v, str) else json.dumps(v) for k, v in summary.items()}
                 with tx.update_snapshot(snapshot_properties=props).overwrite() as swap:
                     for gone in doomed:

@@ -7,18 +7,31 @@ own scan, through a catalog of its own.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
+from collections import Counter
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
-from pyiceberg.catalog.hive import HiveCatalog
 
 from strata import faults
+from strata.maintenance.vacuum import vacuum
 from strata.run import reprocess, run_batch
 from strata.store.ledger import ledger_state, read_ledger
 from strata.store.ranges import OffsetRange
-from tests.conftest import expected_offsets, produce_clicks
+from tests.conftest import expected_offsets, iceberg_table, produce_clicks, s3_pipeline
 from tests.faults import armed
+from tests.integration.test_compaction import (
+    compacted,
+    ended,
+    paused_at_its_last_check,
+    small_batches,
+    vacuum_once_free,
+    wait_stopped,
+)
+from tests.integration.test_runners import second_host, wait_frozen
 
 
 def iceberg_pipeline(make_pipeline, metastore, partitions: int = 3, **overrides):
@@ -35,9 +48,7 @@ def iceberg_pipeline(make_pipeline, metastore, partitions: int = 3, **overrides)
 
 
 def readers_table(p, which: str = "table"):
-    cfg = p.cfg()
-    catalog = HiveCatalog("readers", uri=cfg.metastore.uri)
-    return catalog.load_table((cfg.metastore.database, cfg.places().table(which).name))
+    return iceberg_table(p.cfg(), which)
 
 
 def test_click_events_land_in_iceberg_tables_once_each_in_its_event_hour(
@@ -229,3 +240,179 @@ def test_a_seek_fences_the_iceberg_tables_with_its_batch(make_pipeline, broker, 
     landed = p.landed()
     assert sorted(o for _, o in landed) == list(range(first[0])) + list(range(350, end))
     assert set(landed.values()) == {1}
+
+
+def s3_iceberg(make_pipeline, metastore, s3_endpoint, tmp_path, prefix: str, **overrides):
+    """An Iceberg pipeline whose tables, plans and leases are on S3 (moto)."""
+    p, _ = s3_pipeline(
+        make_pipeline,
+        s3_endpoint,
+        tmp_path,
+        prefix,
+        table_format="iceberg",
+        metastore={"uri": metastore.uri, "database": prefix},
+        **overrides,
+    )
+    return p
+
+
+def batch_snapshots(p, which: str, batch: int) -> int:
+    """How many snapshots of a table record a commit of `batch` (fences left out)."""
+    return sum(
+        1
+        for s in strata_snapshots(p, which)
+        if s.get("strata.batch") == str(batch) and "strata.fence" not in s
+    )
+
+
+def test_two_runs_at_once_on_s3_land_each_message_once_in_iceberg(
+    make_pipeline, broker, metastore, s3_endpoint, tmp_path
+):
+    p = s3_iceberg(make_pipeline, metastore, s3_endpoint, tmp_path, "iceruns1")
+    other = second_host(p, tmp_path)
+    per = produce_clicks(broker, p.topic, 2, 8000, malformed=5)
+    runs = [p.spawn("run"), other.spawn("run")]
+    outcomes = [(proc.wait(300), *proc.communicate()) for proc in runs]
+    codes = sorted(code for code, _, _ in outcomes)
+    assert codes in ([0, 0], [0, 3]), outcomes
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    for which in ("table", "raw", "quarantine"):
+        assert readers_table(p, which).metadata.properties["strata.batch." + p.name] == "1"
+        assert batch_snapshots(p, which, 1) == 1, which
+
+
+def test_a_runner_paused_past_its_lease_commits_nothing_to_iceberg_when_it_wakes(
+    make_pipeline, broker, metastore, s3_endpoint, tmp_path
+):
+    # Runner A freezes after its lease check, just before its raw commit, long enough
+    # for its lease to run out; runner B takes the lease and commits the batch. A's
+    # commit, on waking, finds the batch in the table (the property, under the
+    # metastore's lock) and adds nothing; its next lease check stops it.
+    p = s3_iceberg(make_pipeline, metastore, s3_endpoint, tmp_path, "iceruns2", lock_lease="4s")
+    other = second_host(p, tmp_path)
+    per = produce_clicks(broker, p.topic, 2, 3000, malformed=3)
+    a = p.spawn("run", env=p.env(**armed(stop_at=faults.BEFORE_RAW_COMMIT)))
+    deadline = time.monotonic() + 240
+    wait_frozen(a, deadline)
+    try:
+        while True:
+            b = other.cli("run", "--json")
+            if b.returncode == 0:
+                break
+            assert b.returncode == 3 and "another run is in flight" in b.stderr, b.stderr
+            assert time.monotonic() < deadline, "the lease of the frozen runner never expired"
+            time.sleep(1)
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    out, err = a.communicate(timeout=300)
+    assert a.returncode == 3, (out, err)
+    assert "lost its lease" in err, err
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    for which in ("table", "raw", "quarantine"):
+        assert batch_snapshots(p, which, 1) == 1, which
+    # Every file the raw copy holds was written by runner B (one run id in the names).
+    files = [t.file.file_path for t in readers_table(p, "raw").scan().plan_files()]
+    assert len({f.split("-")[-2] for f in files}) == 1, files
+
+
+def files_per_hour(p) -> dict[tuple[str, str], int]:
+    """The data table's current files per event hour, as pyiceberg plans a scan."""
+    out: Counter = Counter()
+    for task in readers_table(p).scan().plan_files():
+        dt, hr = task.file.partition[0], task.file.partition[1]
+        out[(dt, hr)] += 1
+    return dict(out)
+
+
+def all_rows(p, which: str = "table") -> list[tuple]:
+    table = readers_table(p, which).scan().to_arrow()
+    names = sorted(table.column_names)
+    return sorted(tuple(r[n] for n in names) for r in table.select(names).to_pylist())
+
+
+def test_compaction_leaves_one_file_per_settled_hour_and_vacuum_expires_and_deletes_orphans(
+    make_pipeline, broker, metastore, spark
+):
+    p = iceberg_pipeline(make_pipeline, metastore, partitions=2)
+    expected = small_batches(p, broker, spark, 3)
+    before = all_rows(p)
+    assert max(files_per_hour(p).values()) > 1
+    # Killed right after its first partition's commit: the others are written, not committed.
+    proc = p.spawn(
+        "compact", "--older-than", "0s", env=p.env(**armed(crash_at=faults.AFTER_COMPACT_COMMIT))
+    )
+    proc.communicate(timeout=240)
+    assert proc.returncode == -signal.SIGKILL
+    assert all_rows(p) == before and p.landed() == expected_offsets(expected)
+
+    report = compacted(p.cfg(), spark, older_than="0s")
+    assert report.partitions and {e.outcome for e in report.partitions} == {"compacted"}
+    assert set(files_per_hour(p).values()) == {1}
+    assert all_rows(p) == before and all_rows(p, "raw") and p.landed() == expected_offsets(expected)
+    compactions = [s for s in strata_snapshots(p, "table") if "strata.compaction" in s]
+    assert compactions and all(s["operation"] == "overwrite" for s in compactions)
+
+    # Files vacuum may and may not delete, planted beside the killed compaction's.
+    cfg = p.cfg()
+    table_dir = Path(cfg.location("table"))
+    some = next(table_dir.rglob("part-b0000000001-*.parquet"))
+    stale = some.with_name("part-b0000000001-t00099-a0-deadbeef-f000.snappy.parquet")
+    future = some.with_name("part-b0000000009-t00000-a0-deadbeef-f000.snappy.parquet")
+    for f in (stale, future):
+        f.write_bytes(some.read_bytes())
+    snapshots = len(readers_table(p).snapshots())
+    # A retention of zero (below the configured floor, which only the loader enforces):
+    # every snapshot but the current one goes, and with them the files they alone held.
+    done = vacuum(cfg.places(), "0s", cfg.metastore)
+    figures = done["tables"]["table"]
+    assert figures["snapshots_expired"] == snapshots - 1
+    assert len(readers_table(p).snapshots()) == 1
+    assert not stale.exists() and future.exists() and figures["unknown_left"] >= 1
+    held = {t.file.file_path for t in readers_table(p).scan().plan_files()}
+    on_disk = {f"file://{f}" for f in table_dir.rglob("*.parquet")}
+    assert on_disk - held == {f"file://{future}"}
+    assert all_rows(p) == before and p.landed() == expected_offsets(expected)
+    # The merged files are what a run after it finds, and it lands on top of them.
+    more = produce_clicks(broker, p.topic, 2, 200, seed=21)
+    run_batch(p.cfg(), session=lambda _: spark)
+    total = Counter(expected)
+    total.update(more)
+    assert p.landed() == expected_offsets(dict(total))
+
+
+def test_a_compaction_paused_past_its_lease_commits_nothing_to_iceberg_a_vacuum_deleted(
+    make_pipeline, broker, metastore, spark, s3_endpoint, tmp_path
+):
+    # The compaction freezes between its lease check and its commit, past its lease; a
+    # vacuum takes the lease, fences each table (a snapshot of no files carrying its
+    # token) and deletes the compaction's files, which no snapshot holds. Woken, the
+    # compaction's commit fails its requirement, and on the table as it is now it
+    # finds the higher token and stops.
+    p = s3_iceberg(make_pipeline, metastore, s3_endpoint, tmp_path, "icefence", lock_lease="6s")
+    expected = small_batches(p, broker, spark, 3)
+    cfg = p.cfg()
+    before = all_rows(p)
+    proc = paused_at_its_last_check(p, tmp_path)
+    try:
+        wait_stopped(proc)
+        done = vacuum_once_free(cfg)
+        assert done["tables"]["table"]["data_files_deleted"] > 0
+        os.kill(proc.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        ended(proc)
+    assert proc.returncode == 3, (out, err)
+    assert "lost its lease" in err, err
+    for which in ("table", "raw", "quarantine"):
+        summaries = strata_snapshots(p, which)
+        assert not [s for s in summaries if "strata.compaction" in s], which
+        assert readers_table(p, which).metadata.properties["strata.maintenance." + p.name]
+    # Every file the current snapshot holds is there, and every row reads as before.
+    assert all_rows(p) == before and p.landed() == expected_offsets(expected)
+    # The next compaction, holding a later token, does the work.
+    report = compacted(cfg, spark, older_than="0s")
+    assert report.partitions and {e.outcome for e in report.partitions} == {"compacted"}
+    assert set(files_per_hour(p).values()) == {1}
+    assert all_rows(p) == before
