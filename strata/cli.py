@@ -518,7 +518,15 @@ def _quality(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[s
 def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     from strata.catalog.sql import pipeline_ddl
 
-    ddl = pipeline_ddl(cfg.places(), cfg.schemas(), cfg.metastore)
+    trino = cfg.trino
+    ddl = pipeline_ddl(
+        cfg.places(),
+        cfg.schemas(),
+        cfg.metastore,
+        trino.delta_catalog,
+        trino.hive_catalog,
+        trino.iceberg_catalog,
+    )
     return ddl.rstrip("\n"), {"pipeline": cfg.name, "ddl": ddl}
 
 

@@ -449,12 +449,12 @@ def answer_query(
                 "leave out --trino to run them embedded"
             )
         settings = cfg.trino
-        catalog = settings.delta_catalog if cfg.table_format == "delta" else settings.hive_catalog
+        catalog = settings.catalog_for(cfg.table_format)
         answer = QueryAnswer(*query_in_trino(settings, catalog, database, statement))
     else:
         tables = [as_evolved(cfg)] if not cfg.routed else _query_routes(cfg)
         found = [t for table in tables for t in query_tables(table.places(), table.schemas())]
-        catalog = cfg.trino.delta_catalog if cfg.table_format == "delta" else cfg.trino.hive_catalog
+        catalog = cfg.trino.catalog_for(cfg.table_format)
         answer = run_embedded(found, catalog, database, statement)
     body = {
         "pipeline": cfg.name,

@@ -142,6 +142,7 @@ def _register_one(cfg: PipelineConfig, ddl: bool = False) -> dict[str, Any]:
                 cfg.metastore,
                 cfg.trino.delta_catalog,
                 cfg.trino.hive_catalog,
+                cfg.trino.iceberg_catalog,
             )
             if whole
             else trino_statements(places, cfg.metastore, cfg.trino)

@@ -61,6 +61,7 @@ from strata.catalog.types import sql_type
 from strata.config import CompletenessConfig, MetastoreConfig, PartitioningConfig, SchemaSpec
 from strata.errors import MetastoreError
 from strata.schema.avro import TABLE_SUFFIXES, partition_columns, table_layout
+from strata.store.iceberg import set_properties
 from strata.store.ledger import LEDGER_SCHEMA, ledger_state
 from strata.store.locations import place, read_markers
 from strata.store.parquet import partition_path
@@ -472,8 +473,11 @@ def register_tables(registration: Registration, *, full: bool = False) -> Regist
             location = places.table(which).uri
             if places.table(which).format == "iceberg":
                 # Its catalog entry is the table's own pointer to its metadata, kept by
-                # each commit (`strata.store.iceberg`): never redefined from here.
-                report.unchanged.append(name)
+                # each commit (`strata.store.iceberg`): never redefined from here. The
+                # data table's completeness marks are Iceberg table properties (which
+                # the catalog copies into the entry's parameters).
+                changed = which == "table" and set_properties(places.table(which), marks)
+                getattr(report, "updated" if changed else "unchanged").append(name)
                 continue
             if parquet:
                 schema, partition_by = (

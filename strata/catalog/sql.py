@@ -54,19 +54,38 @@ def trino_statements(
         settings: The `trino` settings (the catalogs).
     """
     database = quote_literal(metastore.database)
+    if places.format == "iceberg":
+        # Trino's Iceberg catalog on this metastore reads each table's entry, which
+        # every commit keeps; on another metastore, the tables are registered there.
+        if not settings.register_delta_tables:
+            return []
+        return _register(places, metastore, settings.delta_catalog, settings.iceberg_catalog)
     if places.format == "parquet":
         catalog = quote_identifier(settings.hive_catalog)
         args = f"{database}, {quote_literal(places.pipeline)}, 'ADD'"
         return [f"CALL {catalog}.system.sync_partition_metadata({args})"]
     if not settings.register_delta_tables:
         return []
-    catalog = quote_identifier(settings.delta_catalog)
-    return [
-        f"CALL {catalog}.system.register_table(schema_name => {database}, "
-        f"table_name => {quote_literal(places.pipeline + suffix)}, "
-        f"table_location => {quote_literal(_uri(places.table(which).uri))})"
-        for which, suffix in TABLE_SUFFIXES.items()
-    ]
+    return _register(places, metastore, settings.delta_catalog, settings.delta_catalog)
+
+
+def _register(
+    places: Places, metastore: MetastoreConfig, delta_catalog: str, table_catalog: str
+) -> list[str]:
+    """`register_table` of each table: the ledger in the Delta catalog, the others in
+    the catalog of the pipeline's format (Delta or Iceberg), both procedures alike."""
+    out = []
+    for which, suffix in TABLE_SUFFIXES.items():
+        catalog = quote_identifier(delta_catalog if which == "ledger" else table_catalog)
+        args = ", ".join(
+            [
+                f"schema_name => {quote_literal(metastore.database)}",
+                f"table_name => {quote_literal(places.pipeline + suffix)}",
+                f"table_location => {quote_literal(_uri(places.table(which).uri))}",
+            ]
+        )
+        out.append(f"CALL {catalog}.system.register_table({args})")
+    return out
 
 
 def run_in_trino(settings: TrinoConfig, statements: list[str]) -> list[str]:
@@ -241,6 +260,7 @@ def pipeline_ddl(
     metastore: MetastoreConfig,
     delta_catalog: str = "delta",
     hive_catalog: str = "hive",
+    iceberg_catalog: str = "iceberg",
 ) -> str:
     """Trino statements that make a pipeline's tables queryable, as a script.
 
@@ -250,10 +270,29 @@ def pipeline_ddl(
         Semicolon-terminated statements, one per paragraph.
     """
     out = [f"-- Tables of pipeline {places.pipeline} ({places.format})"]
-    out += [
-        f"{s};" for s in ddl_statements(places, schemas, metastore, delta_catalog, hive_catalog)
-    ]
+    if places.format == "iceberg":
+        out.append(iceberg_catalog_note(metastore, iceberg_catalog))
+    statements = ddl_statements(
+        places, schemas, metastore, delta_catalog, hive_catalog, iceberg_catalog
+    )
+    out += [f"{s};" for s in statements]
     return "\n\n".join(out) + "\n"
+
+
+def iceberg_catalog_note(metastore: MetastoreConfig, catalog: str) -> str:
+    """The Trino catalog file that reads the Iceberg tables straight from the metastore."""
+    uri = redact(metastore.uri or "thrift://<metastore host>:9083")
+    return "\n".join(
+        [
+            "-- A Trino Iceberg catalog on this metastore sees the tables with no statement:",
+            f"-- etc/catalog/{catalog}.properties",
+            "--   connector.name=iceberg",
+            "--   iceberg.catalog.type=hive_metastore",
+            f"--   hive.metastore.uri={uri}",
+            "-- On a Trino whose catalogs use another metastore, register them (the",
+            "-- procedure needs iceberg.register-table-procedure.enabled=true):",
+        ]
+    )
 
 
 def ddl_statements(
@@ -262,11 +301,13 @@ def ddl_statements(
     metastore: MetastoreConfig,
     delta_catalog: str,
     hive_catalog: str,
+    iceberg_catalog: str = "iceberg",
 ) -> list[str]:
     """Trino statements that make a pipeline's tables queryable, one by one.
 
-    Delta tables are registered in the Delta Lake catalog; plain Parquet tables are
-    created in the Hive catalog, and their partitions synchronised from storage.
+    Delta tables are registered in the Delta Lake catalog, Iceberg tables in the
+    Iceberg catalog (the ledger, Delta, in the Delta Lake catalog); plain Parquet tables
+    are created in the Hive catalog, and their partitions synchronised from storage.
     `strata register` does the same through the metastore; these statements are for
     a Trino whose catalogs point at another metastore, or for review. Each can run
     again: a table there already is not created twice.
@@ -277,25 +318,19 @@ def ddl_statements(
         metastore: The metastore settings (the database, Trino's schema).
         delta_catalog: Name of Trino's Delta Lake catalog.
         hive_catalog: Name of Trino's Hive catalog.
+        iceberg_catalog: Name of Trino's Iceberg catalog.
 
     Returns:
         The statements, without terminating semicolons.
     """
     schema = quote_identifier(metastore.database)
     out = []
-    if places.format == "delta":
-        catalog = quote_identifier(delta_catalog)
-        out.append(f"CREATE SCHEMA IF NOT EXISTS {catalog}.{schema}")
-        for which, suffix in TABLE_SUFFIXES.items():
-            args = ", ".join(
-                [
-                    f"schema_name => {quote_literal(metastore.database)}",
-                    f"table_name => {quote_literal(places.pipeline + suffix)}",
-                    f"table_location => {quote_literal(_uri(places.table(which).uri))}",
-                ]
-            )
-            out.append(f"CALL {catalog}.system.register_table({args})")
-        return out
+    if places.format in ("delta", "iceberg"):
+        catalogs = {delta_catalog, delta_catalog if places.format == "delta" else iceberg_catalog}
+        for catalog in sorted(catalogs):
+            out.append(f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(catalog)}.{schema}")
+        table_catalog = delta_catalog if places.format == "delta" else iceberg_catalog
+        return out + _register(places, metastore, delta_catalog, table_catalog)
     catalog = quote_identifier(hive_catalog)
     out.append(f"CREATE SCHEMA IF NOT EXISTS {catalog}.{schema}")
     for which, suffix in TABLE_SUFFIXES.items():

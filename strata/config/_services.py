@@ -66,9 +66,11 @@ class TrinoConfig(_Strict):
         ca_file: PEM file of the certificate authority that signed the coordinator's
             certificate, when it is not one the system trusts.
         hive_catalog: Trino catalog over the metastore for Parquet tables.
-        delta_catalog: Trino catalog for Delta tables.
-        register_delta_tables: Call `register_table` for Delta tables. Only needed when
-            Trino's Delta catalog uses another metastore than `metastore.uri`.
+        delta_catalog: Trino catalog for Delta tables (the ledger of every pipeline).
+        iceberg_catalog: Trino catalog for Iceberg tables (`table_format: iceberg`).
+        register_delta_tables: Call `register_table` for Delta (and Iceberg) tables.
+            Only needed when Trino's Delta (and Iceberg) catalogs use another metastore
+            than `metastore.uri`.
         timeout_s: Bound on each statement.
     """
 
@@ -79,8 +81,15 @@ class TrinoConfig(_Strict):
     ca_file: str | None = None
     hive_catalog: str = "hive"
     delta_catalog: str = "delta"
+    iceberg_catalog: str = "iceberg"
     register_delta_tables: bool = False
     timeout_s: float = Field(default=60.0, gt=0)
+
+    def catalog_for(self, table_format: str) -> str:
+        """The Trino catalog that reads a pipeline's data tables of this format."""
+        return {"delta": self.delta_catalog, "iceberg": self.iceberg_catalog}.get(
+            table_format, self.hive_catalog
+        )
 
     @field_validator("url")
     @classmethod

@@ -641,3 +641,19 @@ def remove_batch(ref: TableRef, batch: int, summary: Mapping[str, Any]) -> int:
         return [t.file for t in scan.plan_files() if only_batch(current, t.file, batch)]
 
     return replace_files(ref, table, own, [], summary)
+
+
+def set_properties(ref: TableRef, properties: Mapping[str, str]) -> bool:
+    """Set table properties the table does not hold yet as given; whether any changed.
+
+    No table yet (its first batch not committed): nothing to set, and False.
+    """
+    table = open_table(ref)
+    if table is None:
+        return False
+    changed = {k: v for k, v in properties.items() if table.properties.get(k) != v}
+    if not changed:
+        return False
+    with table.transaction() as tx:
+        tx.set_properties(changed)
+    return True

@@ -17,12 +17,16 @@ from pathlib import Path
 import pytest
 
 from strata import faults
+from strata.catalog.metastore import MetastoreClient
+from strata.config import load_pipeline
 from strata.maintenance.vacuum import vacuum
 from strata.run import reprocess, run_batch
 from strata.store.ledger import ledger_state, read_ledger
 from strata.store.ranges import OffsetRange
 from tests.conftest import expected_offsets, iceberg_table, produce_clicks, s3_pipeline
+from tests.fake_trino import FakeTrino, self_signed_certificate
 from tests.faults import armed
+from tests.integration.test_airflow import load_dags, states
 from tests.integration.test_compaction import (
     compacted,
     ended,
@@ -31,16 +35,19 @@ from tests.integration.test_compaction import (
     vacuum_once_free,
     wait_stopped,
 )
+from tests.integration.test_evolution import edit_schema, without_field
+from tests.integration.test_recovery import last_json
+from tests.integration.test_routes import _routed_tables
 from tests.integration.test_runners import second_host, wait_frozen
 
 
 def iceberg_pipeline(make_pipeline, metastore, partitions: int = 3, **overrides):
-    """A click pipeline writing Iceberg tables, in a database of its own."""
+    """A click pipeline writing Iceberg tables in the local metastore."""
     p = make_pipeline(
         partitions=partitions,
         overrides={
             "table_format": "iceberg",
-            "metastore": {"uri": metastore.uri, "database": "ice"},
+            "metastore": {"uri": metastore.uri},
             **overrides,
         },
     )
@@ -86,6 +93,35 @@ def test_click_events_land_in_iceberg_tables_once_each_in_its_event_hour(
     assert sum(r["rows"] for r in ranges) == data.num_rows
     spec = [(f.name, str(f.transform)) for f in table.spec().fields]
     assert spec == [("dt", "identity"), ("hr", "identity")]
+
+    # The run registered the tables: the Iceberg ones are the catalog's own entries (a
+    # Hive reader sees `table_type=ICEBERG`), the ledger a Delta table; the data
+    # table's completeness marks are Iceberg table properties.
+    with MetastoreClient(metastore.uri, 30) as client:
+        entry = client.get_table("strata", p.name)
+        assert entry is not None and entry.parameters["table_type"] == "ICEBERG"
+        ledger = client.get_table("strata", p.name + "_ledger")
+        assert ledger is not None and ledger.parameters.get("spark.sql.sources.provider") == "delta"
+    assert table.refresh().properties.get("strata.complete_before")
+
+    # What a user reads: the status, the batch's quality checks, and Trino SQL run
+    # embedded over the Iceberg tables' current snapshots.
+    status = p.cli("status")
+    assert status.returncode == 0 and "batch 1" in status.stdout, status.stderr
+    quality = p.cli("quality", "--batch", "1", "--json")
+    assert quality.returncode == 0, quality.stderr
+    checks = {c["name"]: c["success"] for c in last_json(quality)["checks"]}
+    # Every check reads the Iceberg table and passes, but the event-time window: the
+    # test's events are a year older than the commit.
+    failed = [name for name, ok in checks.items() if not ok]
+    assert len(checks) > 5 and failed == ["expect_column_values_to_be_between"], checks
+    assert last_json(quality)["rows"] == data.num_rows
+    hourly = p.cli("sql", "query", "rows_per_hour", "--format", "json")
+    assert hourly.returncode == 0, hourly.stderr
+    assert sum(r["row_count"] for r in json.loads(hourly.stdout)) == data.num_rows
+    reasons = p.cli("sql", "query", "quarantine_reasons", "--format", "json")
+    assert reasons.returncode == 0, reasons.stderr
+    assert sum(r["messages"] for r in json.loads(reasons.stdout)) == 7
 
     # A second batch appends a snapshot of its own; a run with nothing new adds none.
     more = produce_clicks(broker, p.topic, 3, 600, seed=11)
@@ -416,3 +452,107 @@ def test_a_compaction_paused_past_its_lease_commits_nothing_to_iceberg_a_vacuum_
     assert report.partitions and {e.outcome for e in report.partitions} == {"compacted"}
     assert set(files_per_hour(p).values()) == {1}
     assert all_rows(p) == before
+
+
+def test_an_added_field_gets_a_new_iceberg_column_id_and_old_rows_read_it_as_null(
+    make_pipeline, broker, metastore, spark
+):
+    p = iceberg_pipeline(make_pipeline, metastore, partitions=2)
+    edit_schema(p, without_field("country"))
+    first = produce_clicks(broker, p.topic, 2, 300)
+    run_batch(p.cfg(), session=lambda _: spark)
+    schema = readers_table(p).schema()
+    assert "country" not in {f.name for f in schema.fields}
+    ids = {f.name: f.field_id for f in schema.fields}
+    old_files = {t.file.file_path for t in readers_table(p).scan().plan_files()}
+
+    edit_schema(p, lambda fields: fields + [{"name": "country", "type": ["null", "string"]}])
+    second = produce_clicks(broker, p.topic, 2, 300, seed=11)
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+    assert outcome.status == "committed"
+    assert any("the schema gained `country`" in w for w in outcome.warnings), outcome.warnings
+
+    table = readers_table(p)
+    evolved = {f.name: f.field_id for f in table.schema().fields}
+    # The new column takes an id of its own; the others keep theirs.
+    assert evolved["country"] not in ids.values() and {k: evolved[k] for k in ids} == ids
+    assert json.loads(table.properties["schema.name-mapping.default"])[-1]["names"] == ["country"]
+    assert old_files <= {t.file.file_path for t in table.scan().plan_files()}
+    rows = table.scan(selected_fields=("_batch", "country")).to_arrow().to_pylist()
+    by_batch = Counter((r["_batch"], r["country"] is None) for r in rows)
+    assert by_batch[(1, False)] == 0 and by_batch[(1, True)] == sum(first.values())
+    assert by_batch[(2, False)] > by_batch[(2, True)] > 0
+    assert p.landed() == expected_offsets({q: first[q] + second[q] for q in first})
+
+
+def test_topics_routed_to_iceberg_tables_land_each_in_its_own(make_pipeline, broker, metastore):
+    p = iceberg_pipeline(make_pipeline, metastore, partitions=2)
+    topics, counts = _routed_tables(p, broker, "kind")
+    cfg = load_pipeline(p.name, p.conf_dir)
+    tables = [cfg.table_for(t) for t in topics]
+    done = p.cli("run", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {t: b["status"] for t, b in body["tables"].items()} == dict.fromkeys(tables, "committed")
+    for topic, table in zip(topics, tables, strict=True):
+        child = cfg.route(table)
+        rows = Counter()
+        for which in ("table", "quarantine"):
+            t = (
+                iceberg_table(child, which)
+                .scan(selected_fields=("_topic", "_partition", "_offset"))
+                .to_arrow()
+            )
+            rows.update(zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True))
+        assert rows == Counter(
+            {(topic, q, o): 1 for q, n in counts[topic].items() for o in range(n)}
+        )
+        assert iceberg_table(child, "table").properties["strata.batch." + table] == "1"
+
+
+def test_the_replay_and_maintenance_dags_run_on_iceberg_tables(
+    make_pipeline, broker, metastore, spark, airflow_db, monkeypatch, tmp_path
+):
+    p = iceberg_pipeline(
+        make_pipeline,
+        metastore,
+        partitions=2,
+        airflow={"trino_conn_id": "strata_trino"},
+        trino={"register_delta_tables": True},
+    )
+    per = produce_clicks(broker, p.topic, 2, 300, malformed=2)
+    run_batch(p.cfg(), session=lambda _: spark)
+    monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    dags = load_dags(p.conf_dir).dags
+    run = dags["strata_replay"].test(
+        run_conf={"pipeline": p.name, "from_batch": 1, "reason": "decoder fix"}
+    )
+    assert str(run.state) == "success", states(run)
+    assert p.landed() == expected_offsets(per)
+    rows = p.table_rows("table", ["_batch"]).column("_batch").to_pylist()
+    assert set(rows) == {2}
+
+    cert, key = self_signed_certificate(tmp_path)
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+    with FakeTrino((cert, key)) as fake:
+        connection = {
+            "conn_type": "trino",
+            "host": "127.0.0.1",
+            "port": fake.port,
+            "login": "airflow",
+            "password": "pw",
+            "extra": {"protocol": "https", "verify": str(cert)},
+        }
+        monkeypatch.setenv("AIRFLOW_CONN_STRATA_TRINO", json.dumps(connection))
+        run = dags["strata_maintenance"].test()
+    assert str(run.state) == "success", states(run)
+    ran = [statement for _, _, statement in fake.requests]
+    registered = [s for s in ran if "register_table" in s]
+    assert [s.split(".system")[0].split()[-1] for s in registered] == [
+        '"iceberg"',
+        '"iceberg"',
+        '"iceberg"',
+        '"delta"',
+    ]
+    assert p.landed() == expected_offsets(per)

@@ -193,3 +193,35 @@ def test_the_trino_access_token_goes_as_a_bearer_token(tmp_path):
         cfg = _trino_pipeline(url=fake.url, access_token="eyJ.jwt.token", ca_file=str(tls[0]))
         run_in_trino(cfg.trino, ["CALL x()"])
     assert fake.requests == [("strata", "Bearer eyJ.jwt.token", "CALL x()")]
+
+
+def test_iceberg_ddl_registers_in_the_iceberg_catalog_and_names_the_catalog_file(monkeypatch):
+    monkeypatch.setenv("STRATA_WAREHOUSE", "s3://b/w")
+    delta = load_pipeline("clicks", ROOT / "conf")
+    body = {
+        **delta.model_dump(),
+        "table_format": "iceberg",
+        "metastore": {"uri": "thrift://hms.example:9083", "database": "lake"},
+    }
+    cfg = PipelineConfig.model_validate(body)
+    ddl = pipeline_ddl(cfg.places(), cfg.schemas(), cfg.metastore, "dl", "hv", "ice")
+    assert "connector.name=iceberg" in ddl and "iceberg.catalog.type=hive_metastore" in ddl
+    assert "hive.metastore.uri=thrift://hms.example:9083" in ddl
+    parsed = statements(ddl)
+    calls = [s.sql() for s in parsed if "register_table" in s.sql()]
+    # The three Iceberg tables in the Iceberg catalog; the ledger, Delta, in Delta's.
+    assert [c.split(".system")[0].rsplit(" ", 1)[-1] for c in calls] == [
+        '"ice"',
+        '"ice"',
+        '"ice"',
+        '"dl"',
+    ]
+    assert "'s3://b/w/clicks_raw'" in calls[1] and "table_name => 'clicks_ledger'" in calls[3]
+    schemas = [s.sql() for s in parsed if isinstance(s, exp.Create) and s.kind == "SCHEMA"]
+    assert len(schemas) == 2
+
+
+def test_iceberg_needs_a_metastore_and_says_which_key():
+    delta = load_pipeline("clicks", ROOT / "conf")
+    with pytest.raises(ValueError, match="metastore.uri"):
+        PipelineConfig.model_validate({**delta.model_dump(), "table_format": "iceberg"})
