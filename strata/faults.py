@@ -45,6 +45,10 @@ AFTER_COMMIT: Final[Mapping[str, str]] = MappingProxyType(
     {"raw": AFTER_RAW_COMMIT, "quarantine": AFTER_QUARANTINE_COMMIT, "table": AFTER_DATA_COMMIT}
 )
 
+# An Iceberg commit (`strata.store.iceberg`): inside the metastore's table lock, the new
+# metadata file written, the table's entry not yet pointed at it.
+ICEBERG_METADATA_WRITTEN: Final = "iceberg_metadata_written"
+
 # A compaction (`strata.maintenance.compact`): merged files written, none committed; a
 # partition's commit (Delta) or move (plain Parquet); its last lease check before it acts.
 AFTER_COMPACT_FILES: Final = "after_compact_files"
@@ -60,6 +64,7 @@ POINTS: Final = frozenset(
         *BEFORE_COMMIT.values(),
         *AFTER_COMMIT.values(),
         AFTER_LEDGER,
+        ICEBERG_METADATA_WRITTEN,
         AFTER_COMPACT_FILES,
         AFTER_COMPACT_COMMIT,
         AFTER_COMPACT_MOVE,

@@ -50,6 +50,7 @@ import org.apache.hadoop.hive.conf.HiveConf;
 import org.apache.hadoop.hive.metastore.HiveMetaStore;
 import org.apache.hadoop.hive.metastore.IHMSHandler;
 import org.apache.hadoop.hive.metastore.TSetIpAddressProcessor;
+import org.apache.hadoop.hive.metastore.txn.TxnUtils;
 import org.apache.thrift.protocol.TBinaryProtocol;
 import org.apache.thrift.server.TThreadPoolServer;
 import org.apache.thrift.transport.TServerSocket;
@@ -72,6 +73,23 @@ public class StrataLocalMetastore {
             new TBinaryProtocol.Factory(true, true, maxMessage, maxMessage));
         server.minWorkerThreads(conf.getIntVar(HiveConf.ConfVars.METASTORESERVERMINTHREADS));
         server.maxWorkerThreads(conf.getIntVar(HiveConf.ConfVars.METASTORESERVERMAXTHREADS));
+        // The lock reaper a production metastore runs as its housekeeper: a lock whose
+        // holder died (a commit killed inside it) goes after hive.txn.timeout.
+        final HiveConf reaped = conf;
+        Thread reaper = new Thread(new Runnable() {
+            public void run() {
+                while (true) {
+                    try {
+                        TxnUtils.getTxnStore(reaped).performTimeOuts();
+                        Thread.sleep(2000L);
+                    } catch (Throwable e) {
+                        try { Thread.sleep(2000L); } catch (InterruptedException stop) { return; }
+                    }
+                }
+            }
+        });
+        reaper.setDaemon(true);
+        reaper.start();
         new TThreadPoolServer(server).serve();
     }
 }
@@ -153,8 +171,9 @@ def hive_site(directory: Path) -> str:
         # those tables' connections.
         "datanucleus.connectionPoolingType": "HikariCP",
         # A lock whose holder died (a committer killed mid-commit) is given up after
-        # this long instead of five minutes; a commit holds it for well under a second.
-        "hive.txn.timeout": "30s",
+        # this long (by the launcher's reaper) instead of five minutes; a commit holds
+        # it for well under a second.
+        "hive.txn.timeout": "20s",
         # Tables on an object store: the wheel has no S3 connector, and the metastore
         # needs none to record where a table is (see the launcher's stand-in).
         "fs.s3.impl": "StrataObjectStoreStandIn",

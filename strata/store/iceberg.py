@@ -54,13 +54,16 @@ from pyiceberg.table import TableProperties
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 
+from strata import faults
 from strata.errors import LeaseLost
 from strata.store.files import filesystem
 from strata.store.parquet import WrittenFile
 from strata.store.places import DATABASE_DESCRIPTION
 
 if TYPE_CHECKING:
+    from pyiceberg.io import FileIO
     from pyiceberg.table import Table
+    from pyiceberg.table.metadata import TableMetadata
     from pyiceberg.types import PrimitiveType
 
     from strata.store.places import TableRef
@@ -88,6 +91,12 @@ class _HiveCatalog(HiveCatalog):
     test mode refuses that (`operationType=UNSET`). Iceberg's Java client asks for the
     same lock with `NO_TXN`, which every metastore since 2.x accepts.
     """
+
+    @staticmethod
+    def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
+        """Write a commit's new metadata file (under the table lock, before the swap)."""
+        HiveCatalog._write_metadata(metadata, io, metadata_path)
+        faults.reached(faults.ICEBERG_METADATA_WRITTEN)
 
     def _create_lock_request(self, database_name: str, table_name: str) -> LockRequest:
         component = LockComponent(

@@ -556,3 +556,27 @@ def test_the_replay_and_maintenance_dags_run_on_iceberg_tables(
         '"delta"',
     ]
     assert p.landed() == expected_offsets(per)
+
+
+def test_a_kill_inside_the_metastore_lock_holds_the_next_commit_until_the_lock_expires(
+    make_pipeline, broker, metastore, spark
+):
+    # Killed with the table lock held and the new metadata written, before the table's
+    # entry points at it: the commit did not happen, and the lock outlives the process.
+    # The next run waits for the metastore to give the dead holder's lock up
+    # (`hive.txn.timeout`), then commits the batch once.
+    p = iceberg_pipeline(make_pipeline, metastore, partitions=2)
+    first = produce_clicks(broker, p.topic, 2, 400)
+    run_batch(p.cfg(), session=lambda _: spark)
+    second = produce_clicks(broker, p.topic, 2, 400, seed=5)
+    crashed = p.cli("run", env=p.env(**armed(crash_at=faults.ICEBERG_METADATA_WRITTEN)))
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert batch_snapshots(p, "raw", 2) == 0
+    began = time.monotonic()
+    rerun = run_batch(p.cfg(), session=lambda _: spark)
+    assert (rerun.status, rerun.batch) == ("resumed", 2)
+    assert time.monotonic() - began > 5  # it did wait for the lock
+    assert p.landed() == expected_offsets({q: first[q] + second[q] for q in first})
+    assert p.raw_copies() == expected_offsets({q: first[q] + second[q] for q in first})
+    for which in ("table", "raw", "quarantine"):
+        assert batch_snapshots(p, which, 2) == 1, which
