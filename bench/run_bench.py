@@ -34,6 +34,7 @@ from typing import Any
 
 import psutil
 
+from bench.formats import formats
 from bench.harness import (
     PARTITIONS,
     ROOT,
@@ -267,6 +268,7 @@ def main() -> int:
             scale_lines, scale = partitions(broker, work)
             routed_lines, routed = topics(broker, work)
             history_lines, aged = history(broker, work)
+            format_lines, by_format = formats(broker, work)
 
         bare, naive = refs["bare"], refs["naive"]
         n, b = bare["result"]["messages"], bare["result"]["bytes"]
@@ -372,6 +374,7 @@ def main() -> int:
             **scale,
             **routed,
             **aged,
+            **by_format,
         }
         lines += [
             "",
@@ -400,6 +403,7 @@ def main() -> int:
             *scale_lines,
             *routed_lines,
             *history_lines,
+            *format_lines,
         ]
         print("\n".join(lines))
         return 0

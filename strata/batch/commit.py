@@ -44,7 +44,7 @@ from strata.errors import PlanError, ReconcileError
 from strata.log import get_logger
 from strata.schema.avro import table_layout
 from strata.stages import Stages
-from strata.store import iceberg
+from strata.store import iceberg, iceberg_swap
 from strata.store.delta import (
     add_missing_columns,
     batch_removes,
@@ -469,7 +469,7 @@ def remove_batch_rows(
     """Remove an ingest batch's own files from a Delta or Iceberg table; how many were removed."""
     ref = places.table(name)
     if ref.format == "iceberg":
-        return iceberg.remove_batch(ref, batch, {FENCE_KEY: note})
+        return iceberg_swap.remove_batch(ref, batch, {FENCE_KEY: note})
     table = open_table(ref.uri, ref.options)
     if table is None:
         return 0

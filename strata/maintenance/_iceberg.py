@@ -3,7 +3,7 @@
 - **Compaction** picks files as for Delta (`plan_table`, from each current file's
   manifest entry: its size, partition, `_batch` bounds and when its snapshot landed),
   merges them in Spark tasks, and swaps a partition's merged files for the new ones in
-  one `overwrite` snapshot (`strata.store.iceberg.replace_files`). Where the lock is
+  one `overwrite` snapshot (`strata.store.iceberg_swap.replace_files`). Where the lock is
   a lease, the commit records the run's fencing token and is refused once a later run
   fenced the table.
 - **Vacuum** fences each table with its token first (a snapshot with no files, which
@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 from pyiceberg.conversions import from_bytes
 
 from strata import faults
-from strata.store import iceberg
+from strata.store import iceberg, iceberg_swap
 from strata.store.parquet import WrittenFile, file_batch, is_compaction_file
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def commit_partition(
 
     summary = {COMPACTION_KEY: {"partition": picked.name, "removed": len(old), "added": len(new)}}
     fence = None if lock.token is None else (pipeline, lock.token)
-    iceberg.replace_files(ref, table, chosen, new, summary, fence)
+    iceberg_swap.replace_files(ref, table, chosen, new, summary, fence)
     return left or "compacted"
 
 
@@ -151,7 +151,7 @@ def vacuum_table(
     if lock is not None and lock.token is not None:
         # Before anything is listed: a file listed after the fence is one no compaction
         # holding an older token can still commit.
-        iceberg.fence_maintenance(table, pipeline, lock.token, "vacuum")
+        iceberg_swap.fence_maintenance(table, pipeline, lock.token, "vacuum")
         table = table.refresh()
     cutoff_ms = int((datetime.now(UTC) - retention).timestamp() * 1000)
     current = table.current_snapshot()

@@ -31,8 +31,9 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -52,10 +53,11 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import TableProperties
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.typedef import Record
+from pyiceberg.typedef import Identifier, Record
+from thrift.Thrift import TException
 
 from strata import faults
-from strata.errors import LeaseLost
+from strata.errors import MetastoreError
 from strata.store.files import filesystem
 from strata.store.parquet import WrittenFile
 from strata.store.places import DATABASE_DESCRIPTION
@@ -71,15 +73,11 @@ if TYPE_CHECKING:
 
 # The table property holding the newest batch of a pipeline committed to the table.
 _BATCH_PROPERTY = "strata.batch.{pipeline}"
-# The table property holding the fencing token of the newest maintenance run to commit.
-_MAINTENANCE_PROPERTY = "strata.maintenance.{pipeline}"
-# The snapshot summary key of a maintenance fence: the token, and what fenced.
-FENCE_INFO_KEY = "strata.maintenance_fence"
 # Snapshot summary keys of a batch's commit.
 SUMMARY_BATCH = "strata.batch"
 SUMMARY_PIPELINE = "strata.pipeline"
 # A commit beaten by another writer's is tried again this often, the batch checked first.
-_COMMIT_TRIES = 8
+COMMIT_TRIES = 8
 # The first field id of partition fields, as Iceberg numbers them.
 _PARTITION_FIELD_IDS = 1000
 
@@ -98,6 +96,26 @@ class _HiveCatalog(HiveCatalog):
         HiveCatalog._write_metadata(metadata, io, metadata_path)
         faults.reached(faults.ICEBERG_METADATA_WRITTEN)
 
+    def load_table(self, identifier: str | Identifier) -> Table:
+        """Load a table; what the metastore answers in Thrift's terms, as Strata's error."""
+        with _metastore_errors(self, "load", identifier):
+            return super().load_table(identifier)
+
+    def create_table(self, identifier: str | Identifier, *args: Any, **kwargs: Any) -> Table:  # noqa: ANN401
+        """Create a table, its errors as `load_table`'s."""
+        with _metastore_errors(self, "create", identifier):
+            return super().create_table(identifier, *args, **kwargs)
+
+    def commit_table(self, table: Table, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        """Commit to a table under its lock, its errors as `load_table`'s."""
+        with _metastore_errors(self, "commit to", table.name()):
+            return super().commit_table(table, *args, **kwargs)
+
+    def create_namespace(self, namespace: str | Identifier, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
+        """Create a database, its errors as `load_table`'s."""
+        with _metastore_errors(self, "create the database of", namespace):
+            super().create_namespace(namespace, *args, **kwargs)
+
     def _create_lock_request(self, database_name: str, table_name: str) -> LockRequest:
         component = LockComponent(
             level=LockLevel.TABLE,
@@ -110,6 +128,28 @@ class _HiveCatalog(HiveCatalog):
         return LockRequest(
             component=[component], user=getpass.getuser(), hostname=socket.gethostname()
         )
+
+
+@contextmanager
+def _metastore_errors(
+    found: HiveCatalog, what: str, identifier: str | Identifier
+) -> Iterator[None]:
+    """Raise what the metastore refused, or a lost connection, as `MetastoreError`.
+
+    Thrift's exceptions cannot take a traceback once raised (they are frozen), so one
+    passing through a `with` block of the caller's fails there with a `TypeError`
+    that hides it; and their text names no table.
+    """
+    try:
+        yield
+    except TException as exc:
+        name = identifier if isinstance(identifier, str) else ".".join(identifier)
+        detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        raise MetastoreError(
+            f"the metastore at {found.properties.get('uri')} could not {what} Iceberg table "
+            f"{name}: {detail}. Check that it runs and that its schema has the transaction "
+            "tables (TXNS, HIVE_LOCKS) Iceberg's table lock needs"
+        ) from None
 
 
 def catalog(ref: TableRef) -> HiveCatalog:
@@ -309,6 +349,35 @@ def _partition_value(kind: Any, raw: str | None) -> Any:  # noqa: ANN401 - Icebe
     return raw
 
 
+T = TypeVar("T")
+
+
+def retry_commits(table: Table, step: Callable[[Table], T], fresh: bool = False) -> T:
+    """Take a commit's step on the table as loaded now; again while others' commits beat it.
+
+    Each try loads the table again (the first too, unless the caller just loaded it:
+    `fresh`), so the step decides on what stands now (whether the batch is there, which
+    files are current) before it commits. A commit leaves the handle at the metadata it
+    committed.
+
+    Raises:
+        CommitFailedException: If every try was beaten by another writer's commit.
+    """
+    for attempt in range(COMMIT_TRIES):
+        try:
+            return step(table if fresh and attempt == 0 else table.refresh())
+        except CommitFailedException:
+            if attempt == COMMIT_TRIES - 1:
+                raise
+            time.sleep(min(0.05 * 2**attempt, 2.0))
+    raise AssertionError("unreachable")
+
+
+def summary_properties(summary: Mapping[str, Any]) -> dict[str, str]:
+    """Snapshot summary values as Iceberg keeps them: strings, anything else as JSON."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in summary.items()}
+
+
 def commit_files(
     ref: TableRef,
     schema: pa.Schema,
@@ -338,9 +407,12 @@ def commit_files(
     """
     if table is None:
         table = create_table(ref, schema, partition_by)
+    else:
+        # Loaded before the batch's tasks ran: what landed since is read once here.
+        table = table.refresh()
     added = add_missing_columns(table, schema)
-    commit_batch(ref, pipeline, table, files, batch, meta, replacing)
-    return added, table.refresh()
+    committed = commit_batch(ref, pipeline, table, files, batch, meta, replacing, fresh=True)
+    return added, committed or table.refresh()
 
 
 def commit_batch(
@@ -351,6 +423,7 @@ def commit_batch(
     batch: int,
     summary: Mapping[str, Any],
     replacing: list[OffsetRange] | None = None,
+    fresh: bool = False,
 ) -> Table | None:
     """Append a batch's files to the table in one snapshot, unless the batch is there.
 
@@ -365,6 +438,7 @@ def commit_batch(
         replacing: Ranges whose rows are deleted in the same metadata commit, before
             the files are added (a backfill or replay): files holding only such rows
             are dropped, the others rewritten without them.
+        fresh: The table was loaded just now: the first try takes it as it is.
 
     Returns:
         The table after the commit; None if the batch was there already (another
@@ -376,32 +450,27 @@ def commit_batch(
     properties = {
         SUMMARY_BATCH: str(batch),
         SUMMARY_PIPELINE: pipeline,
-        **{k: v if isinstance(v, str) else json.dumps(v) for k, v in summary.items()},
+        **summary_properties(summary),
     }
     root = location(ref.uri).rstrip("/")
-    for attempt in range(_COMMIT_TRIES):
-        table = table.refresh()
-        if (committed_batch(table, pipeline) or -1) >= batch:
+
+    def commit(current: Table) -> Table | None:
+        if (committed_batch(current, pipeline) or -1) >= batch:
             return None
-        entries = [data_file(table, root, f) for f in files]
-        try:
-            with table.transaction() as tx:
-                tx.set_properties({_BATCH_PROPERTY.format(pipeline=pipeline): str(batch)})
-                if replacing:
-                    tx.delete(ranges_filter(replacing), snapshot_properties=properties)
-                # Always one snapshot, even of no files: the append carries the requirement
-                # that no commit landed since the table was loaded, which a change of
-                # properties alone would not.
-                with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
-                    for entry in entries:
-                        append.append_data_file(entry)
-        except CommitFailedException:
-            if attempt == _COMMIT_TRIES - 1:
-                raise
-            time.sleep(min(0.05 * 2**attempt, 2.0))
-            continue
-        return table.refresh()
-    raise AssertionError("unreachable")
+        entries = [data_file(current, root, f) for f in files]
+        with current.transaction() as tx:
+            tx.set_properties({_BATCH_PROPERTY.format(pipeline=pipeline): str(batch)})
+            if replacing:
+                tx.delete(ranges_filter(replacing), snapshot_properties=properties)
+            # Always one snapshot, even of no files: the append carries the requirement
+            # that no commit landed since the table was loaded, which a change of
+            # properties alone would not.
+            with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+                for entry in entries:
+                    append.append_data_file(entry)
+        return current
+
+    return retry_commits(table, commit, fresh)
 
 
 def ranges_filter(ranges: list[OffsetRange]) -> str:
@@ -454,26 +523,23 @@ def add_missing_columns(table: Table, schema: pa.Schema) -> list[str]:
     Returns:
         The columns added, by name.
     """
-    for attempt in range(_COMMIT_TRIES):
-        have = {f.name for f in table.schema().fields}
+
+    if all(f.name in {c.name for c in table.schema().fields} for f in schema):
+        return []  # the common case: the handle, loaded just now, has every column
+
+    def add(current: Table) -> list[str]:
+        have = {f.name for f in current.schema().fields}
         missing = [f.name for f in schema if f.name not in have]
-        if not missing:
-            return []
-        try:
+        if missing:
             # Only the new columns, optional (as Iceberg adds a column to existing rows):
             # a union with the whole schema would also try to tighten the partition
             # columns to required.
             added = pa.schema([schema.field(name).with_nullable(True) for name in missing])
-            with table.update_schema() as update:
+            with current.update_schema() as update:
                 update.union_by_name(added)
-        except CommitFailedException:
-            if attempt == _COMMIT_TRIES - 1:
-                raise
-            table = table.refresh()
-            continue
-        table.refresh()
         return missing
-    return []
+
+    return retry_commits(table, add)
 
 
 def arrow_dataset(ref: TableRef, table: Table | None = None) -> ds.Dataset | None:
@@ -524,132 +590,6 @@ def files_to_read(ref: TableRef, batch: int | None = None) -> tuple[str, ...]:
         return ()
     found = current_files(table) if batch is None else batch_files(table, batch)
     return tuple(relative(ref, f) for f in found)
-
-
-def only_batch(table: Table, data: DataFile, batch: int) -> bool:
-    """Whether a data file holds rows of `batch` alone (its `_batch` bounds say so)."""
-    column = table.schema().find_field("_batch")
-    kind = cast("PrimitiveType", column.field_type)
-    lows, highs = data.lower_bounds or {}, data.upper_bounds or {}
-    low, high = lows.get(column.field_id), highs.get(column.field_id)
-    return low is not None and high is not None and low == high == to_bytes(kind, batch)
-
-
-def maintenance_token(table: Table, pipeline: str) -> int | None:
-    """The fencing token of the newest maintenance run that committed to the table."""
-    value = table.properties.get(_MAINTENANCE_PROPERTY.format(pipeline=pipeline))
-    return None if value is None else int(value)
-
-
-def _check_token(table: Table, pipeline: str, token: int | None) -> None:
-    """Stop a maintenance run whose lease a later one took over (its token is higher)."""
-    stands = maintenance_token(table, pipeline)
-    if token is not None and stands is not None and stands > token:
-        raise LeaseLost(
-            f"pipeline {pipeline}: this maintenance run lost its lease: a later one (fencing "
-            f"token {stands}, this run's is {token}) fenced {table.name()}. Nothing more "
-            "was committed by it; what it left is picked up by the next compaction, and its "
-            "files are deleted by vacuum. Run the command again."
-        )
-
-
-def fence_maintenance(table: Table, pipeline: str, token: int, what: str) -> None:
-    """Commit a maintenance run's token to the table in a snapshot with no files: a fence.
-
-    The snapshot moves the branch: a compaction built on an earlier snapshot fails its
-    commit's requirement, and on the table as it is now sees the higher token and stops.
-    So files a compaction paused past its lease wrote can be deleted: it will never
-    commit them.
-
-    Raises:
-        LeaseLost: If the table holds a higher token: a later maintenance run fenced it.
-        CommitFailedException: If concurrent commits beat the fence on every try.
-    """
-    key = _MAINTENANCE_PROPERTY.format(pipeline=pipeline)
-    for attempt in range(_COMMIT_TRIES):
-        table = table.refresh()
-        _check_token(table, pipeline, token)
-        if maintenance_token(table, pipeline) == token:
-            return  # an attempt whose reply was lost landed after all
-        note = {FENCE_INFO_KEY: json.dumps({"token": token, "by": what})}
-        try:
-            with table.transaction() as tx:
-                tx.set_properties({key: str(token)})
-                with tx.update_snapshot(snapshot_properties=note).fast_append():
-                    pass
-        except CommitFailedException:
-            if attempt == _COMMIT_TRIES - 1:
-                raise
-            time.sleep(min(0.05 * 2**attempt, 2.0))
-            continue
-        return
-
-
-def replace_files(
-    ref: TableRef,
-    table: Table,
-    chosen: Callable[[Table], list[DataFile]],
-    added: list[WrittenFile],
-    summary: Mapping[str, Any],
-    fence: tuple[str, int] | None = None,
-) -> int:
-    """Swap files of the current snapshot for others, in one snapshot; how many went.
-
-    Args:
-        ref: The table.
-        table: The table; it is reloaded before each try.
-        chosen: The files to remove, chosen on the table as loaded for the try.
-        added: Files to add in their place (a compaction's), relative to the root.
-        summary: What the snapshot's summary records.
-        fence: `(pipeline, token)` of a maintenance run holding a lease: the commit
-            records the token, and is refused once a later run fenced the table.
-
-    Returns:
-        How many files were removed (0: nothing was committed).
-
-    Raises:
-        LeaseLost: If a later maintenance run fenced the table.
-    """
-    root = location(ref.uri).rstrip("/")
-    for attempt in range(_COMMIT_TRIES):
-        table = table.refresh()
-        if fence is not None:
-            _check_token(table, *fence)
-        doomed = chosen(table)
-        if not doomed:
-            return 0
-        entries = [data_file(table, root, f) for f in added]
-        try:
-            with table.transaction() as tx:
-                if fence is not None:
-                    pipeline, token = fence
-                    tx.set_properties({_MAINTENANCE_PROPERTY.format(pipeline=pipeline): str(token)})
-                props = {k: v if isinstance(v, str) else json.dumps(v) for k, v in summary.items()}
-                with tx.update_snapshot(snapshot_properties=props).overwrite() as swap:
-                    for gone in doomed:
-                        swap.delete_data_file(gone)
-                    for entry in entries:
-                        swap.append_data_file(entry)
-        except CommitFailedException:
-            if attempt == _COMMIT_TRIES - 1:
-                raise
-            time.sleep(min(0.05 * 2**attempt, 2.0))
-            continue
-        return len(doomed)
-    return 0
-
-
-def remove_batch(ref: TableRef, batch: int, summary: Mapping[str, Any]) -> int:
-    """Remove an ingest batch's own files (holding its rows alone); how many went."""
-    table = open_table(ref)
-    if table is None or table.current_snapshot() is None:
-        return 0
-
-    def own(current: Table) -> list[DataFile]:
-        scan = current.scan(row_filter=f"_batch = {int(batch)}")
-        return [t.file for t in scan.plan_files() if only_batch(current, t.file, batch)]
-
-    return replace_files(ref, table, own, [], summary)
 
 
 def set_properties(ref: TableRef, properties: Mapping[str, str]) -> bool:

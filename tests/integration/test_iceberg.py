@@ -15,10 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from strata import faults
 from strata.catalog.metastore import MetastoreClient
 from strata.config import load_pipeline
+from strata.local.service import free_port
 from strata.maintenance.vacuum import vacuum
 from strata.run import reprocess, run_batch
 from strata.store.ledger import ledger_state, read_ledger
@@ -580,3 +582,23 @@ def test_a_kill_inside_the_metastore_lock_holds_the_next_commit_until_the_lock_e
     assert p.raw_copies() == expected_offsets({q: first[q] + second[q] for q in first})
     for which in ("table", "raw", "quarantine"):
         assert batch_snapshots(p, which, 2) == 1, which
+
+
+def test_a_metastore_out_of_reach_stops_the_run_naming_it_and_nothing_is_committed(
+    make_pipeline, broker, metastore, spark
+):
+    p = iceberg_pipeline(make_pipeline, metastore, partitions=1)
+    per = produce_clicks(broker, p.topic, 1, 200)
+    gone = f"thrift://127.0.0.1:{free_port()}"
+    path = p.conf_dir / "pipelines" / f"{p.name}.yaml"
+    body = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**body, "metastore": {"uri": gone}}))
+    stopped = p.cli("run", "--json")
+    assert stopped.returncode == 1, stopped.stderr
+    error = last_json(stopped)["error"]
+    assert f"the metastore at {gone} could not" in error and p.name in error, error
+    assert "immutable" not in stopped.stderr
+    # Back in reach, the batch's saved plan is finished once.
+    path.write_text(yaml.safe_dump(body))
+    assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
+    assert p.landed() == expected_offsets(per)
