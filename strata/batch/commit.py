@@ -71,6 +71,8 @@ logger = get_logger(__name__)
 
 # Commit metadata of the empty commits and removals a ledger edit makes in the tables.
 FENCE_KEY = "strata.fence"
+# Commit metadata: the run (its id) whose files a table's commit of a batch holds.
+RUN_KEY = "strata.run"
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,8 @@ def write_and_commit(
         kept = {f.path for fs in written.values() for f in fs}
         with own_files_on_loss(places, plan.batch, run_id):
             remove_batch_files(places, plan.batch, keep=kept, only_run=run_id, lock=lock)
-    meta: dict[str, Any] = {RANGES_KEY: [vars(r) for r in results]}
+    # The run that committed is recorded beside the batch: its id is in every file name.
+    meta: dict[str, Any] = {RANGES_KEY: [vars(r) for r in results], RUN_KEY: run_id}
     if plan.kind != "ingest":
         meta[f"strata.{plan.kind}"] = plan.note
     created: dict[TableName, list[WrittenFile]] = {}

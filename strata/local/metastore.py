@@ -50,6 +50,7 @@ import org.apache.hadoop.hive.conf.HiveConf;
 import org.apache.hadoop.hive.metastore.HiveMetaStore;
 import org.apache.hadoop.hive.metastore.IHMSHandler;
 import org.apache.hadoop.hive.metastore.TSetIpAddressProcessor;
+import org.apache.hadoop.hive.metastore.txn.TxnStore;
 import org.apache.hadoop.hive.metastore.txn.TxnUtils;
 import org.apache.thrift.protocol.TBinaryProtocol;
 import org.apache.thrift.server.TThreadPoolServer;
@@ -73,14 +74,17 @@ public class StrataLocalMetastore {
             new TBinaryProtocol.Factory(true, true, maxMessage, maxMessage));
         server.minWorkerThreads(conf.getIntVar(HiveConf.ConfVars.METASTORESERVERMINTHREADS));
         server.maxWorkerThreads(conf.getIntVar(HiveConf.ConfVars.METASTORESERVERMAXTHREADS));
+        // In test mode each transaction store creates the lock tables (TXNS, HIVE_LOCKS,
+        // ...) if absent, and two doing so at once race: one fails. The first is made
+        // here, before the port opens, so every later one finds them.
+        final TxnStore store = TxnUtils.getTxnStore(conf);
         // The lock reaper a production metastore runs as its housekeeper: a lock whose
         // holder died (a commit killed inside it) goes after hive.txn.timeout.
-        final HiveConf reaped = conf;
         Thread reaper = new Thread(new Runnable() {
             public void run() {
                 while (true) {
                     try {
-                        TxnUtils.getTxnStore(reaped).performTimeOuts();
+                        store.performTimeOuts();
                         Thread.sleep(2000L);
                     } catch (Throwable e) {
                         try { Thread.sleep(2000L); } catch (InterruptedException stop) { return; }
@@ -265,31 +269,10 @@ class LocalMetastore(LocalService):
         # Derby writes derby.log to the working directory.
         self._spawn(command, cwd=self.directory, detach=detach)
         self._wait(timeout)
-        _prepare_locks(self.port)
         if detach and self._proc is not None:
             state = {"pid": self._proc.pid, "port": self.port, "uri": self.uri}
             (self.directory / STATE_FILE).write_text(json.dumps(state))
         return self
-
-
-def _prepare_locks(port: int) -> None:
-    """Have the metastore create its lock tables now, from one connection.
-
-    In test mode each of the metastore's connection threads creates them on its first
-    lock call: two first calls at once (two committers) race, and one fails finding a
-    table the other is still creating.
-    """
-    from hive_metastore.ThriftHiveMetastore import Client
-    from hive_metastore.ttypes import ShowLocksRequest
-    from thrift.protocol import TBinaryProtocol
-    from thrift.transport import TSocket, TTransport
-
-    transport = TTransport.TBufferedTransport(TSocket.TSocket(LOOPBACK, port))
-    transport.open()
-    try:
-        Client(TBinaryProtocol.TBinaryProtocol(transport)).show_locks(ShowLocksRequest())
-    finally:
-        transport.close()
 
 
 def metastore_up(directory: Path, port: int | None = None) -> dict[str, object]:

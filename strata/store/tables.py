@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from functools import partial
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
@@ -24,7 +25,6 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from strata.store import iceberg
 from strata.store.delta import batch_metadata, commit_metadata, open_table, range_filter
 from strata.store.files import filesystem
 from strata.store.locations import current_files
@@ -60,6 +60,7 @@ def dataset(
         (None while there is none).
     """
     if ref.format == "iceberg":
+        iceberg = _iceberg()
         return iceberg.arrow_dataset(ref, cast("IcebergTable | None", table))
     if ref.format == "delta":
         if table is None:
@@ -82,6 +83,18 @@ def dataset(
     )
 
 
+def _iceberg() -> ModuleType:
+    """`strata.store.iceberg`, imported where an Iceberg table is read.
+
+    The Spark tasks import this module to count their files, and the executors'
+    environment (`make dist`) has no pyiceberg: only the driver commits and reads
+    Iceberg tables.
+    """
+    from strata.store import iceberg
+
+    return iceberg
+
+
 def batch_record(
     ref: TableRef,
     pipeline: str,
@@ -99,6 +112,7 @@ def batch_record(
         table: The table opened already; without, it is opened.
     """
     if ref.format == "iceberg":
+        iceberg = _iceberg()
         found = cast("IcebergTable | None", table) or iceberg.open_table(ref)
         return None if found is None else iceberg.snapshot_summary(found, pipeline, batch, key)
     if table is None:
@@ -163,6 +177,7 @@ def batch_counts(
     """
     fs, root = filesystem(ref.uri, ref.options)
     if ref.format == "iceberg":
+        iceberg = _iceberg()
         found = cast("IcebergTable | None", table) or iceberg.open_table(ref)
         if found is None:
             return {}

@@ -512,7 +512,7 @@ def test_topics_routed_to_iceberg_tables_land_each_in_its_own(make_pipeline, bro
         assert iceberg_table(child, "table").properties["strata.batch." + table] == "1"
 
 
-def test_the_replay_and_maintenance_dags_run_on_iceberg_tables(
+def test_the_ingest_replay_and_maintenance_dags_run_on_iceberg_tables(
     make_pipeline, broker, metastore, spark, airflow_db, monkeypatch, tmp_path
 ):
     p = iceberg_pipeline(
@@ -523,9 +523,11 @@ def test_the_replay_and_maintenance_dags_run_on_iceberg_tables(
         trino={"register_delta_tables": True},
     )
     per = produce_clicks(broker, p.topic, 2, 300, malformed=2)
-    run_batch(p.cfg(), session=lambda _: spark)
     monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
     dags = load_dags(p.conf_dir).dags
+    run = dags[f"strata_ingest_{p.name}"].test()
+    assert str(run.state) == "success", states(run)
+    assert p.landed() == expected_offsets(per)
     run = dags["strata_replay"].test(
         run_conf={"pipeline": p.name, "from_batch": 1, "reason": "decoder fix"}
     )
@@ -601,4 +603,40 @@ def test_a_metastore_out_of_reach_stops_the_run_naming_it_and_nothing_is_committ
     # Back in reach, the batch's saved plan is finished once.
     path.write_text(yaml.safe_dump(body))
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
+    assert p.landed() == expected_offsets(per)
+
+
+def test_a_task_retried_by_spark_commits_only_its_successful_attempt_and_vacuum_takes_the_other(
+    make_pipeline, broker, metastore, tmp_path
+):
+    # A task attempt fails after its files are complete (a lost executor); Spark retries
+    # it. Only the files the successful attempts reported are committed; the failed
+    # attempt's stay on storage, in no snapshot, until vacuum deletes them.
+    p = iceberg_pipeline(make_pipeline, metastore, partitions=2)
+    per = produce_clicks(broker, p.topic, 2, 2000, malformed=3)
+    marker = tmp_path / "failed-once"
+    done = p.cli("run", env=p.env(**armed(fail_once_at=faults.TASK_FILES_CLOSED, once=marker)))
+    assert done.returncode == 0, done.stderr
+    assert marker.exists(), "no task attempt failed: the test proves nothing"
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    run_ids = set()
+    for which in ("table", "raw", "quarantine"):
+        committed = {t.file.file_path for t in readers_table(p, which).scan().plan_files()}
+        attempts: dict[str, set[str]] = {}
+        for path in committed:
+            task, attempt = path.rsplit("/", 1)[-1].split("-")[2:4]
+            attempts.setdefault(task, set()).add(attempt)
+        assert attempts and all(len(a) == 1 for a in attempts.values()), (which, attempts)
+        [summary] = [s for s in strata_snapshots(p, which) if s.get("strata.batch") == "1"]
+        run_ids.add(summary["strata.run"])
+        on_disk = {f"file://{f}" for f in Path(p.cfg().location(which)).rglob("part-*.parquet")}
+        # The failed attempt's files are there, unread (it may have had no quarantined row).
+        assert committed < on_disk if which != "quarantine" else committed <= on_disk, which
+    assert len(run_ids) == 1
+    vacuum(p.cfg().places(), "1h", p.cfg().metastore)
+    for which in ("table", "raw", "quarantine"):
+        committed = {t.file.file_path for t in readers_table(p, which).scan().plan_files()}
+        on_disk = {f"file://{f}" for f in Path(p.cfg().location(which)).rglob("part-*.parquet")}
+        assert committed == on_disk, which
     assert p.landed() == expected_offsets(per)

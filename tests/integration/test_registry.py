@@ -130,13 +130,18 @@ def test_a_registry_that_cannot_be_reached_fails_the_batch_and_quarantines_nothi
     assert not (p.warehouse / p.name).exists() or p.table_rows("quarantine").num_rows == 0
 
 
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 def test_a_table_that_follows_its_subject_takes_on_the_optional_fields_producers_add(
-    make_pipeline, broker, spark, schema_registry
+    make_pipeline, broker, spark, schema_registry, request, table_format
 ):
     from strata.store.ledger import committed_reader_schema
 
     overrides = registry_overrides(schema_registry.url)
     overrides["schema_registry"]["evolve"] = True
+    if table_format == "iceberg":
+        # The new column takes an Iceberg column id of its own (the name mapping with it).
+        metastore = request.getfixturevalue("metastore")
+        overrides |= {"table_format": "iceberg", "metastore": {"uri": metastore.uri}}
     p = make_pipeline(partitions=1, overrides=overrides)
     ctx = SerializationContext(p.topic, MessageField.VALUE)
     registry = client(schema_registry.url)

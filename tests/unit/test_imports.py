@@ -178,3 +178,42 @@ def test_the_product_imports_nothing_from_the_local_stack():
     assert "strata.run" in product and "strata.local.broker" in graph
     leaks = sorted(f"{m} -> {t}" for m in product for t in graph[m] if t.startswith("strata.local"))
     assert not leaks, leaks
+
+
+# What the executors' Spark installation brings along: not in their packed environment.
+_FROM_SPARK = ("pyspark", "py4j")
+
+# Imports the Spark tasks' modules in an interpreter where every distribution the
+# executor lock lacks is missing, as in the executors' packed environment: an optional
+# import (pandas, from pyarrow and pyspark) falls back as it does there.
+_AS_ON_AN_EXECUTOR = """
+import importlib.abc, importlib.metadata, sys
+locked = set(sys.argv[1].split(","))
+dists = importlib.metadata.packages_distributions()
+norm = lambda d: d.lower().replace("_", "-")
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        top = name.split(".")[0]
+        if top in dists and top != "strata" and top not in {spark}:
+            if not {{norm(d) for d in dists[top]}} & locked:
+                raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+sys.meta_path.insert(0, Missing())
+import strata.batch.task, strata.batch.write, strata.maintenance._bins
+"""
+
+
+def test_the_spark_tasks_import_only_what_the_executors_environment_holds():
+    # The executors' packed environment (`make dist`) holds the executor lock alone: a
+    # module the tasks import from any other distribution fails every task on a
+    # cluster, though every local run passes (the driver's environment has it all).
+    import subprocess
+    import sys
+
+    lock = (PACKAGE.parent / "requirements" / "executor.lock").read_text().splitlines()
+    locked = {line.split("==")[0].lower().replace("_", "-") for line in lock if "==" in line}
+    code = _AS_ON_AN_EXECUTOR.format(spark=repr(set(_FROM_SPARK)))
+    done = subprocess.run(
+        [sys.executable, "-c", code, ",".join(sorted(locked))], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
