@@ -2,8 +2,11 @@
 
 The Spark tasks write Parquet files as for Delta (partition columns kept out of the
 files, Hive-style `dt=/hr=` directories). The driver commits a table's files of a
-batch as one fast append, built from what the tasks reported (`WrittenFile`): no file
-is opened again. The snapshot's summary records the batch, the run and the batch's
+batch as one append, built from what the tasks reported (`WrittenFile`): no file
+is opened again. It is a merge append: each batch adds a manifest, and once a table
+holds 100 small ones they are folded into one, so that finding a batch's files (and
+every read) plans over a bounded number of manifests after years of hourly batches.
+The snapshot's summary records the batch, the run and the batch's
 ranges; the table property `strata.batch.<pipeline>` records the newest batch
 committed, set in the same metadata commit as the append.
 
@@ -260,6 +263,8 @@ def create_table(ref: TableRef, schema: pa.Schema, partition_by: list[str]) -> T
     properties = {
         TableProperties.DEFAULT_NAME_MAPPING: fresh.name_mapping.model_dump_json(),
         TableProperties.COMMIT_NUM_RETRIES: "0",
+        # A manifest per batch would be read by every scan, for ever: fold them.
+        TableProperties.MANIFEST_MERGE_ENABLED: "true",
         "write.parquet.compression-codec": "snappy",
     }
     found = catalog(ref)
@@ -465,7 +470,7 @@ def commit_batch(
             # Always one snapshot, even of no files: the append carries the requirement
             # that no commit landed since the table was loaded, which a change of
             # properties alone would not.
-            with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+            with tx.update_snapshot(snapshot_properties=properties).merge_append() as append:
                 for entry in entries:
                     append.append_data_file(entry)
         return current

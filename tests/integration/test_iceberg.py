@@ -14,6 +14,8 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -23,7 +25,10 @@ from strata.config import load_pipeline
 from strata.local.service import free_port
 from strata.maintenance.vacuum import vacuum
 from strata.run import reprocess, run_batch
+from strata.store import iceberg
 from strata.store.ledger import ledger_state, read_ledger
+from strata.store.parquet import WrittenFile
+from strata.store.places import TableRef
 from strata.store.ranges import OffsetRange
 from tests.conftest import expected_offsets, iceberg_table, produce_clicks, s3_pipeline
 from tests.fake_trino import FakeTrino, self_signed_certificate
@@ -642,3 +647,30 @@ def test_a_task_retried_by_spark_commits_only_its_successful_attempt_and_vacuum_
         on_disk = {f"file://{f}" for f in Path(p.cfg().location(which)).rglob("part-*.parquet")}
         assert committed == on_disk, which
     assert p.landed() == expected_offsets(per)
+
+
+def test_manifests_stay_few_after_more_batches_than_the_merge_count(metastore, tmp_path):
+    # Each batch's commit adds a manifest; every scan, and finding a batch's files,
+    # reads all of the current snapshot's. Folded once there are 100, they stay few.
+    ref = TableRef(str(tmp_path / "many"), "iceberg", {}, "many_batches", (metastore.uri, "many"))
+    schema = pa.schema([("_batch", pa.int64()), ("v", pa.string()), ("dt", pa.string())])
+    table = iceberg.create_table(ref, schema, ["dt"])
+    for batch in range(1, 121):
+        rel = f"dt=2026-01-01/part-b{batch:010d}-t00000-a0-run-f000.parquet"
+        path = tmp_path / "many" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"_batch": [batch], "v": [str(batch)]}), path)
+        stats = json.dumps({"minValues": {"_batch": batch}, "maxValues": {"_batch": batch}})
+        written = WrittenFile(rel, path.stat().st_size, {"dt": "2026-01-01"}, 1, stats)
+        committed = iceberg.commit_batch(ref, "many", table, [written], batch, {})
+        assert committed is not None
+    loaded = iceberg.open_table(ref)
+    assert loaded is not None
+    snapshot = loaded.current_snapshot()
+    assert snapshot is not None
+    assert len(snapshot.manifests(loaded.io)) <= 25
+    assert loaded.scan().to_arrow().num_rows == 120
+    assert [r["_batch"] for r in loaded.scan(row_filter="_batch = 77").to_arrow().to_pylist()] == [
+        77
+    ]
+    assert len(iceberg.batch_files(loaded, 77)) == 1
