@@ -105,8 +105,8 @@ def drop_plan(
                 f"batch {batch} of pipeline {places.pipeline} has no saved plan; nothing to drop"
             )
         # Delta and Iceberg tables commit; plain Parquet files count once written.
-        delta = places.format != "parquet"
-        stood = [name for name in TABLES if delta and _committed(places, name, batch)]
+        logged = places.format != "parquet"
+        stood = [name for name in TABLES if logged and _committed(places, name, batch)]
         kind = plan.kind if plan is not None else _committed_kind(places, batch, stood)
         if begun is not None:
             force = bool(begun.get("force"))
@@ -124,7 +124,7 @@ def drop_plan(
             {"who": who, "reason": reason, "force": force, "at": _now(), "kind": kind or "?"},
         )
         note = f"plan of batch {batch} abandoned by {who}: {reason}"
-        if delta:
+        if logged:
             for name in TABLES:
                 lock.check()
                 if name in stood and kind == "ingest":

@@ -298,7 +298,9 @@ def data_file(table: Table, root: str, written: WrittenFile) -> DataFile:
     for field in spec.fields:
         column = schema.find_column_name(field.source_id)
         raw = written.partition_values.get(column or "")
-        values.append(_partition_value(schema.find_type(field.source_id), raw))
+        # Every partition column is a string (`strata.schema.avro.data_schema`), as the
+        # Hive-style directory names hold it.
+        values.append(raw)
     bounds = _batch_bounds(schema, written.stats)
     return DataFile.from_args(
         content=DataFileContent.DATA,
@@ -342,16 +344,6 @@ def batch_files(table: Table, batch: int) -> list[str]:
         return []
     scan = table.scan(row_filter=f"_batch = {int(batch)}")
     return [task.file.file_path for task in scan.plan_files()]
-
-
-def _partition_value(kind: Any, raw: str | None) -> Any:  # noqa: ANN401 - Iceberg's types
-    """A Hive-style partition value (a string) as the partition column's type holds it."""
-    if raw is None:
-        return None
-    name = str(kind)
-    if name in ("int", "long"):
-        return int(raw)
-    return raw
 
 
 T = TypeVar("T")

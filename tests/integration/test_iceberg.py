@@ -45,7 +45,11 @@ from tests.integration.test_compaction import (
 from tests.integration.test_evolution import edit_schema, without_field
 from tests.integration.test_recovery import last_json
 from tests.integration.test_routes import _routed_tables
-from tests.integration.test_runners import second_host, wait_frozen
+from tests.integration.test_runners import (
+    run_once_the_lease_expires,
+    second_host,
+    wait_frozen,
+)
 
 
 def iceberg_pipeline(make_pipeline, metastore, partitions: int = 3, **overrides):
@@ -339,13 +343,7 @@ def test_a_runner_paused_past_its_lease_commits_nothing_to_iceberg_when_it_wakes
     deadline = time.monotonic() + 240
     wait_frozen(a, deadline)
     try:
-        while True:
-            b = other.cli("run", "--json")
-            if b.returncode == 0:
-                break
-            assert b.returncode == 3 and "another run is in flight" in b.stderr, b.stderr
-            assert time.monotonic() < deadline, "the lease of the frozen runner never expired"
-            time.sleep(1)
+        run_once_the_lease_expires(other, deadline)
     finally:
         os.kill(a.pid, signal.SIGCONT)
     out, err = a.communicate(timeout=300)

@@ -81,6 +81,17 @@ def wait_frozen(proc: subprocess.Popen[str], deadline: float) -> None:
         time.sleep(0.2)
 
 
+def run_once_the_lease_expires(other, deadline: float) -> None:
+    """Run `other` until it gets the lease a frozen runner holds: it is refused till then."""
+    while True:
+        b = other.cli("run", "--json")
+        if b.returncode == 0:
+            return
+        assert b.returncode == 3 and "another run is in flight" in b.stderr, b.stderr
+        assert time.monotonic() < deadline, "the lease of the frozen runner never expired"
+        time.sleep(1)
+
+
 def test_a_runner_paused_past_its_lease_commits_nothing_when_it_wakes(
     make_pipeline, broker, s3_endpoint, tmp_path
 ):
@@ -95,13 +106,7 @@ def test_a_runner_paused_past_its_lease_commits_nothing_when_it_wakes(
     deadline = time.monotonic() + 240
     wait_frozen(a, deadline)
     try:
-        while True:
-            b = other.cli("run", "--json")
-            if b.returncode == 0:
-                break
-            assert b.returncode == 3 and "another run is in flight" in b.stderr, b.stderr
-            assert time.monotonic() < deadline, "the lease of the frozen runner never expired"
-            time.sleep(1)
+        run_once_the_lease_expires(other, deadline)
     finally:
         os.kill(a.pid, signal.SIGCONT)
     out, err = a.communicate(timeout=300)
