@@ -12,7 +12,7 @@ RUNTIME_LOCK := requirements/runtime.lock
 EXECUTOR_LOCK := requirements/executor.lock
 CHECK_PYTHON := @$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Strata needs Python 3.11; set PYTHON=/path/to/python3.11")'
 
-.PHONY: help setup check-java chromium demo up down test test-scheduler test-unit lint format docs reference bench profile dist lock clean report-screenshot docs-screenshot
+.PHONY: help setup check-java kafka chromium demo up down test test-scheduler test-unit lint format docs reference bench profile dist lock clean report-screenshot docs-screenshot
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -25,13 +25,37 @@ $(STAMP): setup.cfg pyproject.toml $(DEV_LOCK)
 	$(BIN)/pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
-setup: $(STAMP) check-java ## Create .venv, install every pinned dependency, build the JVM class archive
+setup: $(STAMP) check-java kafka ## Create .venv, install every pinned dependency, fetch Apache Kafka, build the JVM class archive
 	@$(BIN)/python -m strata.spark.jvm
 
 check-java: ## Fail clearly unless Java 17 or newer is on PATH (Spark needs it)
 	@command -v java >/dev/null 2>&1 || { echo "error: java not found. Spark needs Java 17+: install openjdk-17-jre-headless (Debian/Ubuntu) or set JAVA_HOME and PATH." >&2; exit 1; }
 	@v=$$(java -version 2>&1 | awk -F'"' '/version/ {print $$2}' | cut -d. -f1); \
 	  if [ "$${v:-0}" -lt 17 ]; then echo "error: java $$v found; Spark needs Java 17+: install openjdk-17-jre-headless or point JAVA_HOME at a JDK 17." >&2; exit 1; fi
+
+# Apache Kafka for the local stack (strata.local.kafka): the jars jvm/kafka/pom.xml pins,
+# copied into the user's cache (outside the clone, so a clean clone keeps it), each
+# checked against jvm/kafka/jars.sha256, and only then stamped complete (.complete, the
+# checksums it passed). Nothing fetches at run time. After a version change in the POM,
+# `make kafka KAFKA_MANIFEST=write` rewrites the checksums from what Maven resolved.
+KAFKA_POM := jvm/kafka/pom.xml
+KAFKA_SUMS := jvm/kafka/jars.sha256
+KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_POM))
+KAFKA_HOME := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/strata/jvm/kafka-$(KAFKA_VERSION)
+KAFKA_MANIFEST ?= check
+kafka: check-java ## Fetch Apache Kafka's jars (jvm/kafka/pom.xml) once into the user's cache, checked; quiet when there
+	@set -euo pipefail; export LC_ALL=C; home="$(KAFKA_HOME)"; \
+	if [ "$(KAFKA_MANIFEST)" = check ] && cmp -s "$$home/.complete" $(KAFKA_SUMS); then exit 0; fi; \
+	command -v mvn >/dev/null 2>&1 || { echo "error: mvn not found. make setup fetches Apache Kafka $(KAFKA_VERSION) with Maven: install maven (Debian/Ubuntu) or put mvn on PATH." >&2; exit 1; }; \
+	mkdir -p "$$(dirname "$$home")"; tmp=$$(mktemp -d "$$home.partial.XXXXXX"); trap 'rm -rf "$$tmp"' EXIT; \
+	echo "fetching Apache Kafka $(KAFKA_VERSION) ($(KAFKA_POM)) into $$home"; \
+	mvn -B -q --strict-checksums -Dstyle.color=never -f $(KAFKA_POM) dependency:copy-dependencies \
+	  -Djars.dir="$$tmp/jars" >"$$tmp/mvn.log" 2>&1 || { cat "$$tmp/mvn.log" >&2; echo "error: Maven could not resolve $(KAFKA_POM) (its output is above)" >&2; exit 1; }; \
+	if [ "$(KAFKA_MANIFEST)" = write ]; then (cd "$$tmp/jars" && sha256sum *.jar) > $(KAFKA_SUMS); echo "wrote $(KAFKA_SUMS)"; fi; \
+	if ! diff <(cd "$$tmp/jars" && ls *.jar) <(awk '{print $$2}' $(KAFKA_SUMS) | sort) >&2; then \
+	  echo "error: the jars Maven resolved (<) differ from those $(KAFKA_SUMS) lists (>)" >&2; exit 1; fi; \
+	(cd "$$tmp/jars" && sha256sum --check --quiet --strict) < $(KAFKA_SUMS) >&2 || { echo "error: a jar's SHA-256 differs from $(KAFKA_SUMS); nothing was installed" >&2; exit 1; }; \
+	rm -rf "$$home"; mv -T "$$tmp/jars" "$$home"; cp $(KAFKA_SUMS) "$$home/.complete"
 
 chromium: ## Install Debian's chromium (headless) for the report tests, unless present
 	@command -v chromium >/dev/null 2>&1 || { \

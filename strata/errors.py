@@ -54,6 +54,16 @@ class PlanError(StrataError):
     """The broker's state makes a safe plan impossible; the message says what to do."""
 
 
+class TableMismatch(StrataError):
+    """A table is not the one the ledger's batches went to (gone, replaced, older, another's);
+    nothing was read or written, and the message names the ways out."""
+
+
+class LedgerDamaged(StrataError):
+    """A ledger commit's record cannot be read (its log entry edited or damaged); nothing
+    was read or written."""
+
+
 class KafkaUnavailable(StrataError):
     """The brokers, a topic or a partition could not be reached in time."""
 
@@ -102,6 +112,10 @@ class QualityGateFailed(StrataError):
 
 class JavaMissing(StrataError):
     """No suitable Java runtime for Spark."""
+
+
+class KafkaJarsMissing(StrataError):
+    """The local Apache Kafka's jars are not in the cache `make setup` fills."""
 
 
 class StorageError(StrataError, OSError):

@@ -49,6 +49,11 @@ AFTER_COMMIT: Final[Mapping[str, str]] = MappingProxyType(
 # metadata file written, the table's entry not yet pointed at it.
 ICEBERG_METADATA_WRITTEN: Final = "iceberg_metadata_written"
 
+# A batch's quality check (`strata.quality.store`): the partitions a failed gate marks
+# written, the result not yet; the result written, the marks not yet settled.
+QUALITY_MARKS_WRITTEN: Final = "quality_marks_written"
+QUALITY_RESULT_WRITTEN: Final = "quality_result_written"
+
 # A compaction (`strata.maintenance.compact`): merged files written, none committed; a
 # partition's commit (Delta) or move (plain Parquet); its last lease check before it acts.
 AFTER_COMPACT_FILES: Final = "after_compact_files"
@@ -65,6 +70,8 @@ POINTS: Final = frozenset(
         *AFTER_COMMIT.values(),
         AFTER_LEDGER,
         ICEBERG_METADATA_WRITTEN,
+        QUALITY_MARKS_WRITTEN,
+        QUALITY_RESULT_WRITTEN,
         AFTER_COMPACT_FILES,
         AFTER_COMPACT_COMMIT,
         AFTER_COMPACT_MOVE,

@@ -217,6 +217,7 @@ def _quality_one(
         "success": result.success,
         "failed": [f"{c.name} {c.column or ''}".strip() for c in result.failed],
         "docs": result.docs,
+        "docs_location": result.docs_location,
     }
     if not result.success and cfg.quality.gate == "fail":
         raise QualityGateFailed(text)
@@ -446,7 +447,9 @@ def checkpoint_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
     """Checkpoint the pipeline's Delta logs and delete their expired commits."""
     from strata.maintenance.vacuum import checkpoint
 
-    return _each_table(pipeline, conf_dir, lambda cfg: redact_json(checkpoint(cfg.places())))
+    return _each_table(
+        pipeline, conf_dir, lambda cfg: redact_json(checkpoint(cfg.places()).as_dict())
+    )
 
 
 def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
@@ -457,6 +460,6 @@ def vacuum_task(pipeline: str, conf_dir: str) -> dict[str, Any]:
         pipeline,
         conf_dir,
         lambda cfg: redact_json(
-            vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)
+            vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore).as_dict()
         ),
     )

@@ -52,6 +52,7 @@ from strata.batch.planning import (
     check_topic_ids,
     data_columns,
     new_plan,
+    recovered_plan,
 )
 from strata.batch.reconcile import TABLES
 from strata.batch.task import TaskSpec
@@ -66,6 +67,7 @@ from strata.operations.routes import (
 )
 from strata.schema.evolve import evolved, table_schema
 from strata.stages import Stages
+from strata.store.identity import check_tables
 from strata.store.ledger import (
     RUN_COLUMNS,
     LedgerState,
@@ -337,6 +339,7 @@ def _ingest(
             plan.topic_ids,
             json.loads(plan.reader_schema) if plan.reader_schema else None,
             ledger=ledger,
+            tables=written.vouched,
         )
     faults.reached(faults.AFTER_LEDGER)
     if not landed:
@@ -418,6 +421,7 @@ def execute_reprocess(
         plan.batch,
         [ledger_row(r, {}, plan.kind, plan.note) for r in results],
         data_columns(work.schemas),
+        tables=written.vouched,
     )
     faults.reached(faults.AFTER_LEDGER)
     return outcome
@@ -464,6 +468,14 @@ def _load_or_plan(
     source, decoding = settings.source, settings.decoding
     store = PlanStore(places)
     plan = store.load(state.last_batch + 1)
+    # Before anything is read or written: the tables are those the ledger's batches went
+    # to (none deleted, dropped or replaced by hand), and the ledger is theirs. A recorded
+    # rebuild's plan makes its tables afresh.
+    held = check_tables(places, state, rebuilding=() if plan is None else plan.rebuild)
+    if plan is None and held > state.last_batch:
+        # A table committed the batch, but its saved plan is gone (the state folder was
+        # removed by hand): the commit recorded what the batch read, and is the plan.
+        plan = recovered_plan(places, settings, state)
     if plan is not None:
         return plan, True, []
     states = partition_states(source, state.committed)
@@ -580,6 +592,7 @@ def reprocess(
     reason: str,
     *,
     session: Callable[[PipelineConfig], SparkSession] | None = None,
+    rebuild: tuple[str, ...] = (),
 ) -> RunOutcome:
     """Backfill or replay committed ranges, replacing their rows; or finish one unfinished.
 
@@ -596,6 +609,8 @@ def reprocess(
             `strata.operations.backfill.replay_targets`.
         reason: Why; recorded in the ledger.
         session: Builds the Spark session.
+        rebuild: For a replay of every batch, the tables gone or replaced that it makes
+            afresh (`strata.operations.backfill.rebuild_request`).
 
     Returns:
         The outcome, with status `backfilled` or `replayed`.
@@ -609,7 +624,9 @@ def reprocess(
     began = time.monotonic()
     work = batch_work(cfg, session)
     with run_lock(work.places) as lock:
-        plan, resumed = reprocess_plan(work.places, plan_settings(cfg), targets, reason, kind)
+        plan, resumed = reprocess_plan(
+            work.places, plan_settings(cfg), targets, reason, kind, rebuild
+        )
         # A plan left unfinished is finished by the next run: the table must be among them.
         revive_table(work.places)
         outcome = run_alone(execute_reprocess(work, plan, lock, resumed))

@@ -398,3 +398,17 @@ def schema_registry():
 
     with LocalSchemaRegistry(username=REGISTRY_USER, password=REGISTRY_PASSWORD) as service:
         yield service
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory):
+    """Apache Kafka itself (one KRaft node on loopback), from the jars `make setup` fetched.
+
+    Its high watermark is the log end, so nothing is sealed on it. A test module or
+    directory whose pipelines should run against it overrides `broker` with it
+    (`make_pipeline` then creates its topics here).
+    """
+    from strata.local.kafka import LocalKafka
+
+    with LocalKafka(tmp_path_factory.mktemp("kafka")) as service:
+        yield service

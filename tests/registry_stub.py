@@ -6,6 +6,8 @@ a 5xx, an answer slower than the client's timeout, a proxy's 404 without an erro
 code, a 403, or a schema the real registry would have refused on registration. Each
 path (with its query string dropped) maps to (HTTP status, JSON body); the rest get
 the registry's 404 for a wrong path. Requests are recorded, by path, in order.
+
+What the local registry itself served is read from its log (`served`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -61,3 +65,20 @@ class StubRegistry:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def served(log: Path, prefix: str = "/schemas/ids/") -> Counter[str]:
+    """The GET requests the local registry served under a path prefix, by path.
+
+    Args:
+        log: The local registry's log (`LocalSchemaRegistry.log_path`), a line per
+            request: `GET /schemas/ids/7 -> 404`.
+        prefix: The paths counted.
+    """
+    found: Counter[str] = Counter()
+    for line in log.read_text(errors="replace").splitlines():
+        method, _, rest = line.partition(" ")
+        path = rest.split(" ", 1)[0]
+        if method == "GET" and path.startswith(prefix):
+            found[path] += 1
+    return found

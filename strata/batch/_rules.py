@@ -224,12 +224,6 @@ def _check_field_partition(schemas: SchemaSpec, topic: TopicSchema) -> None:
                 f"{', '.join(map(repr, odd))}, which no integer is written as; list integers "
                 "as plain decimals (7, -3), or they never match"
             )
-    clash = [n for n in topic.arrow.names if n.lower() == spec.column]
-    if clash:
-        raise SchemaError(
-            f"{where}: its partition column `{spec.column}` has the name of the schema's "
-            f"field `{clash[0]}`; rename that field, or partition by another"
-        )
 
 
 def _wire_type(kind: pa.DataType, fmt: str) -> pa.DataType:

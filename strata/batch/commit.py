@@ -56,7 +56,8 @@ from strata.store.delta import (
     up_to_date,
     without_ranges,
 )
-from strata.store.ledger import read_ledger
+from strata.store.identity import mark_parquet_table, refuse_foreign, vouch
+from strata.store.ledger import Vouched, read_ledger
 from strata.store.lock import RunLock
 from strata.store.parquet import WrittenFile
 from strata.store.places import Places
@@ -150,9 +151,14 @@ def write_and_commit(
         # The handles were read from the logs just now: they are the tables as they stand.
         results = planned_results(plan, stored_results(places, plan.batch, handles.get("table")))
         reconcile_tables({n: places.table(n) for n in tables}, plan, results, tables=handles)
-        return BatchWrite(results, nothing, run_id)
+        return BatchWrite(results, nothing, run_id, vouched=vouch(places, handles, plan.batch))
     if plan.offsets == 0:
         return BatchWrite(planned_results(plan, []), nothing, run_id)
+    if parquet:
+        # A plain Parquet table has no log to be known by: its marker, written before its
+        # first files, is what the ledger vouches for.
+        for name in tables:
+            mark_parquet_table(places.table(name), places.pipeline, name, plan.batch)
     if plan.fingerprint and plan.fingerprint != work.fingerprint and any(done.values()):
         raise PlanError(
             f"batch {plan.batch} was begun with other decode settings (schema, format, event "
@@ -229,7 +235,13 @@ def write_and_commit(
             created,
         )
     data = current.get("table")
-    return BatchWrite(results, written, run_id, data if isinstance(data, DeltaTable) else None)
+    return BatchWrite(
+        results,
+        written,
+        run_id,
+        data if isinstance(data, DeltaTable) else None,
+        vouch(places, current, plan.batch),
+    )
 
 
 class BatchWrite(NamedTuple):
@@ -241,12 +253,15 @@ class BatchWrite(NamedTuple):
         run_id: This run's id, part of every file name it wrote.
         data: The Delta data table as read back after the batch's commit, for what
             follows to read it again without opening it; None if not at hand.
+        vouched: The tables the batch committed to, as found after the commits: what
+            the ledger commit records of them (`strata.store.identity.vouch`).
     """
 
     results: list[RangeResult]
     files: dict[TableName, list[WrittenFile]]
     run_id: str
     data: DeltaTable | None = None
+    vouched: dict[str, Vouched] = {}  # noqa: RUF012 - a NamedTuple's default, never mutated
 
 
 def _source_for(
@@ -402,6 +417,14 @@ def commit_table(
     """
     ref = places.table(name)
     schema, partition_by = table_layout(schemas, name)
+    if table is None and ref.format == "iceberg":
+        # Another runner may have created it since it was looked for: then it is
+        # committed to as any table is (and holds the batch, if that runner committed it).
+        table = iceberg.open_table(ref)
+    if table is None:
+        # Never where another table's files are: it would mix with them, and its vacuum
+        # would delete files the other still names.
+        refuse_foreign(ref, places.pipeline, name)
     if ref.format == "iceberg":
         added, table = iceberg.commit_files(
             ref, schema, partition_by, files, places.pipeline, batch, meta, replacing, table
@@ -457,12 +480,18 @@ def fence_table(
     ref = places.table(name)
     schema, partition_by = table_layout(schemas, name)
     if ref.format == "iceberg":
-        found = iceberg.open_table(ref) or iceberg.create_table(ref, schema, partition_by)
+        found = iceberg.open_table(ref)
+        if found is None:
+            refuse_foreign(ref, places.pipeline, name)
+            found = iceberg.create_table(ref, schema, partition_by)
         return (
             iceberg.commit_batch(ref, places.pipeline, found, [], batch, {FENCE_KEY: note})
             is not None
         )
-    table = ensure_table(ref.uri, schema, partition_by, ref.options, ref.name)
+    table = open_table(ref.uri, ref.options)
+    if table is None:
+        refuse_foreign(ref, places.pipeline, name)
+        table = ensure_table(ref.uri, schema, partition_by, ref.options, ref.name)
     return commit_files(table, schema, partition_by, [], places.pipeline, batch, {FENCE_KEY: note})
 
 

@@ -80,6 +80,9 @@ class BatchPlan:
             ledger keeps it with the partition's first range.
         reader_schema: The Avro schema the batch is read with, when the table follows
             its Schema Registry subject (`schema_registry.evolve`); empty otherwise.
+        rebuild: For a replay that rebuilds tables gone or replaced (`strata replay
+            --rebuild`), those tables: they are made afresh from the raw copy, and the
+            ledger vouches for the new ones once the replay is committed.
     """
 
     pipeline: str
@@ -97,6 +100,7 @@ class BatchPlan:
     topic_ids: dict[str, str] = field(default_factory=dict)
     began: dict[str, str] = field(default_factory=dict)
     reader_schema: str = ""
+    rebuild: tuple[str, ...] = ()
 
     @property
     def offsets(self) -> int:
@@ -136,6 +140,7 @@ class BatchPlan:
             topic_ids=dict(body.get("topic_ids", {})),
             began=dict(body.get("began", {})),
             reader_schema=body.get("reader_schema", ""),
+            rebuild=tuple(body.get("rebuild", ())),
         )
 
 

@@ -41,6 +41,7 @@ from strata.store.ledger import (
     committed_log_ids,
 )
 from strata.store.places import Places
+from strata.store.ranges import OffsetRange
 
 
 def check_topic_ids(
@@ -242,6 +243,55 @@ class PlanSettings:
     def fingerprint(self) -> str:
         """What decides whether and where a message lands, as a plan keeps it."""
         return decode_fingerprint(self.decoding)
+
+
+def recovered_plan(places: Places, settings: PlanSettings, state: LedgerState) -> BatchPlan | None:
+    """The plan of the unfinished batch, read back from a table that committed it.
+
+    A batch's plan is saved before anything is read, and a table's commit of the batch
+    records the ranges it read (`RANGES_KEY`): when the saved plan is gone (its folder
+    removed by hand) while a table holds the batch, that record is the plan, and the
+    batch is finished as it began instead of planned again over other offsets. The
+    plan is saved again before it runs.
+
+    Returns:
+        The plan, saved; None if no table records the batch's ranges.
+    """
+    from strata.batch.reconcile import RANGES_KEY, TABLES
+    from strata.store.tables import batch_record
+
+    batch = state.last_batch + 1
+    for name in TABLES:
+        ref = places.table(name)
+        recorded = batch_record(ref, places.pipeline, batch, RANGES_KEY)
+        if not recorded:
+            continue
+        kind, note = "ingest", ""
+        for other in ("backfill", "replay"):
+            why = batch_record(ref, places.pipeline, batch, f"strata.{other}")
+            if why is not None:
+                kind, note = other, str(why)
+        ranges = [OffsetRange(r["topic"], r["partition"], r["start"], r["end"]) for r in recorded]
+        limits = settings.limits
+        plan = BatchPlan(
+            pipeline=places.pipeline,
+            batch=batch,
+            ranges=ranges,
+            splits=split_ranges(ranges, settings.tasks, limits.max_offsets_per_task),
+            new_partitions=[
+                (r.topic, r.partition)
+                for r in ranges
+                if (r.topic, r.partition) not in state.committed
+            ],
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            kind=kind,
+            note=note or f"recovered from the {name} table's commit: its saved plan was gone",
+            # A backfill's or replay's rest is read from the raw copy it committed, or
+            # from Kafka where the raw copy was not committed yet (`_source_for`).
+            source="raw" if kind == "replay" else "kafka",
+        )
+        return PlanStore(places).create(plan)
+    return None
 
 
 def new_plan(

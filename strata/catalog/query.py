@@ -6,14 +6,20 @@ changes a setting runs), transpiled from Trino's dialect with sqlglot, and run o
 the pipeline's tables, which DuckDB reads as Arrow datasets through the one reader
 every other part of Strata uses (`strata.store.tables.dataset`: a Delta table's
 current snapshot; a plain Parquet table's directories in use, compacted partitions'
-moved ones included). No DuckDB extension is ever installed or loaded from the
-network, and once the tables are registered the connection may touch no file.
+moved ones included). The engine reads nothing else (`strata.catalog._reads`): a
+statement naming anything but the tables, or calling DuckDB's own functions of files,
+settings or the machine, is refused before it runs; no DuckDB extension is ever
+installed or loaded; and once the tables are registered the connection may touch no
+file, its configuration is locked, and its temporary files go to a directory of its
+own, removed after.
 
 Each table is a view under its metastore name, in a schema named after the
 metastore database, as Trino addresses it (`strata.clicks`, `strata.clicks_ledger`),
 inside a catalog named after the Trino catalog that would serve it (`delta`, or
-`hive` for plain Parquet), so `delta.strata.clicks` reads too. A table that nothing
-has been committed to yet is there, empty, with its schema.
+`hive` for plain Parquet), so `delta.strata.clicks` reads too. That catalog and schema
+are the session's, as in a Trino session with `--schema strata`: `clicks` alone is
+`strata.clicks`. A table that nothing has been committed to yet is there, empty, with
+its schema.
 
 The ready queries (`queries/*.sql` beside this module, package data; `sql/queries`
 in a checkout points here) are written for the demo pipeline's tables
@@ -22,17 +28,27 @@ in a checkout points here) are written for the demo pipeline's tables
 
 from __future__ import annotations
 
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError
+from sqlglot.errors import ParseError, SqlglotError
 
 from strata.catalog._answers import QueryAnswer, render_answer
+from strata.catalog._reads import (
+    OUTSIDE_THE_TABLES,
+    check_length,
+    check_reads,
+    clipped,
+    one_line,
+    reading_statement,
+)
 from strata.errors import QueryError
 from strata.log import get_logger
 from strata.store.places import NAME_SUFFIXES, Places, TableRef
@@ -99,35 +115,63 @@ def only_query(statement: str) -> exp.Query:
 
     Only reads run: anything that writes, defines, calls or changes a setting
     (INSERT, DELETE, CREATE, DROP, SET, CALL, SHOW or EXPLAIN, which sqlglot keeps
-    as commands), and more than one statement, is refused before anything runs.
+    as commands), and more than one statement, is refused before anything runs; so is
+    a statement longer than Trino reads, or nested too deeply to parse.
 
     Args:
         statement: Trino SQL; a trailing semicolon is allowed.
 
     Raises:
-        QueryError: Naming what was refused, if it is not one query or does not parse.
+        QueryError: Naming what was refused, in one short line, if it is not one query
+            or does not parse.
+    """
+    check_length(statement)
+    with reading_statement():
+        tree = _one_statement(statement)
+        # A query holds no DML in Trino, but a parser that is lenient with one dialect's
+        # extension could nest one: every node is looked at, not only the top.
+        writes = next((n for n in tree.walk() if isinstance(n, _NOT_READS)), None)
+        if not isinstance(tree, exp.Query) or writes is not None:
+            what = _statement_kind(writes if writes is not None else tree)
+            raise QueryError(
+                f"only queries run here, not {what} statements: `strata sql query` reads the "
+                "tables and changes nothing; give one SELECT (or WITH ... SELECT)"
+            )
+    return tree
+
+
+def _one_statement(statement: str) -> exp.Expr:
+    """The statement parsed as Trino SQL, if it is one.
+
+    Raises:
+        QueryError: If it does not parse, is empty, or is more than one.
     """
     try:
         parsed = [s for s in sqlglot.parse(statement, read="trino") if s is not None]
     except ParseError as exc:
-        raise QueryError(f"the statement is not Trino SQL sqlglot can read: {exc}") from None
+        raise QueryError(
+            f"the statement is not Trino SQL sqlglot can read: {_where(exc)}"
+        ) from None
+    except SqlglotError as exc:
+        # An unclosed string, quoted name or comment: the tokenizer's own error.
+        raise QueryError(
+            f"the statement is not Trino SQL sqlglot can read: {one_line(str(exc))}"
+        ) from None
     if not parsed:
         raise QueryError("the statement is empty; give one SELECT (or WITH ... SELECT) query")
     if len(parsed) > 1:
         raise QueryError(
             f"{len(parsed)} statements were given; `strata sql query` runs one query at a time"
         )
-    tree = parsed[0]
-    # A query holds no DML in Trino, but a parser that is lenient with one dialect's
-    # extension could nest one: every node is looked at, not only the top.
-    writes = next((n for n in tree.walk() if isinstance(n, _NOT_READS)), None)
-    if not isinstance(tree, exp.Query) or writes is not None:
-        what = _statement_kind(writes if writes is not None else tree)
-        raise QueryError(
-            f"only queries run here, not {what} statements: `strata sql query` reads the "
-            "tables and changes nothing; give one SELECT (or WITH ... SELECT)"
-        )
-    return tree
+    return parsed[0]
+
+
+def _where(error: ParseError) -> str:
+    """What sqlglot could not parse, and where, without the statement around it."""
+    first = error.errors[0] if error.errors else {}
+    description = first.get("description") or str(error)
+    at = f" (line {first['line']}, column {first['col']})" if first.get("line") else ""
+    return one_line(f"{description}{at}")
 
 
 # The statements that are not reads, as sqlglot parses Trino.
@@ -150,13 +194,20 @@ _NOT_READS = (
     exp.Transaction,
     exp.Describe,
     exp.Pragma,
+    exp.Into,
 )
 
 
 def _statement_kind(node: exp.Expr) -> str:
-    """What a statement is, in one word: `INSERT`, `CALL`."""
+    """What a statement is, in a word or two: `INSERT`, `CALL`, `SELECT ... INTO`."""
     if isinstance(node, exp.Command):
         return str(node.this).split()[0].upper() if node.this else "COMMAND"
+    if isinstance(node, exp.Into):
+        return "SELECT ... INTO"
+    if not isinstance(node, _NOT_READS):
+        # A word sqlglot reads as an expression (`CHECKPOINT` a column, `INSTALL x` an
+        # alias): the statement's first word.
+        return clipped(node.sql("trino").split(maxsplit=1)[0].upper(), 40)
     return node.key.upper().replace("TRUNCATETABLE", "TRUNCATE")
 
 
@@ -233,7 +284,17 @@ def to_duckdb(tree: exp.Expr) -> str:
             )
         return node
 
-    return _trino_names(tree.copy()).transform(as_in_trino).sql("duckdb")
+    try:
+        return _trino_names(tree.copy()).transform(as_in_trino).sql("duckdb")
+    except (QueryError, RecursionError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - sqlglot's generator fails on syntax it lacks
+        # Syntax sqlglot reads but cannot write for DuckDB (MATCH_RECOGNIZE, ...) fails
+        # inside its generator with whatever error it meets: a refusal, like any other.
+        raise QueryError(
+            f"the embedded engine cannot run this statement: sqlglot cannot translate it "
+            f"({type(exc).__name__}); run it in Trino (--trino, or trino.url)"
+        ) from None
 
 
 def _joda_arguments(function: str, arguments: list[exp.Expr]) -> tuple[exp.Expr, exp.Literal]:
@@ -373,40 +434,47 @@ def query_tables(places: Places, schemas: SchemaSpec) -> list[QueryTable]:
 def run_embedded(
     tables: Iterable[QueryTable], catalog: str, database: str, statement: str
 ) -> QueryAnswer:
-    """Run one Trino query on DuckDB over the tables.
+    """Run one Trino query on DuckDB over the tables, and over nothing else.
 
     Args:
         tables: The tables the query may name.
         catalog: The Trino catalog they would be read from (`delta` or `hive`).
-        database: Their metastore database: the schema they are in.
+        database: Their metastore database: the schema they are in, and the session's,
+            so that a table named alone (`clicks`) is found there.
         statement: The query, in Trino's dialect.
 
     Returns:
         The answer: its columns and rows.
 
     Raises:
-        QueryError: If the statement is not one query, or DuckDB refuses it (an
-            unknown table or column, a function it lacks).
+        QueryError: In one short line, if the statement is not one query, names anything
+            but the tables, calls DuckDB's own functions of files, settings or the
+            machine, nests too deeply, or DuckDB refuses it (an unknown column, a
+            function it lacks).
     """
     import duckdb
 
+    tables = list(tables)
     tree = only_query(statement)
-    sql = to_duckdb(tree)
+    with reading_statement():
+        check_reads(tree, [t.name for t in tables], catalog, database)
+        sql = to_duckdb(tree)
+    logger.debug("the query as DuckDB reads it: %.2000s", sql)
     started = time.perf_counter()
-    with _connection(tables, catalog, database) as con:
+    with reading_statement(), _connection(tables, catalog, database) as con:
         opened = time.perf_counter()
         try:
             found = con.sql(sql)
             answer = QueryAnswer([], []) if found is None else _answer(found)
-        except (
-            duckdb.ProgrammingError,
-            duckdb.PermissionException,
-            duckdb.DataError,
-            duckdb.NotSupportedError,
-        ) as exc:
-            # The query's own fault (syntax, a name, a type, a file it may not read);
-            # a table's file that cannot be read is not, and ends the command as such.
-            raise QueryError(f"DuckDB refused the query ({sql}): {exc}") from None
+        except duckdb.PermissionException:
+            # What the checks above let through and the connection stopped: its message
+            # names the path it was refused.
+            raise QueryError(OUTSIDE_THE_TABLES) from None
+        except (duckdb.ProgrammingError, duckdb.DataError, duckdb.NotSupportedError) as exc:
+            # The query's own fault (syntax, a name, a type); a table's file that cannot
+            # be read is not, and ends the command as such. DuckDB's message goes on
+            # with the statement, which can be megabytes long: its first line says it.
+            raise QueryError(f"DuckDB refused the query: {one_line(str(exc))}") from None
     logger.info(
         "query answered with %d row(s) in %.2f s (tables opened in %.2f s) by DuckDB %s",
         len(answer.rows),
@@ -421,43 +489,63 @@ def _answer(found: duckdb.DuckDBPyRelation) -> QueryAnswer:
     return QueryAnswer(list(found.columns), [tuple(r) for r in found.fetchall()])
 
 
+@contextmanager
 def _connection(
     tables: Iterable[QueryTable], catalog: str, database: str
-) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection holding each table as a view, that can read nothing else."""
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection holding each table as a view, that can read nothing else.
+
+    Its home and temporary directory are a fresh directory of this process's own
+    (mode 700: no other user may enter it), removed with the connection: DuckDB's default
+    temporary directory, `.tmp` under the working directory, stays readable once
+    external access is off, and anyone may have put a file there.
+    """
     import duckdb
 
     from strata.catalog.types import quote_identifier
     from strata.store.tables import dataset
 
-    con = duckdb.connect(
-        config={
+    with tempfile.TemporaryDirectory(prefix="strata-query-", ignore_cleanup_errors=True) as own:
+        config: dict[str, Any] = {
             # What a query needs is built in; nothing is fetched from the network.
             "autoinstall_known_extensions": False,
             "autoload_known_extensions": False,
+            "allow_community_extensions": False,
+            # Secrets and extensions would be looked for under the user's home.
+            "allow_persistent_secrets": False,
+            "home_directory": own,
+            "temp_directory": f"{own}/spill",
+            # A name DuckDB's Python client does not know would be looked up among the
+            # variables of the calling code.
+            "python_enable_replacements": False,
         }
-    )
-    con.execute(f"ATTACH ':memory:' AS {quote_identifier(catalog)}")
-    con.execute(f"USE {quote_identifier(catalog)}")
-    con.execute(f"CREATE SCHEMA {quote_identifier(database)}")
-    # Trino shows timestamps with time zone in the session's zone; Strata's are UTC.
-    con.execute("SET TimeZone = 'UTC'")
-    # Trino divides integers to an integer, truncated (7 / 2 is 3): DuckDB's `/` would
-    # give 3.5, and `latency_ms / 100 * 100` would no longer bucket.
-    con.execute("SET integer_division = true")
-    for at, table in enumerate(tables):
-        found = dataset(table.ref, schema=table.schema if table.ref.format != "delta" else None)
-        source: Any = table.schema.empty_table() if found is None else found
-        hidden = f"_strata_table_{at}"
-        con.register(hidden, source)
-        con.execute(
-            f"CREATE VIEW {quote_identifier(database)}.{quote_identifier(table.name)} "
-            f"AS SELECT * FROM {hidden}"
-        )
-    # From here on no statement can read or write a file of its own: only the views.
-    con.execute("SET enable_external_access = false")
-    con.execute("SET lock_configuration = true")
-    return con
+        with duckdb.connect(config=config) as con:
+            con.execute(f"ATTACH ':memory:' AS {quote_identifier(catalog)}")
+            con.execute(f"USE {quote_identifier(catalog)}")
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(database)}")
+            # Trino shows timestamps with time zone in the session's zone; Strata's are UTC.
+            con.execute("SET TimeZone = 'UTC'")
+            # Trino divides integers to an integer, truncated (7 / 2 is 3): DuckDB's `/`
+            # would give 3.5, and `latency_ms / 100 * 100` would no longer bucket.
+            con.execute("SET integer_division = true")
+            for at, table in enumerate(tables):
+                schema = table.schema if table.ref.format != "delta" else None
+                found = dataset(table.ref, schema=schema)
+                source: Any = table.schema.empty_table() if found is None else found
+                hidden = f"_strata_table_{at}"
+                con.register(hidden, source)
+                con.execute(
+                    f"CREATE VIEW {quote_identifier(database)}.{quote_identifier(table.name)} "
+                    f"AS SELECT * FROM {hidden}"
+                )
+            # The session's catalog and schema, as Trino's CLI takes them: `clicks` alone
+            # is `<database>.clicks`.
+            con.execute(f"USE {quote_identifier(catalog)}.{quote_identifier(database)}")
+            # From here on no statement can read or write a file of its own (but the
+            # temporary directory's, where DuckDB spills): only the views.
+            con.execute("SET enable_external_access = false")
+            con.execute("SET lock_configuration = true")
+            yield con
 
 
 def statement_for(

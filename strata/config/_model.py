@@ -380,6 +380,27 @@ class PipelineConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _column_names(self) -> PipelineConfig:
+        # Refused here, before any command writes a file: a field Hive, Trino and Delta
+        # take for a partition column or another field (`name_clashes`) would break the
+        # table at its first commit, or land a table whose partitions queries misread.
+        if self.routed and "{table}" in self.schema_file:
+            return self  # each table has its own, checked when it is routed to
+        import json
+
+        from strata.schema.names import name_clashes
+
+        try:
+            document = json.loads(self.schema_text)
+        except ValueError:
+            return self  # not JSON: the schema check names the file and the problem
+        field = self.partitioning.field
+        clashes = name_clashes(document, [] if field is None else [field.column])
+        if clashes:
+            raise ValueError(f"{self.schema_path}: {clashes}")
+        return self
+
+    @model_validator(mode="after")
     def _state_beside_the_tables(self) -> PipelineConfig:
         remote = [w for w in ("table", "raw", "quarantine", "ledger") if "://" in self.location(w)]
         if remote and "://" not in self.location("state"):

@@ -20,7 +20,13 @@ from deltalake.transaction import AddAction, RemoveAction
 from strata import faults
 from strata.errors import MaintenanceError
 from strata.log import get_logger
-from strata.store.delta import COMMIT_HOOKS, add_actions, maintenance_transactions, open_table
+from strata.store.delta import (
+    COMMIT_HOOKS,
+    FENCE_INFO_KEY,
+    add_actions,
+    maintenance_transactions,
+    open_table,
+)
 from strata.store.parquet import WrittenFile
 from strata.store.places import TableRef
 
@@ -86,13 +92,17 @@ def commit_partition(
         actions += add_actions(new, data_change=False)
         # A compaction that lost its lease must not commit: vacuum may run by now.
         lock.check()
-        fence = maintenance_transactions(table, pipeline, lock.token)
+        fence = lock.fence
+        transactions = maintenance_transactions(table, pipeline, fence)
         faults.reached(faults.AFTER_COMPACT_CHECK)
         summary = {
             "partition": picked.name,
             "removed": len(old),
             "added": len(new),
         }
+        recorded = {COMPACTION_KEY: json.dumps(summary)}
+        if fence is not None:
+            recorded[FENCE_INFO_KEY] = json.dumps(fence.record("compaction"))
         try:
             table.create_write_transaction(
                 actions,
@@ -100,8 +110,7 @@ def commit_partition(
                 schema=table.schema(),
                 partition_by=list(table.metadata().partition_columns) or None,
                 commit_properties=CommitProperties(
-                    custom_metadata={COMPACTION_KEY: json.dumps(summary)},
-                    app_transactions=fence,
+                    custom_metadata=recorded, app_transactions=transactions
                 ),
                 post_commithook_properties=COMMIT_HOOKS,
             )
@@ -110,5 +119,7 @@ def commit_partition(
             # again on the new one, where a fence shows as a token above this run's.
             logger.info("%s: compaction commit retried (%s), attempt %s", uri, exc, attempt + 1)
             continue
+        if fence is not None:
+            fence.landed(table.table_uri)
         return "compacted"
     return f"left: {_COMMIT_TRIES} commits were beaten by concurrent changes"

@@ -45,6 +45,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -57,13 +58,21 @@ from strata.log import get_logger
 from strata.maintenance import _iceberg
 from strata.maintenance._bins import Bin, Picked, rewrite_bin
 from strata.maintenance._commit import commit_partition
+from strata.maintenance._fences import held_fence
 from strata.maintenance._moves import move_partitions, stands
 from strata.schema.avro import partition_columns
 from strata.schema.partitions import partition_span
 from strata.store import iceberg
 from strata.store.delta import committed_batch, open_table
 from strata.store.ledger import ledger_file_batch
-from strata.store.locations import TableFile, current_files, generation_dir, new_stamp
+from strata.store.locations import (
+    TableFile,
+    generation_dir,
+    next_stamp,
+    place,
+    read_markers,
+    visible_files,
+)
 from strata.store.parquet import partition_path
 from strata.store.places import Places, TableRef
 
@@ -368,10 +377,17 @@ def plan_directory(
         last: The newest batch the ledger holds.
     """
     fs, root = ref.filesystem()
+    # The markers before the files, as `current_files` reads them.
+    markers = read_markers(fs, root)
+    listed = visible_files(fs, root)
+    current = markers.current()
     by_partition: dict[str, list[TableFile]] = {}
-    for f in current_files(fs, root):
-        by_partition.setdefault(f.partition, []).append(f)
-    stamp = new_stamp()
+    for f in listed:
+        if f.directory == place(f.partition, current):
+            by_partition.setdefault(f.partition, []).append(f)
+    # After every generation the table shows, whatever this host's clock says: the
+    # newest marker is the partition's directory in use.
+    stamp = next_stamp(markers, listed)
     picked = []
     for name, found in sorted(by_partition.items()):
         values = dict(part.split("=", 1) for part in name.split("/") if part)
@@ -449,7 +465,10 @@ def compact(
         _plan_all(places, settings, settled_before, only, token, report)
         report.seconds = time.monotonic() - began
         return report
-    with run_lock(places, "maintenance") as lock:
+    # The lease's token starts above every fence the tables hold, whatever became of
+    # the lease's folder (`strata.maintenance._fences`).
+    floor = partial(held_fence, places, MAINTAINED)
+    with run_lock(places, "maintenance", floor) as lock:
         picked = _plan_all(places, settings, settled_before, only, token, report)
         if picked:
             _rewrite_and_commit(places, picked, report, session, register, lock)

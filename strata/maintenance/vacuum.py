@@ -4,7 +4,9 @@
   table replays the log from its last checkpoint. A checkpoint per maintenance run
   keeps that replay short, and log cleanup deletes the commits older than Delta's log
   retention (`delta.logRetentionDuration`, 30 days by default) that the checkpoint
-  covers. Neither writes a commit, so neither can collide with a run's.
+  covers. Neither writes a commit, so neither can collide with a run's. Iceberg and
+  plain Parquet tables have no log to checkpoint; their pipeline's ledger, a Delta
+  table, has.
 - **Vacuum.** Files a compaction, a backfill or a replay removed stay for readers that
   still use them until `maintenance.vacuum_retention` has passed (never less than its
   floor), then are deleted. Files the log never listed (a killed attempt's, a runner's
@@ -13,13 +15,13 @@
   holds), or they are a compaction's. No live compaction is between writing and
   committing: vacuum holds the maintenance lock, and where that is a lease, it first
   fences each Delta table with its token, so a compaction paused past its lease can no
-  longer commit (`strata.store.delta`). Any other file is left and counted.
-  A plain Parquet partition that compaction moved keeps its old directory for the
-  same retention, counted from when the marker that moved it was written, and for as
-  long as the metastore still points the partition at it; a new directory no marker
-  names is voided, then deleted at once (`sweep_moved`).
+  longer commit (`strata.store.delta`). Any other file is left and listed. Nothing is
+  deleted from a place that holds another table's files (`_ownership`). Iceberg tables
+  are vacuumed by `_iceberg`; a plain Parquet data table's moved partitions by `_sweep`.
 - **Health.** Per table: files, their mean size, how many are small, and the commits
   since the last checkpoint, for `strata status`.
+
+Every table's figures have one shape, whatever its format (`strata.maintenance.report`).
 """
 
 from __future__ import annotations
@@ -39,29 +41,32 @@ from deltalake import DeltaTable
 from strata.batch.plan import PlanStore
 from strata.config import Location, MetastoreConfig
 from strata.durations import parse_duration_ms
-from strata.errors import MetastoreError
 from strata.log import get_logger
 from strata.maintenance import _iceberg
+from strata.maintenance._fences import held_fence
+from strata.maintenance._ownership import refuse_foreign
+from strata.maintenance._sweep import sweep_moved
 from strata.maintenance.compact import MAINTAINED
+from strata.maintenance.report import CheckpointReport, TableCheckpoint, TableVacuum, VacuumReport
 from strata.store import iceberg
 from strata.store.delta import committed_batch, fence_maintenance, newest_commit, open_table
 from strata.store.files import read_bytes
 from strata.store.ledger import COLUMNS_KEY, STATE_KEY, TOPIC_IDS_KEY, ledger_state
-from strata.store.locations import (
-    GENERATION,
-    TableFile,
-    current_files,
-    generation_dir,
-    marker_uri,
-    read_markers,
-    visible_files,
-    void,
-)
+from strata.store.locations import current_files
 from strata.store.parquet import file_batch, is_compaction_file
 from strata.store.places import Places
 
 if TYPE_CHECKING:
     from strata.store.lock import RunLock
+
+__all__ = [
+    "checkpoint",
+    "delta_tables",
+    "never_committed",
+    "sweep_moved",
+    "table_health",
+    "vacuum",
+]
 
 logger = get_logger(__name__)
 
@@ -119,7 +124,7 @@ def _interval(table: DeltaTable, key: str, default: timedelta) -> timedelta | No
     return timedelta(**{f"{match.group(2).lower()}s": int(match.group(1))})
 
 
-def checkpoint(places: Places) -> dict[str, Any]:
+def checkpoint(places: Places) -> CheckpointReport:
     """Checkpoint every Delta table of the pipeline and clean up its expired log.
 
     Log cleanup deletes commits' records, and some are still needed:
@@ -135,11 +140,17 @@ def checkpoint(places: Places) -> dict[str, Any]:
 
     Returns:
         Per table: its version, the log files before and after, and whether the log
-        was cleaned.
+        was cleaned; a table without a log (Iceberg, plain Parquet), and one not made
+        yet, as skipped, with why.
     """
     ledger_batch = committed_batch(places.ledger.uri, places.pipeline, places.options) or 0
-    out: dict[str, Any] = {"pipeline": places.pipeline, "tables": {}}
-    for which, table in delta_tables(places):
+    report = CheckpointReport(places.pipeline)
+    found = dict(delta_tables(places))
+    for which in MAINTAINED:
+        table = found.get(which)
+        if table is None:
+            report.tables[which] = TableCheckpoint(skipped=_no_log(places, which))
+            continue
         before = _log_files(places, which)
         table.create_checkpoint()
         if which == "ledger":
@@ -148,13 +159,20 @@ def checkpoint(places: Places) -> dict[str, Any]:
             cleaned = (table.transaction_version(places.pipeline) or 0) <= ledger_batch
         if cleaned:
             table.cleanup_metadata()
-        out["tables"][which] = {
-            "version": table.version(),
-            "log_files_before": before,
-            "log_files_after": _log_files(places, which),
-            "log_cleaned": cleaned,
-        }
-    return out
+        report.tables[which] = TableCheckpoint(
+            table.version(), before, _log_files(places, which), cleaned
+        )
+    return report
+
+
+def _no_log(places: Places, which: Location) -> str:
+    """Why a table of the pipeline has no Delta log to checkpoint."""
+    fmt = places.table(which).format
+    if fmt == "iceberg":
+        return "an Iceberg table has no log to checkpoint; vacuum expires its old snapshots"
+    if fmt == "parquet":
+        return "a plain Parquet table has no log to checkpoint"
+    return "no table yet"
 
 
 def _cleanup_allowed(ledger: DeltaTable) -> bool:
@@ -191,12 +209,13 @@ def vacuum(
     retention: str,
     metastore: MetastoreConfig | None = None,
     dry_run: bool = False,
-) -> dict[str, Any]:
+) -> VacuumReport:
     """Delete removed files past the retention and files that can never be committed.
 
     Runs under the maintenance lock (no compaction in flight); ingest goes on beside it.
-    Where the lock is a lease, each Delta table is first fenced with its token, so that
-    a compaction that lost its lease can no longer commit the files deleted here.
+    Where the lock is a lease, its token is taken above every fence the tables hold,
+    and each Delta and Iceberg table is first fenced with it, so that a compaction that
+    lost its lease can no longer commit the files deleted here.
 
     Args:
         places: The pipeline's places.
@@ -206,231 +225,106 @@ def vacuum(
         dry_run: List what would be deleted; delete nothing.
 
     Returns:
-        Per table: removed files deleted, never-committed files deleted, and unknown
-        files left.
+        Per table, in one shape for every format: removed files deleted, never-committed
+        files deleted, metadata deleted, snapshots expired, and files left.
 
     Raises:
         LeaseLost: If this vacuum lost its lease, or a later maintenance run fenced a
             table first.
+        MaintenanceError: If a table's place holds another table's files; nothing was
+            fenced or deleted.
     """
     from strata.store.lock import run_lock
 
     hours = retention_hours(retention)
-    out: dict[str, Any] = {"pipeline": places.pipeline, "retention_hours": hours, "tables": {}}
+    grace = timedelta(hours=hours)
+    report = VacuumReport(places.pipeline, hours, dry_run)
+    floor = partial(held_fence, places, MAINTAINED)
     # A dry run deletes nothing: it needs no lock, and never waits on a compaction.
-    with nullcontext(None) if dry_run else run_lock(places, "maintenance") as lock:
-        for which, table in delta_tables(places):
-            if lock is not None and lock.token is not None:
-                # Before anything is listed: a file listed after the fence is one no
-                # compaction holding an older token can still commit.
-                fence_maintenance(table, places.pipeline, lock.token, "vacuum")
-            removed = table.vacuum(
-                retention_hours=hours,
-                dry_run=dry_run,
-                enforce_retention_duration=False,
-                full=False,
-            )
-            figures: dict[str, Any] = {"removed_files": len(removed)}
-            # The log forgets a removed file once `delta.deletedFileRetentionDuration` has
-            # passed; past it, such a file looks never committed. Below the retention
-            # asked for, it must not be swept as one.
-            kept = _interval(table, "delta.deletedFileRetentionDuration", _TOMBSTONE_RETENTION)
-            if kept is None or timedelta(hours=hours) > kept:
-                figures["sweep"] = (
-                    "skipped: vacuum_retention is longer than the table's "
-                    f"delta.deletedFileRetentionDuration ({kept or 'not understood'}), past "
-                    "which the log no longer tells a removed file from one never committed"
+    with nullcontext(None) if dry_run else run_lock(places, "maintenance", floor) as lock:
+        opened = {which: _open(places, which) for which in MAINTAINED}
+        # Before anything is fenced or deleted.
+        refuse_foreign(places, opened)
+        ledger_batch = committed_batch(places.ledger.uri, places.pipeline, places.options) or 0
+        for which in MAINTAINED:
+            ref = places.table(which)
+            handle = opened[which]
+            if ref.format == "delta":
+                figures = _vacuum_delta(places, which, handle, hours, lock, dry_run)
+            elif ref.format == "iceberg":
+                figures = _iceberg.vacuum_table(
+                    ref, handle, places.pipeline, grace, ledger_batch, lock, dry_run
                 )
+            elif which == "table":
+                figures = sweep_moved(places, metastore, grace, lock)
             else:
-                orphans, unknown = never_committed(places, which)
-                if lock is not None:
-                    fs, root = places.table(which).filesystem()
-                    for path in orphans:
-                        # A vacuum that lost its lease must stop: a compaction may hold
-                        # it now, with files written and not yet committed.
-                        lock.check()
-                        fs.delete_file(f"{root}/{path}")
-                figures |= {"never_committed": len(orphans), "unknown_left": unknown}
-            out["tables"][which] = figures
-        if places.format == "parquet":
-            out["tables"]["table"] = sweep_moved(places, metastore, timedelta(hours=hours), lock)
-        if places.format == "iceberg":
-            ledger_batch = committed_batch(places.ledger.uri, places.pipeline, places.options)
-            for which in ("table", "raw", "quarantine"):
-                out["tables"][which] = _iceberg.vacuum_table(
-                    places.table(which),
-                    places.pipeline,
-                    timedelta(hours=hours),
-                    ledger_batch or 0,
-                    lock,
-                    dry_run,
+                figures = TableVacuum(
+                    skipped="unpartitioned plain Parquet: compaction leaves it as it is, and "
+                    "no commit removes its files"
                 )
+            report.tables[which] = figures
         if not dry_run:
             # The saved plans no committed batch got to forget: those of a pipeline that
             # kept every plan, or whose deletion failed after a commit.
             last = ledger_state(places).last_batch
-            out["plans_deleted"] = len(PlanStore(places).forget_older(last))
-    return out
+            report.plans_deleted = len(PlanStore(places).forget_older(last))
+    return report
 
 
-def sweep_moved(
-    places: Places, metastore: MetastoreConfig | None, grace: timedelta, lock: RunLock | None
-) -> dict[str, Any]:
-    """Delete what compaction left in a plain Parquet data table, once it is safe.
+def _open(places: Places, which: Location) -> Any:  # noqa: ANN401 - a Delta or Iceberg table
+    """One of the pipeline's tables, opened; None where there is none (or it is plain Parquet)."""
+    ref = places.table(which)
+    if ref.format == "delta":
+        return open_table(ref.uri, ref.options)
+    if ref.format == "iceberg":
+        return iceberg.open_table(ref)
+    return None
 
-    - A directory a partition was moved away from (see `strata.store.locations`) goes once
-      `grace` has passed since the marker that moved it away was written (the move
-      became visible then, whenever the compaction planned it): a query that listed it
-      before has finished. Its older markers go with it.
-    - A new directory no marker names is a compaction's that was stopped before the
-      move, or one paused past its lease. It is voided first, so that no marker can
-      move the partition there any more, then deleted at once; if a marker won that
-      race, the move stands and the directory is kept.
-    - With `metastore.uri` set, a directory the metastore still points a partition at
-      (a registration that failed after a move) is kept, with a warning naming the
-      way out: `strata register`, which points the partition at its directory in use.
 
-    Args:
-        places: The pipeline's places.
-        metastore: The metastore the tables are registered in, if any.
-        grace: How long a directory stays after its partition was moved away.
-        lock: The maintenance lock; None for a dry run, which deletes nothing.
-
-    Returns:
-        Files of left directories deleted, and of never-used ones; the directories kept
-        because the metastore points at them; warnings.
-    """
-    ref = places.table("table")
-    fs, root = ref.filesystem()
-    markers = read_markers(fs, root)
-    horizon = datetime.now(UTC) - grace
-
-    def moved_before_horizon(partition: str, stamp: str) -> bool:
-        # A store that gives no write time never lets the grace period pass.
-        when = markers.written.get((partition, stamp))
-        return when is not None and when <= horizon
-
-    left: dict[str, list[TableFile]] = {}
-    unused: dict[str, list[TableFile]] = {}
-    for f in visible_files(fs, root):
-        moves = markers.stamps.get(f.partition, [])
-        if f.directory == f.partition:
-            if moves and moved_before_horizon(f.partition, moves[0]):
-                left.setdefault(f.directory, []).append(f)
-            continue
-        stamp = _stamp_of(f.directory)
-        if stamp not in moves:
-            unused.setdefault(f.directory, []).append(f)
-        elif stamp != moves[-1] and moved_before_horizon(
-            f.partition, moves[moves.index(stamp) + 1]
-        ):
-            left.setdefault(f.directory, []).append(f)
-    warnings: list[str] = []
-    partition_of = {d: files[0].partition for d, files in [*left.items(), *unused.items()]}
-    pointed = _pointed_at(places, metastore, partition_of)
-    if pointed is None:
-        # Without the metastore's word, no directory a partition left is known unread.
-        pointed = set(left)
-        if left:
-            warnings.append(
-                f"the metastore could not be read: {len(left)} directories partitions were "
-                "moved away from are kept; the next vacuum that can read it deletes them"
-            )
-    elif pointed:
-        shown = ", ".join(sorted(pointed)[:5])
-        warnings.append(
-            f"{len(pointed)} directories kept: the metastore still points partitions at "
-            f"them ({shown}); run `strata register --pipeline {places.pipeline}` to point them at "
-            "their directories in use, and the next vacuum deletes them"
+def _vacuum_delta(
+    places: Places,
+    which: Location,
+    table: DeltaTable | None,
+    hours: int,
+    lock: RunLock | None,
+    dry_run: bool,
+) -> TableVacuum:
+    """Fence a Delta table, then delete its removed files and its never-committed ones."""
+    if table is None:
+        return TableVacuum(skipped="no table yet")
+    fence = None if lock is None else lock.fence
+    if fence is not None:
+        # Before anything is listed: a file listed after the fence is one no compaction
+        # holding an older token can still commit.
+        fence_maintenance(table, places.pipeline, fence, "vacuum")
+    removed = table.vacuum(
+        retention_hours=hours,
+        dry_run=dry_run,
+        enforce_retention_duration=False,
+        full=False,
+    )
+    figures = TableVacuum(removed_files=len(removed))
+    # The log forgets a removed file once `delta.deletedFileRetentionDuration` has
+    # passed; past it, such a file looks never committed. Below the retention asked
+    # for, it must not be swept as one.
+    kept = _interval(table, "delta.deletedFileRetentionDuration", _TOMBSTONE_RETENTION)
+    if kept is None or timedelta(hours=hours) > kept:
+        figures.warnings.append(
+            "files no commit lists were not swept: vacuum_retention is longer than the "
+            f"table's delta.deletedFileRetentionDuration ({kept or 'not understood'}), past "
+            "which the log no longer tells a removed file from one never committed"
         )
-    never_used: list[str] = []
-    moved_meanwhile: list[str] = []
-    for directory, files in sorted(unused.items()):
-        if directory in pointed:
-            continue
-        partition, stamp = files[0].partition, _stamp_of(directory)
-        if lock is not None and stamp not in markers.void.get(partition, set()):
-            lock.check()
-            note = f"voided by vacuum at {datetime.now(UTC).isoformat(timespec='seconds')}"
-            if not void(ref.uri, ref.options, partition, stamp, note):
-                moved_meanwhile.append(directory)
-                continue
-        never_used += [f.path for f in files]
-    if moved_meanwhile:
-        warnings.append(
-            f"{len(moved_meanwhile)} partitions were moved while vacuum ran, by a compaction "
-            f"that had lost its lease ({', '.join(moved_meanwhile[:5])}); their directories "
-            "are kept"
-        )
-    left_paths = [f.path for d, files in left.items() if d not in pointed for f in files]
-    # A marker goes once the move after it is past the grace period and its directory
-    # goes; void markers stay, for a paused compaction may wake at any time.
-    old_markers = [
-        marker_uri(root, part, stamp)
-        for part, moves in markers.stamps.items()
-        for stamp, following in zip(moves, moves[1:], strict=False)
-        if moved_before_horizon(part, following) and generation_dir(part, stamp) not in pointed
-    ]
+        return figures
+    orphans, figures.unknown_left = never_committed(places, which)
+    figures.never_committed = len(orphans)
     if lock is not None:
-        for path in [*left_paths, *never_used]:
-            # A vacuum that lost its lease must stop: a compaction may hold it now.
+        fs, root = places.table(which).filesystem()
+        for path in orphans:
+            # A vacuum that lost its lease must stop: a compaction may hold it now,
+            # with files written and not yet committed.
             lock.check()
             fs.delete_file(f"{root}/{path}")
-        for path in old_markers:
-            lock.check()
-            fs.delete_file(path)
-    for warning in warnings:
-        logger.warning("pipeline %s: vacuum: %s", places.pipeline, warning)
-    return {
-        "left_by_compaction": len(left_paths),
-        "never_moved_to": len(never_used),
-        "kept_for_metastore": sorted(pointed),
-        "grace_hours": round(grace.total_seconds() / 3600, 1),
-        "warnings": warnings,
-    }
-
-
-def _stamp_of(directory: str) -> str:
-    """The stamp of a generation directory (`…/_c<stamp>`)."""
-    return directory.rsplit("/", 1)[-1][len(GENERATION) :]
-
-
-def _pointed_at(
-    places: Places, metastore: MetastoreConfig | None, partitions: dict[str, str]
-) -> set[str] | None:
-    """Which of these directories (each with its partition) the metastore points at.
-
-    Args:
-        places: The pipeline's places.
-        metastore: The metastore the tables are registered in, if any.
-        partitions: Each directory's partition.
-
-    Returns:
-        The directories a registered partition's location names; none without
-        `metastore.uri`; None if the metastore could not be read.
-    """
-    from strata.catalog.register import registered_locations
-
-    # An unpartitioned table's location is the table's own, which compaction never moves.
-    names = sorted({part for part in partitions.values() if part})
-    if metastore is None or not metastore.uri or not names:
-        return set()
-    try:
-        registered = registered_locations(metastore, places.table("table").name, names)
-    except MetastoreError as exc:
-        logger.warning("pipeline %s: vacuum could not read the metastore: %s", places.pipeline, exc)
-        return None
-    named = set()
-    for partition, where in registered.items():
-        path = where.rstrip("/")
-        head, _, last = path.rpartition("/")
-        # Compared by the end of the path: the metastore may spell the scheme its own
-        # way (`file:/…`, `s3a://…`).
-        if path.endswith(f"/{partition}"):
-            named.add(partition)
-        elif last.startswith(GENERATION) and head.endswith(f"/{partition}"):
-            named.add(f"{partition}/{last}")
-    return named & set(partitions)
+    return figures
 
 
 def never_committed(places: Places, which: Location) -> tuple[list[str], list[str]]:
@@ -501,26 +395,3 @@ def table_health(places: Places, small: int) -> dict[str, dict[str, Any]]:
 def _parquet_sizes(places: Places, which: Location) -> list[int]:
     fs, root = places.table(which).filesystem()
     return [f.size for f in current_files(fs, root) if f.path.endswith(".parquet")]
-
-
-def render_maintenance(title: str, report: dict[str, Any]) -> str:
-    """A checkpoint or vacuum report as lines an operator reads."""
-    lines = [f"pipeline {report['pipeline']}: {title}"]
-    if "retention_hours" in report:
-        lines[0] += f" (removed files kept {report['retention_hours']}h)"
-    if not report["tables"]:
-        lines.append("  no Delta table yet")
-    for which, figures in report["tables"].items():
-        shown = {
-            k: len(v) if isinstance(v, list) else v for k, v in figures.items() if k != "warnings"
-        }
-        lines.append(
-            f"  {which}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in shown.items())
-        )
-        for path in figures.get("unknown_left", [])[:10]:
-            lines.append(f"    left (not provably uncommitted): {path}")
-        for warning in figures.get("warnings", []):
-            lines.append(f"    warning: {warning}")
-    if report.get("plans_deleted"):
-        lines.append(f"  saved plans of old committed batches deleted: {report['plans_deleted']}")
-    return "\n".join(lines)

@@ -27,6 +27,7 @@ from strata.batch.plan import BatchPlan, PlanStore, Reprocess, drop_command, spl
 from strata.batch.planning import PlanSettings, check_schema
 from strata.config import KafkaSource
 from strata.errors import BackfillError, KafkaUnavailable
+from strata.store.identity import TableProblem, check_tables, foreign_files, table_problems
 from strata.store.ledger import (
     LedgerState,
     batch_log_ids,
@@ -108,6 +109,7 @@ def reprocess_plan(
     targets: list[OffsetRange],
     reason: str,
     kind: Reprocess,
+    rebuild: tuple[str, ...] = (),
 ) -> tuple[BatchPlan, bool]:
     """Check a backfill or replay and plan it, or find it planned and unfinished.
 
@@ -121,6 +123,8 @@ def reprocess_plan(
         targets: At most one range per partition.
         reason: Why; recorded in the ledger.
         kind: `backfill` or `replay`.
+        rebuild: For a replay of every batch, the tables gone or replaced that it makes
+            afresh from the raw copy (`strata replay --rebuild`).
 
     Returns:
         The batch's plan, and whether it was an unfinished batch's.
@@ -140,7 +144,11 @@ def reprocess_plan(
     store = PlanStore(places)
     plan = store.load(batch)
     resumed = plan is not None
+    # The tables are those the ledger's batches went to; a rebuild makes its own afresh.
+    check_tables(places, state, rebuilding=rebuild if plan is None else plan.rebuild)
     if plan is None:
+        if rebuild:
+            _prepare_rebuild(places, state, rebuild)
         check_schema(places, settings.decoding)
         for target in targets:
             _one_log(places, target)
@@ -160,10 +168,11 @@ def reprocess_plan(
             note=reason,
             source=source,
             topic_ids=ids,
+            rebuild=rebuild,
         )
         plan = store.create(made)
         resumed = plan is not made
-    if plan.kind != kind or plan.ranges != targets:
+    if plan.kind != kind or plan.ranges != targets or plan.rebuild != rebuild:
         what = f"a {plan.kind} of {', '.join(r.describe() for r in plan.ranges)}"
         raise BackfillError(
             f"batch {batch} is unfinished ({what}); nothing was done. `strata run "
@@ -171,6 +180,76 @@ def reprocess_plan(
             f"{drop_command(places.pipeline, batch)}"
         )
     return plan, resumed
+
+
+def rebuild_request(places: Places) -> tuple[list[OffsetRange], tuple[str, ...]]:
+    """What `strata replay --rebuild` replays, and the tables it makes afresh.
+
+    Every committed batch, one range per partition, from the raw copy; into the data
+    table and the quarantine wherever one of them is gone or replaced.
+
+    Raises:
+        BackfillError: If neither table needs it, or the raw copy (its source) is gone.
+    """
+    state = ledger_state(places)
+    problems = {p.role for p in table_problems(places, state)}
+    if "raw" in problems:
+        raise BackfillError(
+            f"the raw copy of {places.pipeline} is not the one the ledger vouches for, and a "
+            "rebuild reads it: restore it, or accept its loss with `strata ledger reset "
+            f"--pipeline {places.pipeline} --table raw --reason TEXT` first"
+        )
+    rebuild = tuple(role for role in ("quarantine", "table") if role in problems)
+    if not rebuild:
+        raise BackfillError(
+            f"the data table and the quarantine of {places.pipeline} are the ones the ledger "
+            "vouches for: there is nothing to rebuild"
+        )
+    return batch_ranges(places, 1, state.last_batch), rebuild
+
+
+def _prepare_rebuild(places: Places, state: LedgerState, rebuild: tuple[str, ...]) -> None:
+    """A rebuild makes only tables that are gone, or are this pipeline's own, afresh.
+
+    An Iceberg table whose metadata is gone leaves an entry in the metastore that names
+    no file: it is dropped, so that the rebuild can create the table under its name.
+
+    Raises:
+        BackfillError: If a table it names is the one the ledger vouches for (nothing to
+            rebuild), is not the pipeline's, or another table's files are at its place.
+    """
+    problems: dict[str, TableProblem] = {p.role: p for p in table_problems(places, state)}
+    if "ledger" in problems:
+        raise BackfillError(
+            f"{problems['ledger'].text}: a rebuild needs the ledger that holds every batch"
+        )
+    for role in rebuild:
+        problem = problems.get(role)
+        what = f"the {'data table' if role == 'table' else role} of {places.pipeline}"
+        if problem is None:
+            raise BackfillError(
+                f"{what} is the one the ledger vouches for: there is nothing to rebuild. To "
+                f"decode its batches again, `strata replay --pipeline {places.pipeline} "
+                "--from-batch N --to-batch M --reason TEXT`"
+            )
+        if problem.problem == "foreign":
+            raise BackfillError(
+                f"{problem.text}: a rebuild would write into it. Point the table elsewhere "
+                "(its location key), or remove that table first"
+            )
+        if problem.problem == "gone":
+            ref = places.table(role)  # type: ignore[arg-type]
+            if ref.format == "iceberg":
+                from strata.store import iceberg_entries
+
+                iceberg_entries.forget_lost(ref)
+            other = foreign_files(ref)
+            if other:
+                raise BackfillError(
+                    f"{what} is gone, but its place ({ref.uri}) holds another table's files "
+                    f"({', '.join(other)}): a rebuild would mix with them. Restore the table, "
+                    "or point it elsewhere (its location key), or move those files away"
+                )
 
 
 def _check_request(places: Places, source: KafkaSource, target: OffsetRange, reason: str) -> None:

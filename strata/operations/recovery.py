@@ -1,6 +1,6 @@
-"""The ways out of a stop: abandon an unfinished batch's plan, move where reading goes on.
+"""The ways out of a stop: abandon a plan, move where reading goes on, restore or reset a table.
 
-Both are edits of the ledger made the safe way: under the run lock, as a batch of
+The edits of the ledger are made the safe way: under the run lock, as a batch of
 their own (so no plan saved before the edit can run after it), with who, when and
 why in the ledger beside the offsets they concern. Nothing is edited by hand.
 
@@ -11,6 +11,11 @@ why in the ledger beside the offsets they concern. Nothing is edited by hand.
 - `seek` moves where reading goes on in a partition: forward past offsets nobody
   will read (recorded, like a loss), or back to the start of a topic that was
   deleted and created again under the same name.
+- `reset_table` accepts that a table the ledger vouches for is gone, replaced or an
+  older copy (`strata.store.identity`): recorded as a `reset` batch naming what is not
+  in the table any more, it starts the table afresh (or takes the one that stands).
+- `restore_table` registers an Iceberg table dropped from the metastore (its files
+  left in place) again, from its own newest metadata file: nothing is lost.
 """
 
 from __future__ import annotations
@@ -25,7 +30,21 @@ from strata.batch.plan import PlanStore, drop_command
 from strata.batch.reconcile import RANGES_KEY, TABLES
 from strata.config import KafkaSource, SchemaSpec, TableName
 from strata.errors import LedgerEditError, PlanError
-from strata.store.ledger import LogIds, commit_ledger, committed_log_ids, ledger_state, unread_row
+from strata.store.identity import (
+    WRITTEN,
+    mark_parquet_table,
+    refuse_foreign,
+    table_problems,
+    vouch,
+)
+from strata.store.ledger import (
+    LedgerState,
+    LogIds,
+    commit_ledger,
+    committed_log_ids,
+    ledger_state,
+    unread_row,
+)
 from strata.store.lock import run_lock
 from strata.store.places import Places
 from strata.store.ranges import OffsetRange
@@ -124,8 +143,13 @@ def drop_plan(
             {"who": who, "reason": reason, "force": force, "at": _now(), "kind": kind or "?"},
         )
         note = f"plan of batch {batch} abandoned by {who}: {reason}"
+        # A table gone or replaced by hand gets no fence: one would create a new table in
+        # its place, or write into another's. It stays as it is, and runs stop on it.
+        broken = _broken(places, state)
         if logged:
             for name in TABLES:
+                if name in broken:
+                    continue
                 lock.check()
                 if name in stood and kind == "ingest":
                     # An ingest's files hold only its own rows: removing them undoes it.
@@ -146,7 +170,8 @@ def drop_plan(
             note += " (the saved plan could not be read)"
             rows = [_abandon_row(t, p, e, note, None) for (t, p), e in state.committed.items()]
         lock.check()
-        commit_ledger(places, batch, rows)
+        fenced = {n: None for n in TABLES if n not in broken}
+        commit_ledger(places, batch, rows, tables=vouch(places, fenced, batch))
         warnings = [
             "the next `strata run` plans afresh from where the ledger goes on; if retention "
             "deleted offsets meanwhile, it stops until `strata run --accept-loss REASON`"
@@ -276,15 +301,18 @@ def seek(
                         f"{where}: offsets [{target}, {before}) will be read again; their rows "
                         "land twice unless the topic is a new log"
                     )
-        # A runner still holding a plan of this batch number commits nothing of it.
+        # A runner still holding a plan of this batch number commits nothing of it. A
+        # table gone or replaced by hand gets no fence (see `drop_plan`).
+        broken = _broken(places, state)
+        fenced = {n: None for n in TABLES if n not in broken}
         if places.format != "parquet":
-            for name in TABLES:
+            for name in fenced:
                 lock.check()
                 fence_table(places, schemas, name, nxt, f"seek by {who}: {reason}")
         lock.check()
         # The partitions moved are now read on the topic's current log; no other.
         moved = {(topic, int(str(r["partition"]))): now_id for r in rows} if now_id else None
-        commit_ledger(places, nxt, rows, partition_ids=moved)
+        commit_ledger(places, nxt, rows, partition_ids=moved, tables=vouch(places, fenced, nxt))
         positions = [
             OffsetRange(topic, int(str(r["partition"])), 0, int(str(r["end_offset"]))) for r in rows
         ]
@@ -292,6 +320,173 @@ def seek(
         if problem:
             warnings.append(problem + " (the ledger holds the truth; lag tools are behind)")
         return LedgerEdit(places.pipeline, "seek", nxt, rows, warnings)
+
+
+def _broken(places: Places, state: LedgerState) -> set[str]:
+    """The tables that are not the ones the ledger vouches for."""
+    return {p.role for p in table_problems(places, state) if p.role != "ledger"}
+
+
+def reset_table(
+    places: Places, schemas: SchemaSpec, table: TableName, reason: str, who: str
+) -> LedgerEdit:
+    """Accept that a table the ledger vouches for is gone, replaced or older; start it afresh.
+
+    The reset is a ledger batch of its own, recorded with who and why: one `reset` row
+    per partition where reading goes on, noting which batches' rows the table no longer
+    holds. A table that is gone is created empty (never where another table's files
+    are); one replaced by another table of this pipeline, or an older copy, is taken as
+    it stands. Every table the ledger vouches for is fenced with the reset's batch, as
+    a seek fences them, and the ledger vouches for the new table from then on.
+
+    Args:
+        places: The pipeline's places.
+        schemas: What its tables' schemas are made from (the new table's).
+        table: `table`, `raw` or `quarantine`.
+        reason: Why; recorded in the ledger.
+        who: Who resets it (user@host).
+
+    Returns:
+        What was recorded.
+
+    Raises:
+        LedgerEditError: If a batch is unfinished, the ledger itself is behind the
+            tables, the table is the one the ledger vouches for, or it is not this
+            pipeline's table.
+        TableMismatch: If another table's files are at the place of a table that is gone.
+    """
+    _need_reason(reason)
+    with run_lock(places) as lock:
+        state = ledger_state(places)
+        nxt = state.last_batch + 1
+        _refuse_unfinished(places, nxt)
+        problems = {p.role: p for p in table_problems(places, state)}
+        what = f"the {_TABLE_WORDS[table]} of pipeline {places.pipeline}"
+        if "ledger" in problems:
+            raise LedgerEditError(
+                f"{problems['ledger'].text}; nothing was changed: a reset is recorded in the "
+                "ledger, which must hold every batch the tables do. Restore the ledger first"
+            )
+        problem = problems.get(table)
+        if problem is None:
+            raise LedgerEditError(
+                f"{what} is the one the ledger vouches for; nothing was changed (there is "
+                "nothing to reset)"
+            )
+        if problem.problem == "foreign":
+            raise LedgerEditError(
+                f"{problem.text}; nothing was changed: it is not this pipeline's table, and a "
+                "reset would take it as one. Point the table elsewhere (its location key), "
+                "or remove that table first"
+            )
+        ref = places.table(table)
+        if problem.problem == "gone":
+            if ref.format == "iceberg":
+                # An entry whose metadata is gone names no file: it makes way.
+                from strata.store import iceberg_entries
+
+                iceberg_entries.forget_lost(ref)
+            refuse_foreign(ref, places.pipeline, table)
+        note = (
+            f"{_TABLE_WORDS[table]} reset by {who}: {reason}; it was {problem.problem} "
+            f"({problem.text}): rows of batches up to {state.last_batch} are not in it"
+        )
+        fenced = {n: None for n in WRITTEN if n == table or n not in problems}
+        for name in fenced:
+            lock.check()
+            if places.format == "parquet":
+                if name == table:
+                    mark_parquet_table(places.table(name), places.pipeline, name, nxt)
+            else:
+                fence_table(places, schemas, name, nxt, note)
+        rows = [
+            unread_row("reset", t, p, end, end, 0, note)
+            for (t, p), end in sorted(state.committed.items())
+        ]
+        lock.check()
+        commit_ledger(places, nxt, rows, tables=vouch(places, fenced, nxt))
+        warnings = [
+            f"{what} starts afresh from batch {nxt}: the rows of earlier batches are not in it "
+            "(recorded in the ledger)"
+        ]
+        if table == "raw":
+            warnings.append(
+                "replays and backfills from the raw copy cannot read the earlier batches any more"
+            )
+        return LedgerEdit(places.pipeline, "reset", nxt, rows, warnings)
+
+
+_TABLE_WORDS: dict[str, str] = {
+    "table": "data table",
+    "raw": "raw copy",
+    "quarantine": "quarantine",
+}
+
+
+def restore_table(places: Places, table: TableName) -> str:
+    """Register an Iceberg table dropped from the metastore again, from its own metadata.
+
+    A table dropped without purge leaves its metadata and files at its place. The
+    newest metadata file of the table the ledger vouches for (by its UUID) is
+    registered under the table's name again: every batch it held is back, and nothing
+    is recorded because nothing changed.
+
+    Args:
+        places: The pipeline's places.
+        table: `table`, `raw` or `quarantine`.
+
+    Returns:
+        What was done, in words.
+
+    Raises:
+        LedgerEditError: If the table is not Iceberg, stands already, was renamed, or
+            its metadata is not at its place.
+    """
+    ref = places.table(table)
+    what = f"the {_TABLE_WORDS[table]} of pipeline {places.pipeline}"
+    if ref.format != "iceberg":
+        raise LedgerEditError(
+            f"{what} is a {ref.format} table: Strata cannot restore its files; restore them "
+            "from a copy (or the store's object versions) at its place, then run again"
+        )
+    from strata.store import iceberg, iceberg_entries
+
+    with run_lock(places):
+        state = ledger_state(places)
+        vouched = state.tables.get(table)
+        if vouched is None or not vouched.identity.startswith("iceberg:"):
+            raise LedgerEditError(
+                f"the ledger vouches for no Iceberg table as {what}; nothing to restore"
+            )
+        if iceberg.open_table(ref) is not None:
+            raise LedgerEditError(
+                f"{what} stands in the metastore as {ref.name}; nothing was changed. If it is "
+                "another table than the ledger's, drop or rename that one first"
+            )
+        others = iceberg_entries.named_elsewhere(ref)
+        if others:
+            database = ref.metastore[1] if ref.metastore else "default"
+            raise LedgerEditError(
+                f"{what} is in the metastore as {', '.join(others)}: it was renamed. Rename it "
+                f"back (in Trino: ALTER TABLE {others[0]} RENAME TO {database}.{ref.name}); a "
+                "second entry would let two names write, and vacuum, one table's files"
+            )
+        uuid = vouched.identity.split(":", 1)[1]
+        own = [
+            path for path, meta in iceberg_entries.metadata_files(ref) if meta["table-uuid"] == uuid
+        ]
+        if not own:
+            raise LedgerEditError(
+                f"no metadata file of table {uuid} is at {ref.uri}/metadata: {what} cannot be "
+                "restored from its place. Restore its files from a copy, or rebuild or reset "
+                "it (`strata status` lists the ways)"
+            )
+        iceberg_entries.register_metadata(ref, own[-1])
+        back = state.tables[table].batch
+        return (
+            f"{what} is registered as {ref.name} again, from {own[-1]}; the ledger vouched for "
+            f"it at batch {back}"
+        )
 
 
 def _target(to: str, low: int, high: int) -> int:
@@ -333,7 +528,7 @@ def _need_reason(reason: str) -> None:
 
 def render_edit(edit: LedgerEdit) -> str:
     """The edit in words, for the command line."""
-    what = {"abandon": "plan abandoned", "seek": "reading moved"}[edit.kind]
+    what = {"abandon": "plan abandoned", "seek": "reading moved", "reset": "table reset"}[edit.kind]
     lines = [f"pipeline {edit.pipeline}: {what}, recorded as ledger batch {edit.batch}"]
     for r in edit.rows:
         lines.append(

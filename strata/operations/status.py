@@ -20,8 +20,9 @@ from strata.batch.plan import PartitionState, PlanStore, vanished_topics
 from strata.catalog.completeness import watermark_now
 from strata.config import CompletenessConfig, KafkaSource
 from strata.durations import human_duration
-from strata.errors import KafkaUnavailable, PlanError
+from strata.errors import KafkaUnavailable, PlanError, StrataError
 from strata.maintenance.vacuum import table_health
+from strata.store.identity import describe, table_problems
 from strata.store.ledger import (
     RECENT_BATCHES,
     RUN_COLUMNS,
@@ -88,7 +89,7 @@ def pipeline_status(places: Places, settings: StatusSettings, history: int = 10)
         }
         for r in losses.to_pylist()
     ]
-    edits = rows.filter(pc.is_in(rows.column("kind"), pa.array(["seek", "abandon"])))
+    edits = rows.filter(pc.is_in(rows.column("kind"), pa.array(["seek", "abandon", "reset"])))
     out["edits"] = [
         {
             "batch": r["batch"],
@@ -102,9 +103,22 @@ def pipeline_status(places: Places, settings: StatusSettings, history: int = 10)
         }
         for r in (edits.to_pylist() if rows.num_rows else [])
     ]
+    problems = table_problems(places, state)
+    out["table_problems"] = [vars(p) for p in problems]
+    if problems:
+        # The tables are not those the ledger's batches went to: the next run stops, and
+        # so does this command's exit code (the text says why and the ways out).
+        out["identity_error"] = describe(places, problems)
     out["unfinished"] = _unfinished(places, state.last_batch + 1)
     out["watermark"] = watermark_now(settings.completeness, state)
-    out["tables"] = table_health(places, settings.small_file_bytes)
+    try:
+        out["tables"] = table_health(places, settings.small_file_bytes)
+    except StrataError as exc:
+        # A table gone under its metastore entry cannot be measured; the problem is said.
+        if not problems:
+            raise
+        out["tables"] = {}
+        out["warnings"].append(f"the tables' files not counted: {exc}")
     small = sum(t["small_files"] for name, t in out["tables"].items() if name != "ledger")
     if small >= 100:
         out["warnings"].append(
@@ -479,6 +493,8 @@ def render_status(status: dict[str, Any]) -> str:
         lines.append("lag unknown: the brokers did not answer")
     for warning in status.get("warnings", []):
         lines.append(f"WARNING: {warning}")
+    for problem in status.get("table_problems", []):
+        lines.append(f"TABLE {problem['problem'].upper()}: {problem['text']}")
     lines.append(
         f"{'topic':>16} {'part':>4} {'committed':>12} {'high':>12} {'lag':>10} "
         f"{'oldest unread':>14} {'to retention':>13} {'by':<15}"

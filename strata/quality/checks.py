@@ -10,6 +10,7 @@ and Arrow tables, so it is tested with small inline data.
 from __future__ import annotations
 
 import re
+import uuid
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,9 +83,14 @@ class QualityResult:
         checks: Every check, passed or not.
         partitions: Event-time partitions the batch wrote, with rows each.
         lateness: Rows per late-arrival bucket.
-        docs: The batch's Data Docs page, relative to the quality location.
+        docs: The batch's Data Docs page, relative to the quality location (what the
+            summary page links to).
+        docs_location: The same page as a user opens it: an absolute local path, or
+            its object-store URI (`s3://...`).
         incomplete: Partitions marked incomplete because the gate failed.
         losses: Ranges this batch recorded as deleted by retention before read.
+        check: This check's id, in the marks it writes too: marks a check did not get
+            to settle are decided by its result (`strata.quality.store`).
     """
 
     pipeline: str
@@ -103,8 +109,10 @@ class QualityResult:
     partitions: dict[str, int] = field(default_factory=dict)
     lateness: dict[str, int] = field(default_factory=dict)
     docs: str | None = None
+    docs_location: str | None = None
     incomplete: list[str] = field(default_factory=list)
     losses: list[dict[str, Any]] = field(default_factory=list)
+    check: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def failed(self) -> list[Check]:
@@ -379,6 +387,6 @@ def render_quality(result: QualityResult) -> str:
             f"{lost['partition']} of `{lost['topic']}` were deleted by retention before they "
             f"were read; {lost['note']}"
         )
-    if result.docs:
-        lines.append(f"data docs: {result.docs}")
+    if result.docs_location:
+        lines.append(f"data docs: {result.docs_location}")
     return "\n".join(lines)

@@ -123,6 +123,7 @@ def run_quality(
         partitions=partition_counts(data, partition_columns(schemas.partitioning)),
         lateness=lateness_counts(data),
         docs=docs,
+        docs_location=None if docs is None else store.where(docs),
         losses=[
             {k: r[k] for k in ("topic", "partition", "start_offset", "end_offset", "note")}
             for r in records

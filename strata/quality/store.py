@@ -11,18 +11,26 @@ Reading every result for that would cost a read per batch ever checked, so each
 batch that marks partitions also writes them under `marks/`, which holds only such
 batches, and `marks/ready` says the folder is whole. A location written before the
 folder existed is indexed once, from its results, the first time it is asked.
+
+A check writes its marks before its result and settles them after it, so that a crash
+between the two holds a partition and never releases one wrongly. Each check has an id,
+in its result and in the marks it writes: marks not settled yet are held unless the
+result stored is that same check's, which then decides. A check killed after its marks
+holds its batch's partitions (whatever an earlier check stored); one killed after a
+passing result holds nothing; and the next check of the batch settles either.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.fs as pafs
 
+from strata import faults
 from strata.quality.checks import QualityResult, incomplete_marks
 from strata.store.files import filesystem, read_bytes, write_bytes_atomically
 
@@ -36,6 +44,36 @@ _MARKS_READY = "ready"
 _RUNS = "runs.json"
 
 
+@dataclass(frozen=True)
+class _Marks:
+    """A batch's marks, as `marks/batch-<N>.json` holds them.
+
+    Attributes:
+        partitions: The partitions held.
+        check: The id of the check that wrote them; None in marks from before checks
+            had ids, which are settled.
+        settled: Whether that check stored its result and settled them after; if not,
+            the result stored says whether they stand.
+    """
+
+    partitions: list[str]
+    check: str | None = None
+    settled: bool = True
+
+    def body(self) -> bytes:
+        return json.dumps(
+            {"partitions": sorted(self.partitions), "check": self.check, "settled": self.settled}
+        ).encode()
+
+    @classmethod
+    def of(cls, data: bytes) -> _Marks:
+        body = json.loads(data)
+        if isinstance(body, list):
+            # Written before checks had ids: after the result, as settled marks are.
+            return cls([str(p) for p in body])
+        return cls(list(body["partitions"]), body.get("check"), bool(body.get("settled")))
+
+
 class ResultStore:
     """A pipeline's quality location: batch results, Data Docs and the summary page."""
 
@@ -47,6 +85,8 @@ class ResultStore:
             options: Storage options (credentials, endpoint) for the object store.
         """
         self.fs, self.root = filesystem(uri, options or {})
+        # As a user names it: the s3:// URI, or the local path made absolute.
+        self.location = uri.rstrip("/") if "://" in uri else str(Path(uri).resolve())
 
     @classmethod
     def of(cls, places: Places) -> ResultStore:
@@ -63,17 +103,40 @@ class ResultStore:
     def save(self, result: QualityResult) -> None:
         """Write (or replace) a batch's result, and its marks.
 
-        Marks are written before the result and removed after it, so a crash between
-        the two leaves a partition held, never released: the next check of the batch
-        puts it right.
+        Marks are written, not settled, before the result, and settled (or removed,
+        for a check that holds nothing) after it. A crash before the result leaves the
+        partitions of this check and of any earlier marks held; one after it leaves the
+        result in charge (see the module's docstring). The next check of the batch puts
+        either right.
         """
-        body = json.dumps(asdict(result), indent=1, sort_keys=True, default=str)
+        check = result.check
+        body = json.dumps(asdict(result), indent=1, sort_keys=True, default=str).encode()
+        path = self._mark_path(result.batch)
+        earlier = self._marks(result.batch)
+        if result.incomplete or earlier is not None:
+            partitions = set(result.incomplete) | set(earlier.partitions if earlier else [])
+            write_bytes_atomically(self.fs, path, _Marks(sorted(partitions), check, False).body())
+            faults.reached(faults.QUALITY_MARKS_WRITTEN)
+        write_bytes_atomically(self.fs, self._path(result.batch), body)
+        faults.reached(faults.QUALITY_RESULT_WRITTEN)
         if result.incomplete:
-            marks = json.dumps(sorted(result.incomplete)).encode()
-            write_bytes_atomically(self.fs, self._mark_path(result.batch), marks)
-        write_bytes_atomically(self.fs, self._path(result.batch), body.encode())
-        if not result.incomplete:
-            _delete_if_present(self.fs, self._mark_path(result.batch))
+            write_bytes_atomically(self.fs, path, _Marks(list(result.incomplete), check).body())
+        elif earlier is not None:
+            _delete_if_present(self.fs, path)
+
+    def _marks(self, batch: int) -> _Marks | None:
+        data = read_bytes(self.fs, self._mark_path(batch))
+        return None if data is None else _Marks.of(data)
+
+    def _standing(self, batch: int, marks: _Marks) -> list[str]:
+        """The partitions a batch's marks hold: all of them, unless the check that wrote
+        them stored its result and did not get to settle them, which then decides."""
+        if marks.settled:
+            return marks.partitions
+        result = self.load(batch)
+        if result is None or result.get("check") != marks.check:
+            return marks.partitions
+        return list(result.get("incomplete") or [])
 
     def load(self, batch: int) -> dict[str, Any] | None:
         """A batch's result, if checked."""
@@ -118,8 +181,8 @@ class ResultStore:
         if read_bytes(self.fs, f"{directory}/{_MARKS_READY}") is None:
             for result in self.recent(10**9):
                 if result.get("incomplete"):
-                    marks = json.dumps(sorted(result["incomplete"])).encode()
-                    write_bytes_atomically(self.fs, self._mark_path(result["batch"]), marks)
+                    marks = _Marks(result["incomplete"], result.get("check"))
+                    write_bytes_atomically(self.fs, self._mark_path(result["batch"]), marks.body())
             write_bytes_atomically(self.fs, f"{directory}/{_MARKS_READY}", b"")
         held: list[dict[str, Any]] = []
         for info in self.fs.get_file_info(pafs.FileSelector(directory)):
@@ -127,7 +190,8 @@ class ResultStore:
                 data = read_bytes(self.fs, info.path)
                 if data is not None:
                     batch = int(info.base_name[6:16])
-                    held.append({"batch": batch, "incomplete": json.loads(data)})
+                    standing = self._standing(batch, _Marks.of(data))
+                    held.append({"batch": batch, "incomplete": standing})
         return incomplete_marks(sorted(held, key=lambda r: int(r["batch"])))
 
     def write_page(self, page: str) -> str:
@@ -171,6 +235,14 @@ class ResultStore:
                 rel = path.relative_to(built).as_posix()
                 write_bytes_atomically(self.fs, f"{self.root}/docs/{rel}", path.read_bytes())
         return None if page is None else f"docs/{page}"
+
+    def where(self, relative: str) -> str:
+        """Where a file of the store is opened from: an absolute local path, or its URI.
+
+        Args:
+            relative: The file, relative to the quality location (`QualityResult.docs`).
+        """
+        return f"{self.location}/{relative}"
 
 
 def _delete_if_present(fs: pafs.FileSystem, path: str) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from strata.errors import SchemaError
+from strata.schema.names import TIME_COLUMNS, name_clashes
 from strata.store.places import NAME_SUFFIXES
 
 if TYPE_CHECKING:
@@ -97,18 +98,23 @@ class TopicSchema:
     defaults: dict[str, Any]
 
 
-def load_topic_schema(path: Path, text: str | None = None) -> TopicSchema:
+def load_topic_schema(
+    path: Path, text: str | None = None, partition_columns: Collection[str] = ()
+) -> TopicSchema:
     """Read an Avro schema file and derive its Arrow schema.
 
     Args:
         path: An `.avsc` file holding one record schema (named in errors).
         text: The file's content, when already read; the file is read otherwise.
+        partition_columns: The data table's partition columns, which no field may be
+            named in any case (`name_clashes`); `dt` and `hr` are refused anyway.
 
     Returns:
         The topic schema.
 
     Raises:
-        SchemaError: If the file is not a record schema Strata can map to columns.
+        SchemaError: If the file is not a record schema Strata can map to columns, or a
+            field's name is one the tables cannot hold (`name_clashes`).
     """
     try:
         avro = json.loads(path.read_text() if text is None else text)
@@ -116,16 +122,14 @@ def load_topic_schema(path: Path, text: str | None = None) -> TopicSchema:
         raise SchemaError(f"{path}: cannot read the Avro schema ({exc})") from exc
     if not isinstance(avro, dict) or avro.get("type") != "record":
         raise SchemaError(f"{path}: the top-level schema must be an Avro record")
+    clashes = name_clashes(avro, partition_columns)
+    if clashes:
+        raise SchemaError(f"{path}: {clashes}")
     fields = []
     required = []
     defaults = {}
     for f in avro.get("fields", []):
         name = f["name"]
-        if is_own_column(name):
-            raise SchemaError(
-                f"{path}: field {name!r} collides with Strata's own columns "
-                f"({OWN_COLUMNS}); rename it"
-            )
         arrow_type, nullable = _arrow_type(f["type"], path, name)
         fields.append(pa.field(name, arrow_type, nullable=True))
         if not nullable:
@@ -290,8 +294,9 @@ def _encodes_in_no_bytes(avro_type: Any) -> bool:  # noqa: ANN401 - Avro schemas
 def load_pipeline_schema(spec: SchemaSpec) -> TopicSchema:
     """A pipeline's topic schema, refused if its formats cannot hold one of its fields.
 
-    On top of `load_topic_schema`, this checks what depends on the pipeline: Arrow's
-    JSON reader cannot read an object into a map column; Delta tables have no column
+    On top of `load_topic_schema`, this checks what depends on the pipeline: no field
+    may be named as one of its partition columns, in any case; Arrow's JSON reader
+    cannot read an object into a map column; Delta tables have no column
     for a timestamp without time zone (short of a table feature Strata's plain tables
     leave off) nor for decimals above 38 digits; Hive's decimals stop at 38 digits.
 
@@ -304,7 +309,7 @@ def load_pipeline_schema(spec: SchemaSpec) -> TopicSchema:
     Raises:
         SchemaError: Naming the file, each field that cannot be held, and the fix.
     """
-    topic = load_topic_schema(spec.path, spec.text)
+    topic = load_topic_schema(spec.path, spec.text, partition_columns(spec.partitioning))
     problems: list[str] = []
     for f in topic.arrow:
         problems.extend(_format_problems(f.type, f.name, spec))
@@ -376,7 +381,7 @@ def data_schema(topic: TopicSchema, partitioning: PartitioningConfig) -> pa.Sche
     fields.extend(pa.field(c, pa.string(), nullable=False) for c in columns)
     notes = {}
     if partitioning.timezone != "UTC":
-        notes = {c: f"in {partitioning.timezone}" for c in columns if c in _TIME_COLUMNS}
+        notes = {c: f"in {partitioning.timezone}" for c in columns if c in TIME_COLUMNS}
     if partitioning.field is not None:
         spec = partitioning.field
         notes[spec.column] = f"from field {spec.name}: {', '.join(spec.values)}; other {spec.other}"
@@ -412,22 +417,6 @@ def partition_columns(partitioning: PartitioningConfig) -> list[str]:
     if partitioning.field is not None:
         columns.append(partitioning.field.column)
     return columns
-
-
-# The event-time partition columns, which no field of a schema may be named.
-_TIME_COLUMNS = ("dt", "hr")
-OWN_COLUMNS = "names starting with '_', 'dt', 'hr'"
-"""The names a schema's fields may not take, in words."""
-
-
-def is_own_column(name: str) -> bool:
-    """Whether a field name is one the tables keep for their own columns.
-
-    Coordinates and Strata's columns start with `_` (`_offset`, `_event_time`,
-    `_batch`); `dt` and `hr` are the event-time partitions. A field partition's column
-    (`p_<field>`) depends on the pipeline (`PartitioningConfig`).
-    """
-    return name.startswith("_") or name in _TIME_COLUMNS
 
 
 # Schema metadata: per partition column, what it means beyond its name (JSON).
@@ -471,7 +460,7 @@ def schema_changes(
     new = {f.name: str(f.type) for f in after}
     old_notes = {entry[0]: entry[2] for entry in before if len(entry) > 2}
     new_notes = _partition_notes(after)
-    partitions = set(_TIME_COLUMNS) | set(old_notes) | set(new_notes)
+    partitions = set(TIME_COLUMNS) | set(old_notes) | set(new_notes)
     problems = []
     moved = []
     for name in sorted((set(old) | set(new)) & partitions):

@@ -8,9 +8,10 @@ the one change a table takes without rewriting its files (`strata.schema.avro.sc
 Every other field is left out with a warning naming the subject and the field, and
 messages written with it still land, without it, by Avro's resolution: a field that is
 not optional, one whose type is named elsewhere in the schema, one named as Strata's
-own columns are (`_*`, `dt`, `hr`, the field partition's `p_<field>`), and one the
-table's schema check refuses (a type Strata cannot hold). So evolution never makes a
-schema the next plan refuses.
+own columns are (`_*`, `dt`, `hr`, the field partition's `p_<field>`) or as a field the
+table has, in any case (Hive, Trino and Delta compare column names without case), and
+one the table's schema check refuses (a type Strata cannot hold). So evolution never
+makes a schema the next plan refuses.
 
 A newest schema that is not a record Strata can read (not JSON, not a record, its
 fields not a list, a field entry that is not an object or has no string name) is
@@ -32,7 +33,7 @@ from typing import Any
 
 from strata.config import Decoding, PartitioningConfig
 from strata.log import get_logger
-from strata.schema.avro import OWN_COLUMNS, is_own_column
+from strata.schema.names import OWN_COLUMNS, is_own_column
 from strata.store.places import Places
 
 log = get_logger(__name__)
@@ -176,8 +177,9 @@ def merged_fields(
     Returns:
         The merged schema, and what of `other` was left out: the fields it adds that
         are not optional, cannot be read on their own (a type named elsewhere in
-        `other`) or carry a name the table keeps for its own columns; or, when `other`
-        (or `base`) is not a record schema, the whole of it, with `base` unchanged.
+        `other`), carry a name the table keeps for its own columns or differ only in
+        case from a field the table has; or, when `other` (or `base`) is not a record
+        schema, the whole of it, with `base` unchanged.
     """
     from fastavro import parse_schema
 
@@ -188,16 +190,32 @@ def merged_fields(
     if problem is not None:
         return base, [LeftOut(None, problem)]
     fields = list(base["fields"])
-    have = {f["name"] for f in fields}
+    # By name without case, as Hive, Trino and Delta tell columns apart.
+    have = {f["name"].lower(): f["name"] for f in fields}
     left_out = []
     for field in other["fields"]:
         name = field["name"]
-        if name in have:
+        if have.get(name.lower()) == name:
             continue
         if is_own_column(name) or name.lower() == partition_column:
             own = OWN_COLUMNS + (f", {partition_column!r}" if partition_column else "")
             left_out.append(
-                LeftOut(name, f"whose name is one Strata keeps for its own columns ({own})")
+                LeftOut(
+                    name,
+                    f"whose name is one Strata keeps for its own columns ({own}); rename it "
+                    "in the subject's schema to have it added",
+                )
+            )
+            continue
+        if name.lower() in have:
+            left_out.append(
+                LeftOut(
+                    name,
+                    f"whose name differs only in case from the table's field "
+                    f"`{have[name.lower()]}`, and Hive, Trino and Delta, which compare column "
+                    "names without case, would take them for one; rename it in the subject's "
+                    "schema to have it added",
+                )
             )
             continue
         if not _optional(field):
@@ -217,7 +235,7 @@ def merged_fields(
             left_out.append(LeftOut(name, f"which does not parse in the table's schema ({detail})"))
             continue
         fields.append(field)
-        have.add(name)
+        have[name.lower()] = name
     return {**base, "fields": fields}, left_out
 
 

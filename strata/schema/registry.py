@@ -33,6 +33,12 @@ bounded by `MAX_CACHE_BYTES` (128 MiB), estimated from each schema's text, the l
 recently used given back first. A "not found" answer is asked again after
 `NOT_FOUND_RETRY_S` (60 s), since a registry follower that lags its leader may not know
 a schema yet; the other answers about a schema hold for the life of the process.
+
+A task keeps what each id it met reads with, within the same bound. Bytes that merely
+begin with the wire format's magic byte carry a random id each, so a task asks about at
+most `MAX_UNKNOWN_IDS` (100) ids the registry does not know, and `MAX_TASK_SCHEMA_IDS`
+(10,000) in all; past either, a message of an id new to the task is quarantined unasked,
+saying so. That follows from the task's messages in order: a re-run decides the same.
 """
 
 from __future__ import annotations
@@ -63,6 +69,11 @@ MAX_SCHEMA_TEXT = 4 * 2**20
 MAX_CACHE_BYTES = 128 * 2**20
 # Seconds after which an id or reference the registry did not know is asked again.
 NOT_FOUND_RETRY_S = 60.0
+# Distinct schema ids the registry does not know that one task asks about: a topic
+# flooded with random ids would otherwise cost a request per message.
+MAX_UNKNOWN_IDS = 100
+# Distinct schema ids one task asks about in all, whatever the registry answers.
+MAX_TASK_SCHEMA_IDS = 10_000
 
 # What the registry's error codes say about the schema asked for; any other code (a
 # wrong url path's 404, a proxy's page, 401, 5xx) is no statement about it.
@@ -116,11 +127,13 @@ class _Answer:
         outcome: The parsed writer schema, or why its messages are quarantined.
         size: Estimated bytes held.
         until: When (by `_now`) to ask again; None to keep it for the process's life.
+        unknown: The registry does not know the id itself (40403 for it).
     """
 
     outcome: _Fetched | str
     size: int
     until: float | None = None
+    unknown: bool = False
 
 
 class _Answers:
@@ -131,7 +144,7 @@ class _Answers:
         self._held: OrderedDict[tuple[str, int], _Answer] = OrderedDict()
         self.size = 0
 
-    def get(self, key: tuple[str, int]) -> _Fetched | str | None:
+    def get(self, key: tuple[str, int]) -> _Answer | None:
         """The answer kept for an id, or None if there is none or it is to be asked again."""
         with self._lock:
             answer = self._held.get(key)
@@ -141,7 +154,7 @@ class _Answers:
                 self._drop(key)
                 return None
             self._held.move_to_end(key)
-            return answer.outcome
+            return answer
 
     def put(self, key: tuple[str, int], answer: _Answer) -> None:
         """Keep an answer; the least recently used go while the bound is passed."""
@@ -174,7 +187,8 @@ _answers = _Answers()
 class WriterSchemas:
     """What each schema id of a pipeline's messages is read with, or why it is quarantined.
 
-    One per task; the parsed schemas behind it are shared by the whole process.
+    One per task; the parsed schemas behind it are shared by the whole process. Its
+    bounds are the module's (`MAX_CACHE_BYTES`, `MAX_UNKNOWN_IDS`, `MAX_TASK_SCHEMA_IDS`).
     """
 
     def __init__(
@@ -204,9 +218,15 @@ class WriterSchemas:
         self._reader = parsed_reader
         self._reader_logical = _logical_types(reader)
         self._reader_name = reader_name
-        self._by_id: dict[int, WriterSchema | str] = {}
-        if pinned_id is not None:
-            self._by_id[pinned_id] = WriterSchema(parsed_reader, None)
+        self._pinned_id = pinned_id
+        self._pinned = WriterSchema(parsed_reader, None)
+        # What the ids the registry knows read with, and the bytes each answer holds.
+        self._by_id: OrderedDict[int, tuple[WriterSchema | str, int]] = OrderedDict()
+        self._size = 0
+        self._unknown: dict[int, str] = {}  # the ids it does not know: their reasons
+        # Every id asked about: one given back from `_by_id` is looked up again, never
+        # taken for an id new to the task.
+        self._met: set[int] = set()
 
     def lookup(self, schema_id: int) -> WriterSchema | str:
         """How to read messages written with a schema id, or the reason to quarantine them.
@@ -221,13 +241,50 @@ class WriterSchemas:
             SchemaRegistryUnavailable: If the registry cannot be reached or refuses the
                 request; the outcome would depend on the moment, not on the message.
         """
-        known = self._by_id.get(schema_id)
-        if known is None:
-            known = self._by_id[schema_id] = self._resolve(schema_id)
-        return known
+        if schema_id == self._pinned_id:
+            return self._pinned
+        unknown = self._unknown.get(schema_id)
+        if unknown is not None:
+            return unknown
+        held = self._by_id.get(schema_id)
+        if held is not None:
+            self._by_id.move_to_end(schema_id)
+            return held[0]
+        if schema_id not in self._met:
+            bound = self._bound_reached()
+            if bound is not None:
+                return _shown(self._registry, f"written with schema id {schema_id}, {bound}")
+            self._met.add(schema_id)
+        answer = _fetch(self._registry, schema_id)
+        if answer.unknown:
+            assert isinstance(answer.outcome, str)
+            self._unknown[schema_id] = answer.outcome
+            return answer.outcome
+        resolved = self._resolve(schema_id, answer.outcome)
+        self._keep(schema_id, resolved, answer.size)
+        return resolved
 
-    def _resolve(self, schema_id: int) -> WriterSchema | str:
-        fetched = _fetch(self._registry, schema_id)
+    def _bound_reached(self) -> str | None:
+        """Why the task asks about no new id, or None while it may."""
+        unasked = f"not asked of the Schema Registry at {self.url}: this task met"
+        if len(self._unknown) >= MAX_UNKNOWN_IDS:
+            return (
+                f"{unasked} {len(self._unknown)} schema ids the registry does not know, "
+                f"and asks about at most {MAX_UNKNOWN_IDS}"
+            )
+        if len(self._met) >= MAX_TASK_SCHEMA_IDS:
+            return f"{unasked} {len(self._met):,} schema ids, and asks about no more"
+        return None
+
+    def _keep(self, schema_id: int, resolved: WriterSchema | str, size: int) -> None:
+        """Keep what an id reads with; the least recently used go while the bound is passed."""
+        self._by_id[schema_id] = (resolved, size)
+        self._size += size
+        while self._size > MAX_CACHE_BYTES and len(self._by_id) > 1:
+            _, (_, dropped) = self._by_id.popitem(last=False)
+            self._size -= dropped
+
+    def _resolve(self, schema_id: int, fetched: _Fetched | str) -> WriterSchema | str:
         if isinstance(fetched, str):
             return fetched
         for path, writer_kind in fetched.logical.items():
@@ -243,8 +300,8 @@ class WriterSchemas:
         return WriterSchema(fetched.parsed, self._reader)
 
 
-def _fetch(registry: SchemaRegistryConfig, schema_id: int) -> _Fetched | str:
-    """A writer schema by id, fetched and parsed once per process, or a quarantine reason."""
+def _fetch(registry: SchemaRegistryConfig, schema_id: int) -> _Answer:
+    """What the registry says about an id, asked and parsed once per process."""
     assert registry.url is not None
     key = (registry.url, schema_id)
     known = _answers.get(key)
@@ -256,7 +313,7 @@ def _fetch(registry: SchemaRegistryConfig, schema_id: int) -> _Fetched | str:
     finally:
         _forget(client)
     _answers.put(key, answer)
-    return answer.outcome
+    return answer
 
 
 def _ask(client: SchemaRegistryClient, registry: SchemaRegistryConfig, schema_id: int) -> _Answer:
@@ -407,16 +464,21 @@ def _answered(
             f"{where} answers {code} ({meaning})"
         )
     if code in _NOT_FOUND:
-        return _quarantined(registry, reason, until=_now() + NOT_FOUND_RETRY_S)
+        unknown = reference is None and code == _SCHEMA_NOT_FOUND
+        return _quarantined(registry, reason, until=_now() + NOT_FOUND_RETRY_S, unknown=unknown)
     return _quarantined(registry, reason)
 
 
 def _quarantined(
-    registry: SchemaRegistryConfig, reason: str, until: float | None = None
+    registry: SchemaRegistryConfig,
+    reason: str,
+    until: float | None = None,
+    *,
+    unknown: bool = False,
 ) -> _Answer:
     """An answer that quarantines an id's messages, on one line and without secrets."""
     reason = _shown(registry, reason)
-    return _Answer(reason, _ENTRY_BYTES + len(reason), until)
+    return _Answer(reason, _ENTRY_BYTES + len(reason), until, unknown)
 
 
 def _version(subject: str, version: int) -> str:

@@ -9,6 +9,11 @@ loaded when it exits. A session uses it when one exists for its Java and PySpark
 the JVM checks it still matches (same Java build, same class path) and silently
 starts without it otherwise, so a stale or damaged archive costs the time it saves
 and nothing else.
+
+Spark's own log goes through the log4j2 configuration beside this module, at WARN, and
+the driver's stderr through a sieve that leaves out the one line Spark's launcher
+makes every JVM print (`start_driver`): what a command prints is Strata's lines and
+Spark's real warnings and errors.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import shutil
 import subprocess
 import sys
 from importlib.metadata import version
+from pathlib import Path
 
 from strata.errors import JavaMissing
 
@@ -36,6 +42,29 @@ _TRAIN = (
 
 # A mismatched archive is reported on standard output, where a run's summary goes.
 _QUIET_ARCHIVE = "-Xlog:cds=off,cds+dynamic=off"
+
+# Spark's own log in the driver: warnings and errors, the known noise quieter (the
+# file says which). A URI, so that a space in the path cannot split the option.
+LOG_CONFIGURATION = Path(__file__).with_name("log4j2.properties")
+LOG_OPTION = f"-Dlog4j2.configurationFile={LOG_CONFIGURATION.as_uri()}"
+
+# Spark's launcher gives every driver JVM `--add-modules=jdk.incubator.vector` (its
+# `JavaModuleOptions`, with no setting to leave it out) for MLlib's vectorised BLAS,
+# which Strata never calls; the JVM then says so on stderr before anything else.
+LAUNCHER_NOISE = ("WARNING: Using incubator modules: jdk.incubator.vector",)
+
+# Passes its standard input on to its standard output line by line, less the lines
+# given as its arguments. A process of its own, not a thread of the driver's: it also
+# passes on what the JVM says as it shuts down, after the Python driver has exited.
+_SIEVE = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+drop = {line.encode() for line in sys.argv[1:]}
+for line in sys.stdin.buffer:
+    if line.rstrip(b"\\r\\n") not in drop:
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+"""
 
 
 def java_binary() -> str | None:
@@ -106,6 +135,46 @@ def driver_options(java_version: str) -> str:
     if archive is None:
         return JVM_OPTIONS
     return f"{JVM_OPTIONS} -XX:SharedArchiveFile={archive} {_QUIET_ARCHIVE}"
+
+
+_SIEVES: list[subprocess.Popen[bytes]] = []
+
+
+def start_driver(properties: dict[str, str]) -> None:
+    """Start the JVM of a Spark driver with these properties, unless this process has one.
+
+    What the JVM writes to stderr reaches this process's stderr, as when PySpark starts
+    it, less the one line Spark's launcher makes it print (`LAUNCHER_NOISE`). Under
+    spark-submit the JVM runs already and is left as it is.
+
+    Args:
+        properties: The session's Spark properties, `spark.master` and `spark.app.name`
+            among them; those of the driver JVM itself (its options, its memory) take
+            effect only here, when it starts.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    sieve = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _SIEVE, *LAUNCHER_NOISE],
+        stdin=subprocess.PIPE,
+        # Where the JVM's stderr goes otherwise: this process's file descriptor 2.
+        stdout=2,
+    )
+    # Held until the process ends: collected while it runs, it would be reported as
+    # a subprocess left running.
+    _SIEVES.append(sieve)
+    conf = SparkConf(loadDefaults=False).setAll(list(properties.items()))
+    try:
+        popen = {"stderr": sieve.stdin}
+        gateway = launch_gateway(conf, popen_kwargs=popen)  # type: ignore[no-untyped-call]
+    finally:
+        # The JVM holds its own end of the pipe: the sieve stops once the JVM exits.
+        if sieve.stdin is not None:
+            sieve.stdin.close()
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 def dump_options(dump_to: str) -> str:

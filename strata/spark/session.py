@@ -12,13 +12,21 @@ import re
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
 from strata.config import SparkConfig
 from strata.log import get_logger
-from strata.spark.jvm import JVM_OPTIONS, driver_options, dump_options, require_java
+from strata.spark.jvm import (
+    JVM_OPTIONS,
+    LOG_OPTION,
+    driver_options,
+    dump_options,
+    require_java,
+    start_driver,
+)
 
 logger = get_logger(__name__)
 
@@ -165,8 +173,9 @@ def session_defaults(driver_java_options: str) -> dict[str, str]:
         # compiled from Spark's zip in every worker (see strata.spark.daemon).
         "spark.python.daemon.module": "strata.spark.daemon",
         # The quick compiler and the serial collector (see strata.spark.jvm); the driver maps
-        # its classes from the class archive when one is built.
-        "spark.driver.extraJavaOptions": driver_java_options,
+        # its classes from the class archive when one is built, and logs through Strata's
+        # log4j2 configuration.
+        "spark.driver.extraJavaOptions": f"{driver_java_options} {LOG_OPTION}",
         "spark.executor.extraJavaOptions": JVM_OPTIONS,
         "spark.driver.memory": "1g",
         "spark.ui.showConsoleProgress": "false",
@@ -183,12 +192,12 @@ def local_session(master: str, settings: dict[str, str], name: str) -> SparkSess
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    quiet_known_warnings()
+    start_driver({**settings, "spark.master": master, "spark.app.name": name})
     builder = SparkSession.builder.master(master).appName(name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    return builder.getOrCreate()
 
 
 def train_class_archive(dump_to: str) -> None:
@@ -242,6 +251,9 @@ def build_session(spark: SparkConfig, pipeline: str) -> SparkSession:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     given = SparkConf() if submitted else None
     settings = {**session_defaults(driver_options(java)), **spark.conf}
+    quiet_known_warnings()
+    if not submitted:
+        start_driver({**settings, "spark.master": master, "spark.app.name": f"strata-{pipeline}"})
     builder = SparkSession.builder
     if given is None or not given.contains("spark.app.name"):
         builder = builder.appName(f"strata-{pipeline}")
@@ -250,9 +262,19 @@ def build_session(spark: SparkConfig, pipeline: str) -> SparkSession:
     for key, value in settings.items():
         if given is None or not given.contains(key):
             builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    return session
+    return builder.getOrCreate()
+
+
+# PySpark 4.2 warns that it does not yet fully support pandas 3 the first time py4j
+# converts an argument (its numpy converter imports `pyspark.testing.utils`, which checks
+# the pandas version on import). Strata hands Spark no pandas data: the warning says
+# nothing about a run, and it is the only one left out.
+_PANDAS_WARNING = r"PySpark does not yet fully support pandas >= 3\.0\.0"
+
+
+def quiet_known_warnings() -> None:
+    """Leave out the one warning PySpark gives every process that starts a session."""
+    warnings.filterwarnings("ignore", message=_PANDAS_WARNING, category=FutureWarning)
 
 
 def run_each(

@@ -8,14 +8,23 @@ a run reads one commit's info however long the pipeline has run.
 
 The fold is pure (`LedgerState.after`) and is the one definition of both positions and
 watermarks: `strata.catalog.completeness.watermarks` folds the ledger's rows with it.
+
+The state also records which table each of the pipeline's tables is (`Vouched`): the
+identity a table had when a batch was committed to it, and that batch. A table deleted,
+dropped or replaced by hand is told from the one the ledger's batches went to
+(`strata.store.identity`); rows cannot say this, so a state folded from rows has none,
+and the next commit records the tables as it finds them.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+
+from strata.errors import LedgerDamaged
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -74,6 +83,21 @@ class Mark:
 
 
 @dataclass(frozen=True)
+class Vouched:
+    """What the ledger vouches for of one of the pipeline's tables.
+
+    Attributes:
+        identity: The table's identity when the batch was committed to it
+            (`strata.store.identity`), e.g. `delta:<metaData.id>`; empty where an
+            operator's recorded reset left the table to be created afresh.
+        batch: The newest batch the ledger knows the table to hold (0: none yet).
+    """
+
+    identity: str
+    batch: int = 0
+
+
+@dataclass(frozen=True)
 class LedgerState:
     """What the ledger says about a pipeline, as of its newest batch.
 
@@ -84,12 +108,20 @@ class LedgerState:
             re-read old offsets and never move it.
         traffic: Per Kafka partition (`topic:partition`), what ingest batches read.
         mark: The watermark after the newest ingest batch; None before any.
+        tables: Per table (`raw`, `quarantine`, `table`), what the ledger vouches for
+            (`Vouched`); empty in a state folded from rows, or recorded before tables
+            were.
     """
 
     last_batch: int
     committed: dict[tuple[str, int], int]
     traffic: dict[str, Traffic] = field(default_factory=dict)
     mark: Mark | None = None
+    tables: dict[str, Vouched] = field(default_factory=dict)
+
+    def vouching(self, found: Mapping[str, Vouched]) -> LedgerState:
+        """This state with the tables found at a commit recorded over those it held."""
+        return replace(self, tables={**self.tables, **found})
 
     def after(
         self, batch: int, committed_at: datetime, rows: Iterable[Mapping[str, Any]]
@@ -125,7 +157,7 @@ class LedgerState:
         mark = self.mark
         if ingested:
             mark = _mark(traffic, batch, to_us(committed_at) or 0, self.mark)
-        return LedgerState(max(self.last_batch, batch), committed, traffic, mark)
+        return LedgerState(max(self.last_batch, batch), committed, traffic, mark, self.tables)
 
     def record(self) -> dict[str, Any]:
         """The state as JSON-ready commit info (`from_record` reads it back)."""
@@ -140,6 +172,7 @@ class LedgerState:
                 for k, t in sorted(self.traffic.items())
             },
             "mark": None if self.mark is None else list(vars(self.mark).values()),
+            "tables": {k: [v.identity, v.batch] for k, v in sorted(self.tables.items())},
         }
 
     @classmethod
@@ -155,6 +188,7 @@ class LedgerState:
             },
             {k: Traffic(*v) for k, v in record.get("traffic", {}).items()},
             None if mark is None else Mark(*mark),
+            {k: Vouched(str(v[0]), int(v[1])) for k, v in record.get("tables", {}).items()},
         )
 
 
@@ -239,3 +273,24 @@ def fold_rows(rows: pa.Table, last: int = 0) -> LedgerState:
         state = state.after(batch, when, ordered[at:end])
         at = end
     return state
+
+
+def recorded(commit: dict[str, Any], key: str) -> Any:  # noqa: ANN401 - JSON as recorded
+    """What a ledger commit recorded under `key`, read back from its commit info.
+
+    Raises:
+        LedgerDamaged: If it cannot be read: the commit's log entry was edited or
+            damaged. Every plan reads it, so none is made until it is restored.
+    """
+    try:
+        return json.loads(commit[key])
+    except (TypeError, ValueError) as exc:
+        version = commit.get("version")
+        entry = "its log entry" if version is None else f"_delta_log/{int(version):020d}.json"
+        batch = commit.get("strata.batch", "?")
+        raise LedgerDamaged(
+            f"the ledger's commit of batch {batch} records `{key}` in a form "
+            f"that cannot be read ({type(exc).__name__}: {str(exc)[:120]}): {entry} was edited "
+            "or damaged. Nothing was read or written. Restore that file of the ledger from a "
+            "copy (or the store's object versions), then run again"
+        ) from None

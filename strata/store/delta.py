@@ -15,7 +15,10 @@ lists, commits that app transaction alone with its own, higher token. A compacti
 paused past its lease then cannot commit files a vacuum deleted meanwhile: if the
 fence is in the snapshot it builds on, it sees a token above its own and stops; if the
 fence landed after that snapshot, delta-rs refuses the commit. Ingest commits carry
-another app id and add files only, so a fence never makes them fail.
+another app id and add files only, so a fence never makes them fail. Each fenced
+commit also records, in its commit info (`strata.maintenance_fence`), the token, what
+fenced and the holder's run id: a token equal to the one the table holds passes only
+for the run that wrote it (`strata.store.fencing.Fence.admit`).
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from deltalake.transaction import (
     create_table_with_add_actions,
 )
 
-from strata.errors import LeaseLost, MaintenanceError
+from strata.errors import MaintenanceError
+from strata.store.fencing import Fence, FenceRecord
 from strata.store.files import delta_options
 from strata.store.parquet import WrittenFile, write_file
 from strata.store.ranges import OffsetRange
@@ -49,7 +53,7 @@ from strata.store.ranges import OffsetRange
 Key = TypeVar("Key")
 
 BATCH_KEY = "strata.batch"
-# The commit info of a maintenance fence: the token, and what fenced.
+# The commit info of a fenced maintenance commit: the token, what fenced, the run.
 FENCE_INFO_KEY = "strata.maintenance_fence"
 # A fence beaten by concurrent commits (a schema change) is tried this often.
 _FENCE_TRIES = 5
@@ -215,57 +219,66 @@ def maintenance_app_id(pipeline: str) -> str:
     return f"{pipeline}.maintenance"
 
 
+def maintenance_fence(table: DeltaTable, pipeline: str) -> int | None:
+    """The fencing token of the newest maintenance commit the table holds, or None."""
+    return table.transaction_version(maintenance_app_id(pipeline))
+
+
+def fence_record(table: DeltaTable) -> FenceRecord | None:
+    """What the table's newest fenced commit recorded (its token, what fenced, its run)."""
+    found = newest_commit(table, lambda c: FENCE_INFO_KEY in c)
+    if found is None:
+        return None
+    return FenceRecord.of(str(found[FENCE_INFO_KEY]), found.get("timestamp"))
+
+
 def maintenance_transactions(
-    table: DeltaTable, pipeline: str, token: int | None
+    table: DeltaTable, pipeline: str, fence: Fence | None
 ) -> list[Transaction]:
     """The app transaction a maintenance commit built on this snapshot must carry.
 
     Args:
         table: The table, at the snapshot the commit is built on.
         pipeline: The pipeline name.
-        token: The maintenance lock's fencing token; None for a lock nobody can take
-            over (an flock), whose commits need no fence.
+        fence: The maintenance lock's fence; None for a lock nobody can take over (an
+            flock), whose commits need no fence.
 
     Returns:
-        `txn(<pipeline>.maintenance, token)`, or nothing without a token.
+        `txn(<pipeline>.maintenance, token)`, or nothing without a fence.
 
     Raises:
-        LeaseLost: If the snapshot already holds a higher token: a later maintenance run
-            fenced the table, so this one lost its lease.
+        LeaseLost: If the snapshot holds a higher token, or this run's token written by
+            another run (`strata.store.fencing.Fence.admit`).
     """
-    if token is None:
+    if fence is None:
         return []
-    app_id = maintenance_app_id(pipeline)
-    stands = table.transaction_version(app_id)
-    if stands is not None and stands > token:
-        raise LeaseLost(
-            f"pipeline {pipeline}: this maintenance run lost its lease: a later one (fencing "
-            f"token {stands}, this run's is {token}) fenced {table.table_uri}. Nothing more "
-            "was committed by it; what it left is picked up by the next compaction, and its "
-            "files are deleted by vacuum. Run the command again."
-        )
-    return [Transaction(app_id, token)]
+    stands = maintenance_fence(table, pipeline)
+    fence.admit(pipeline, table.table_uri, stands, lambda: fence_record(table))
+    return [Transaction(maintenance_app_id(pipeline), fence.token)]
 
 
-def fence_maintenance(table: DeltaTable, pipeline: str, token: int, what: str) -> None:
+def fence_maintenance(table: DeltaTable, pipeline: str, fence: Fence, what: str) -> None:
     """Commit a maintenance run's token to a table with no files: a fence.
 
     From then on, a commit carrying a lower token fails (see the module docstring), so
-    files a paused compaction wrote can be deleted: it will never commit them.
+    files a paused compaction wrote can be deleted: it will never commit them. The
+    token is above every fence the table held when the lease was taken
+    (`strata.store.lease`), so the fence is always this run's own, written now.
 
     Args:
         table: The table.
         pipeline: The pipeline name.
-        token: The maintenance lease's fencing token.
+        fence: The maintenance lease's fence.
         what: What fences (`vacuum`), recorded in the commit info.
 
     Raises:
-        LeaseLost: If the table holds a higher token: a later maintenance run fenced it.
+        LeaseLost: If the table holds a higher token, or this run's token written by
+            another run.
         MaintenanceError: If concurrent commits beat the fence on every try.
     """
     for attempt in range(_FENCE_TRIES):
-        transactions = maintenance_transactions(table, pipeline, token)
-        if table.transaction_version(maintenance_app_id(pipeline)) == token:
+        transactions = maintenance_transactions(table, pipeline, fence)
+        if fence.wrote(table.table_uri):
             return  # an attempt whose reply was lost landed after all
         try:
             table.create_write_transaction(
@@ -274,7 +287,7 @@ def fence_maintenance(table: DeltaTable, pipeline: str, token: int, what: str) -
                 schema=table.schema(),
                 partition_by=list(table.metadata().partition_columns) or None,
                 commit_properties=CommitProperties(
-                    custom_metadata={FENCE_INFO_KEY: json.dumps({"token": token, "by": what})},
+                    custom_metadata={FENCE_INFO_KEY: json.dumps(fence.record(what))},
                     app_transactions=transactions,
                 ),
                 post_commithook_properties=COMMIT_HOOKS,
@@ -285,6 +298,7 @@ def fence_maintenance(table: DeltaTable, pipeline: str, token: int, what: str) -
             if attempt + 1 < _FENCE_TRIES:
                 table.update_incremental()
             continue
+        fence.landed(table.table_uri)
         return
     raise MaintenanceError(
         f"{table.table_uri}: the {what} fence was beaten by concurrent commits "

@@ -60,7 +60,7 @@ from pyiceberg.typedef import Identifier, Record
 from thrift.Thrift import TException
 
 from strata import faults
-from strata.errors import MetastoreError
+from strata.errors import MetastoreError, TableMismatch
 from strata.store.files import filesystem
 from strata.store.parquet import WrittenFile
 from strata.store.places import DATABASE_DESCRIPTION
@@ -217,11 +217,23 @@ def identifier(ref: TableRef) -> tuple[str, str]:
 
 
 def open_table(ref: TableRef) -> Table | None:
-    """The Iceberg table, or None if the catalog has none of that name."""
+    """The Iceberg table, or None if the catalog has none of that name.
+
+    Raises:
+        TableMismatch: If the metastore names the table but its metadata file is gone
+            (its files were deleted under it).
+    """
     try:
         return catalog(ref).load_table(identifier(ref))
     except NoSuchTableError:
         return None
+    except FileNotFoundError as exc:
+        database, name = identifier(ref)
+        raise TableMismatch(
+            f"the metastore's entry of Iceberg table {database}.{name} points at metadata "
+            f"that is gone ({exc}): the table's files were deleted at {ref.uri}. "
+            "`strata status` names the ways out"
+        ) from None
 
 
 def committed_batch(table: Table | None, pipeline: str) -> int | None:
@@ -230,6 +242,30 @@ def committed_batch(table: Table | None, pipeline: str) -> int | None:
         return None
     value = table.properties.get(_BATCH_PROPERTY.format(pipeline=pipeline))
     return None if value is None else int(value)
+
+
+# How far back from the current snapshot `current_batch` looks for a batch's own: past a
+# few maintenance snapshots (a compaction's, a vacuum's fence), never the whole history.
+_ANCESTRY = 50
+
+
+def current_batch(table: Table, pipeline: str) -> int | None:
+    """The newest batch of `pipeline` among the current snapshot and its ancestors, or None.
+
+    None when none of the nearest ancestors was a batch's (or the table has none).
+    """
+    snapshot = table.current_snapshot()
+    for _ in range(_ANCESTRY):
+        if snapshot is None:
+            return None
+        summary = snapshot.summary
+        if summary is not None and summary.get(SUMMARY_PIPELINE) == pipeline:
+            batch = summary.get(SUMMARY_BATCH)
+            if batch is not None:
+                return int(batch)
+        parent = snapshot.parent_snapshot_id
+        snapshot = None if parent is None else table.snapshot_by_id(parent)
+    return None
 
 
 def iceberg_schema(schema: pa.Schema) -> Schema:

@@ -5,7 +5,10 @@ A maintenance run holding a lease records its fencing token in the table propert
 a snapshot of no files carrying its own, higher token (`fence_maintenance`). The
 fence moves the branch, so a compaction built on an earlier snapshot fails its
 commit's requirement; on the table as it is now it sees the higher token and stops.
-So a compaction paused past its lease never commits files a vacuum deleted.
+So a compaction paused past its lease never commits files a vacuum deleted. Each
+fenced snapshot's summary records the token, what fenced and the run
+(`strata.maintenance_fence`): a token equal to the one the table holds passes only for
+the run that wrote it (`strata.store.fencing.Fence.admit`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from pyiceberg.conversions import to_bytes
 
-from strata.errors import LeaseLost
+from strata.store.fencing import Fence, FenceRecord
 from strata.store.iceberg import (
     data_file,
     location,
@@ -35,7 +38,7 @@ if TYPE_CHECKING:
 
 # The table property holding the fencing token of the newest maintenance run to commit.
 _MAINTENANCE_PROPERTY = "strata.maintenance.{pipeline}"
-# The snapshot summary key of a maintenance fence: the token, and what fenced.
+# The snapshot summary key of a fenced maintenance commit: the token, what fenced, the run.
 FENCE_INFO_KEY = "strata.maintenance_fence"
 
 
@@ -54,43 +57,55 @@ def maintenance_token(table: Table, pipeline: str) -> int | None:
     return None if value is None else int(value)
 
 
-def _check_token(table: Table, pipeline: str, token: int | None) -> None:
-    """Stop a maintenance run whose lease a later one took over (its token is higher)."""
+def fence_record(table: Table) -> FenceRecord | None:
+    """What the table's newest fenced snapshot recorded (its token, what fenced, its run)."""
+    for snapshot in reversed(table.snapshots()):
+        text = None if snapshot.summary is None else snapshot.summary.get(FENCE_INFO_KEY)
+        if text is not None:
+            return FenceRecord.of(text, snapshot.timestamp_ms)
+    return None
+
+
+def _admit(table: Table, pipeline: str, fence: Fence) -> None:
+    """Stop a maintenance run the table's fence outranks (`strata.store.fencing.Fence.admit`)."""
     stands = maintenance_token(table, pipeline)
-    if token is not None and stands is not None and stands > token:
-        raise LeaseLost(
-            f"pipeline {pipeline}: this maintenance run lost its lease: a later one (fencing "
-            f"token {stands}, this run's is {token}) fenced {table.name()}. Nothing more "
-            "was committed by it; what it left is picked up by the next compaction, and its "
-            "files are deleted by vacuum. Run the command again."
-        )
+    fence.admit(pipeline, _where(table), stands, lambda: fence_record(table))
 
 
-def fence_maintenance(table: Table, pipeline: str, token: int, what: str) -> None:
+def fence_maintenance(table: Table, pipeline: str, fence: Fence, what: str) -> None:
     """Commit a maintenance run's token to the table in a snapshot with no files: a fence.
 
     The snapshot moves the branch: a compaction built on an earlier snapshot fails its
     commit's requirement, and on the table as it is now sees the higher token and stops.
     So files a compaction paused past its lease wrote can be deleted: it will never
-    commit them.
+    commit them. The token is above every fence the table held when the lease was taken
+    (`strata.store.lease`), so the fence is always this run's own, written now.
 
     Raises:
-        LeaseLost: If the table holds a higher token: a later maintenance run fenced it.
+        LeaseLost: If the table holds a higher token, or this run's token written by
+            another run.
         CommitFailedException: If concurrent commits beat the fence on every try.
     """
     key = _MAINTENANCE_PROPERTY.format(pipeline=pipeline)
 
-    def fence(current: Table) -> None:
-        _check_token(current, pipeline, token)
-        if maintenance_token(current, pipeline) == token:
+    def attempt(current: Table) -> None:
+        _admit(current, pipeline, fence)
+        where = _where(current)
+        if fence.wrote(where):
             return  # an attempt whose reply was lost landed after all
-        note = {FENCE_INFO_KEY: json.dumps({"token": token, "by": what})}
+        note = {FENCE_INFO_KEY: json.dumps(fence.record(what))}
         with current.transaction() as tx:
-            tx.set_properties({key: str(token)})
+            tx.set_properties({key: str(fence.token)})
             with tx.update_snapshot(snapshot_properties=note).fast_append():
                 pass
+        fence.landed(where)
 
-    retry_commits(table, fence)
+    retry_commits(table, attempt)
+
+
+def _where(table: Table) -> str:
+    """The table as a fence's message names it, and as its holder remembers it."""
+    return ".".join(table.name())
 
 
 def replace_files(
@@ -99,7 +114,7 @@ def replace_files(
     chosen: Callable[[Table], list[DataFile]],
     added: list[WrittenFile],
     summary: Mapping[str, Any],
-    fence: tuple[str, int] | None = None,
+    fence: tuple[str, Fence] | None = None,
 ) -> int:
     """Swap files of the current snapshot for others, in one snapshot; how many went.
 
@@ -108,8 +123,8 @@ def replace_files(
         table: The table; it is reloaded before each try.
         chosen: The files to remove, chosen on the table as loaded for the try.
         added: Files to add in their place (a compaction's), relative to the root.
-        summary: What the snapshot's summary records.
-        fence: `(pipeline, token)` of a maintenance run holding a lease: the commit
+        summary: What the snapshot's summary records (a fenced commit's record among it).
+        fence: `(pipeline, fence)` of a maintenance run holding a lease: the commit
             records the token, and is refused once a later run fenced the table.
 
     Returns:
@@ -122,21 +137,24 @@ def replace_files(
 
     def swap(current: Table) -> int:
         if fence is not None:
-            _check_token(current, *fence)
+            _admit(current, *fence)
         doomed = chosen(current)
         if not doomed:
             return 0
         entries = [data_file(current, root, f) for f in added]
         with current.transaction() as tx:
             if fence is not None:
-                pipeline, token = fence
-                tx.set_properties({_MAINTENANCE_PROPERTY.format(pipeline=pipeline): str(token)})
+                pipeline, held = fence
+                key = _MAINTENANCE_PROPERTY.format(pipeline=pipeline)
+                tx.set_properties({key: str(held.token)})
             props = summary_properties(summary)
             with tx.update_snapshot(snapshot_properties=props).overwrite() as change:
                 for gone in doomed:
                     change.delete_data_file(gone)
                 for entry in entries:
                     change.append_data_file(entry)
+        if fence is not None:
+            fence[1].landed(_where(current))
         return len(doomed)
 
     return retry_commits(table, swap)

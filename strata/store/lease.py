@@ -24,11 +24,17 @@ seconds: when it was written plus `lock_lease`), and whether it is a release.
   before that thread runs, and the clock tells it to stop.
 - **Release.** On exit the holder creates a release epoch, so the next run need not
   wait for the expiry. If that fails, the next run waits until the lease expires.
-- **Fencing token.** `Lease.token` is the epoch at which the holder acquired the lease.
-  Renewals leave it as it is, and every later holder acquires at a higher epoch (the
-  newest epoch is never deleted, and a claim that filled a hole is refused), so a
-  store that records the token of each act can refuse the acts of a holder that was
-  taken over, however long it was paused (see `strata.store.lock`).
+- **Fencing token.** `Lease.token` is fixed when the holder acquires the lease, and
+  every epoch it writes records it. It is above the epoch acquired at, above the token
+  the newest epoch records (the previous holder's: the newest epoch is never deleted,
+  and a claim that filled a hole is refused), and above `floor`, the highest token the
+  store of the acts holds (the tables' fences, read by the caller before the claim). So
+  a store that records the token of each act can refuse the acts of a holder that was
+  taken over, however long it was paused (see `strata.store.lock`); and removing the
+  lease's folder costs nothing: the next holder starts above the fences the earlier
+  ones left, instead of at 1 below them. Only a holder in flight while the folder is
+  removed can be given a token the next one also gets; the stores then let neither
+  pass as the other (`strata.store.fencing.Fence`).
 
 **Clock skew.** Expiries are compared across hosts on their wall clocks, so the
 lease tolerates hosts' clocks disagreeing by up to a quarter of `lock_lease` (30 s
@@ -57,7 +63,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -65,6 +71,7 @@ from pathlib import Path
 
 from strata.errors import LeaseLost, LeaseUnavailable, LockBusy
 from strata.log import get_logger
+from strata.store.fencing import Fence
 from strata.store.files import delete_object, list_names, put_if_absent, read_object
 
 __all__ = ["Epoch", "Lease", "LeaseLost", "LeaseUnavailable", "LockBusy", "hold_lease"]
@@ -95,6 +102,8 @@ class Epoch:
         since: When the run took the lease (UTC, ISO 8601).
         expires: When this epoch expires (UTC wall-clock epoch seconds).
         release: True if the holder gave the lease up with this epoch.
+        token: The holder's fencing token; None in a record written before tokens
+            were recorded, whose token was the epoch its holder acquired at.
     """
 
     number: int
@@ -108,6 +117,7 @@ class Epoch:
     since: str
     expires: float
     release: bool = False
+    token: int | None = None
 
     def to_bytes(self) -> bytes:
         """The record as stored, with the expiry also written for people to read."""
@@ -140,12 +150,17 @@ class Epoch:
                 since=str(body["since"]),
                 expires=float(body["expires"]),
                 release=bool(body.get("release", False)),
+                token=None if body.get("token") is None else int(body["token"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise LeaseUnavailable(
                 f"{where} is not a run-lease record ({exc}); nothing was done. If no run of "
                 "the pipeline is in flight, delete that object and run again."
             ) from exc
+
+    def held_token(self) -> int:
+        """The token its holder held: recorded, or (in an older record) at most its epoch."""
+        return self.number if self.token is None else self.token
 
     def holder(self) -> str:
         """Who holds (or held) the lease, in the form the local lock file uses."""
@@ -235,6 +250,7 @@ class Lease:
         pipeline: str,
         lease_s: float,
         what: str = "run",
+        floor: Callable[[], int] | None = None,
     ) -> None:
         """Describe the lease; nothing is read or written until `acquire`.
 
@@ -244,8 +260,12 @@ class Lease:
             pipeline: Pipeline name, for records and messages.
             lease_s: `lock_lease` in seconds.
             what: What holds the lease (`run`, `maintenance`), for messages.
+            floor: Reads the highest fencing token the stores of the holder's acts hold
+                (the tables' fences); the token is taken above it. Called once, when the
+                lease is found free.
         """
         self._what = what
+        self._floor = floor
         self.location = location.rstrip("/")
         self._options = options
         self._pipeline = pipeline
@@ -256,7 +276,7 @@ class Lease:
         self._since = ""
         self._guard = threading.Lock()
         self._epoch = 0
-        self._token: int | None = None
+        self._fence: Fence | None = None
         self._renewed = 0.0
         self._lost = False
         self._lost_to: Epoch | None = None
@@ -265,9 +285,15 @@ class Lease:
 
     @property
     def token(self) -> int | None:
-        """The fencing token: the epoch this run acquired the lease at; None before that."""
+        """The fencing token (see the module docstring); None before the lease is taken."""
         with self._guard:
-            return self._token
+            return None if self._fence is None else self._fence.token
+
+    @property
+    def fence(self) -> Fence | None:
+        """The fencing token with this run's id; None before the lease is taken."""
+        with self._guard:
+            return self._fence
 
     @property
     def lost_to(self) -> Epoch | None:
@@ -284,14 +310,19 @@ class Lease:
         """
         self._since = datetime.now(UTC).isoformat(timespec="seconds")
         newest: Epoch | None = None
+        floor: int | None = None
         try:
             for _ in range(_ATTEMPTS):
                 newest = self._newest()
                 if newest is not None and not self._free(newest):
                     raise self._busy(newest)
-                if self._claim(1 if newest is None else newest.number + 1, release=False):
-                    with self._guard:
-                        self._token = self._epoch
+                if floor is None and self._floor is not None:
+                    # Read once the lease is free: a holder's fences are what it leaves.
+                    floor = self._floor()
+                number = 1 if newest is None else newest.number + 1
+                held = 0 if newest is None else newest.held_token()
+                fence = Fence(max(number, held + 1, (floor or 0) + 1), self.run, floor)
+                if self._claim(number, release=False, fence=fence):
                     break
                 # Lost the race: look again, and find the winner holding it.
             else:
@@ -389,9 +420,18 @@ class Lease:
             )
             return
 
-    def _claim(self, number: int, *, release: bool) -> bool:
-        """Create epoch `number`; True if this run now holds (or released) the lease."""
+    def _claim(self, number: int, *, release: bool, fence: Fence | None = None) -> bool:
+        """Create epoch `number`; True if this run now holds (or released) the lease.
+
+        Args:
+            number: The epoch.
+            release: Whether it gives the lease up.
+            fence: The fence an acquisition takes; renewals and the release keep the
+                one held.
+        """
         wall, mono = time.time(), _elapsed_clock()
+        with self._guard:
+            fence = fence or self._fence
         record = Epoch(
             number=number,
             pipeline=self._pipeline,
@@ -404,6 +444,7 @@ class Lease:
             since=self._since,
             expires=wall + self._lease_s,
             release=release,
+            token=None if fence is None else fence.token,
         )
         if not put_if_absent(self._uri(number), self._options, record.to_bytes()):
             # A PUT retried after its first attempt landed finds this run's own record.
@@ -419,6 +460,7 @@ class Lease:
         with self._guard:
             self._epoch = number
             self._renewed = mono
+            self._fence = fence
         for old in (n for n in numbers if n < number):
             try:
                 delete_object(self._uri(old), self._options)
@@ -474,7 +516,12 @@ class Lease:
 
 @contextmanager
 def hold_lease(
-    location: str, options: dict[str, str], pipeline: str, lease_s: float, what: str = "run"
+    location: str,
+    options: dict[str, str],
+    pipeline: str,
+    lease_s: float,
+    what: str = "run",
+    floor: Callable[[], int] | None = None,
 ) -> Iterator[Lease]:
     """Hold a pipeline's run lease for the duration of the block, then release it.
 
@@ -484,6 +531,8 @@ def hold_lease(
         pipeline: Pipeline name.
         lease_s: `lock_lease` in seconds.
         what: What holds the lease (`run`, `maintenance`), for messages.
+        floor: Reads the highest fencing token the stores of the holder's acts hold;
+            the token is taken above it.
 
     Yields:
         The held lease; call its `check()` before each commit.
@@ -492,7 +541,7 @@ def hold_lease(
         LockBusy: Naming the holder and when its lease expires.
         LeaseUnavailable: If the store could not be read or written.
     """
-    lease = Lease(location, options, pipeline, lease_s, what)
+    lease = Lease(location, options, pipeline, lease_s, what, floor)
     lease.acquire()
     try:
         yield lease

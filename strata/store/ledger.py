@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Collection
-from dataclasses import dataclass, field, replace
+from collections.abc import Collection, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
@@ -30,8 +30,13 @@ from strata.store._ledger_state import LedgerCommit as LedgerCommit
 from strata.store._ledger_state import LedgerState as LedgerState
 from strata.store._ledger_state import Mark as Mark
 from strata.store._ledger_state import Traffic as Traffic
+from strata.store._ledger_state import Vouched as Vouched
 from strata.store._ledger_state import fold_rows as fold_rows
 from strata.store._ledger_state import from_us as from_us
+from strata.store._ledger_state import recorded as recorded
+from strata.store._log_ids import PARTITION_IDS_KEY as PARTITION_IDS_KEY
+from strata.store._log_ids import TOPIC_IDS_KEY as TOPIC_IDS_KEY
+from strata.store._log_ids import LogIds as LogIds
 from strata.store.delta import (
     BATCH_KEY,
     commit_files,
@@ -40,15 +45,13 @@ from strata.store.delta import (
     open_table,
 )
 from strata.store.files import filesystem
+from strata.store.identity import refuse_foreign
 from strata.store.parquet import write_file
 from strata.store.places import Places
 
-# Commit metadata of the ledger: the data table's columns as each batch wrote them,
-# and the broker's id of each topic, so a topic re-created under the same name is
-# told apart from the one the committed offsets belong to (see `LogIds`).
+# Commit metadata of the ledger: the data table's columns as each batch wrote them
+# (the brokers' topic ids are `LogIds`').
 COLUMNS_KEY = "strata.columns"
-TOPIC_IDS_KEY = "strata.topic_ids"
-PARTITION_IDS_KEY = "strata.partition_topic_ids"
 # The Avro schema a batch was read with, when its table follows its registry subject.
 READER_SCHEMA_KEY = "strata.reader_schema"
 # The state after the batch (`LedgerState.record`): where reading goes on and the
@@ -85,79 +88,6 @@ LEDGER_SCHEMA = pa.schema(
         pa.field("note", pa.string()),
     ]
 )
-
-
-@dataclass(frozen=True)
-class LogIds:
-    """Which log each partition's committed offsets belong to: the brokers' topic id.
-
-    A topic deleted and created again under the same name gets a new id, and its
-    offsets are other messages. Each ledger commit that records ids holds the whole
-    map, so the newest one is the truth: a topic's id, and where a partition's
-    offsets belong to another log than its topic's recorded one (a partition sought
-    alone onto a re-created topic), that partition's own.
-
-    An operation records only facts about what it touched: an ingest vouches for
-    the whole topics it checked, a seek for the partitions it moved; every other
-    topic and partition keeps what the ledger recorded before.
-
-    Attributes:
-        batch: The batch whose commit recorded this map (0 when none did).
-        topics: `{topic: id}`.
-        partitions: `{topic: {partition: id}}`, only where it differs from `topics`.
-    """
-
-    batch: int = 0
-    topics: dict[str, str] = field(default_factory=dict)
-    partitions: dict[str, dict[int, str]] = field(default_factory=dict)
-
-    def of(self, topic: str, partition: int) -> str | None:
-        """The id of the log where reading goes on in a partition, or None if unknown."""
-        return self.partitions.get(topic, {}).get(partition, self.topics.get(topic))
-
-    def vouched(self, topics: dict[str, str], partitions: dict[tuple[str, int], str]) -> LogIds:
-        """This map, with what an operation checked or moved recorded over it.
-
-        Args:
-            topics: Whole topics the operation checked, every committed partition of
-                each found on the log of this id (an ingest).
-            partitions: Partitions the operation moved onto the log of this id (a seek).
-
-        Returns:
-            The new map (its `batch` is left to the commit that records it).
-        """
-        merged_topics = {**self.topics, **topics}
-        merged: dict[str, dict[int, str]] = {
-            t: dict(parts) for t, parts in self.partitions.items() if t not in topics
-        }
-        for (topic, partition), uid in partitions.items():
-            merged.setdefault(topic, {})[partition] = uid
-        # A partition whose log is its topic's needs no entry of its own.
-        kept = {
-            t: {p: uid for p, uid in parts.items() if uid != merged_topics.get(t)}
-            for t, parts in merged.items()
-        }
-        return LogIds(self.batch, merged_topics, {t: ps for t, ps in kept.items() if ps})
-
-    def metadata(self) -> dict[str, object]:
-        """The commit metadata that records this map."""
-        meta: dict[str, object] = {TOPIC_IDS_KEY: self.topics}
-        if self.partitions:
-            meta[PARTITION_IDS_KEY] = {
-                t: {str(p): uid for p, uid in sorted(parts.items())}
-                for t, parts in sorted(self.partitions.items())
-            }
-        return meta
-
-    @classmethod
-    def from_commit(cls, commit: dict[str, Any]) -> LogIds:
-        """The map a ledger commit recorded (its info holds `TOPIC_IDS_KEY`)."""
-        partitions = json.loads(commit.get(PARTITION_IDS_KEY, "{}"))
-        return cls(
-            int(commit.get(BATCH_KEY, 0)),
-            dict(json.loads(commit[TOPIC_IDS_KEY])),
-            {t: {int(p): str(uid) for p, uid in parts.items()} for t, parts in partitions.items()},
-        )
 
 
 RUN_COLUMNS = [
@@ -367,7 +297,7 @@ def recorded_state(
     """
     for commit in table.history(_STATE_SEARCH) if recent is None else recent:
         if STATE_KEY in commit:
-            state = LedgerState.from_record(json.loads(commit[STATE_KEY]))
+            state = LedgerState.from_record(recorded(commit, STATE_KEY))
             return state if state.last_batch == last else None
     return None
 
@@ -383,7 +313,7 @@ def batch_state(places: Places, batch: int, table: DeltaTable | None = None) -> 
     if table is None:
         return None
     found = newest_commit(table, lambda c: c.get(BATCH_KEY) == batch and STATE_KEY in c, False)
-    return None if found is None else LedgerState.from_record(json.loads(found[STATE_KEY]))
+    return None if found is None else LedgerState.from_record(recorded(found, STATE_KEY))
 
 
 def lag_after(rows: list[dict[str, Any]]) -> int | None:
@@ -486,6 +416,7 @@ def commit_ledger(
     reader_schema: dict[str, Any] | None = None,
     partition_ids: dict[tuple[str, int], str] | None = None,
     ledger: DeltaTable | None = None,
+    tables: Mapping[str, Vouched] | None = None,
 ) -> LedgerCommit | None:
     """Append a batch's rows to the ledger in one transaction, unless already there.
 
@@ -515,6 +446,9 @@ def commit_ledger(
             (`DeltaTable.update_incremental`). The checks are the same either way:
             the batch is looked for in that snapshot, and delta-rs refuses the commit
             if another batch's commit landed after it.
+        tables: The tables the batch committed to (or fenced), as found after their
+            commits (`strata.store.identity.vouch`): the state records them over what it
+            held, so the next run can tell them from a table deleted or replaced since.
 
     Returns:
         The commit as it landed (its state and rows, so that the caller need not read
@@ -547,7 +481,7 @@ def commit_ledger(
         state = (
             LedgerState(0, {}) if table is None else _current_state(places, table, recent=recent)
         )
-        made.append(state.after(batch, now, full).record())
+        made.append(state.after(batch, now, full).vouching(tables or {}).record())
         meta[STATE_KEY] = made[-1]
         return meta
 
@@ -565,6 +499,9 @@ def commit_ledger(
         files.append(replace(write_file(fs, root, name, data, {}), stats=None))
     committed = True
     if table is None:
+        # Never where another table's files are (a ledger deleted by hand and something
+        # else put there, or a table of another pipeline).
+        refuse_foreign(places.ledger, places.pipeline, "ledger")
         # The first batch creates the ledger and commits its rows in one transaction.
         # None back: it did; a ledger back: another runner created it meanwhile.
         table = create_with_files(
@@ -687,4 +624,4 @@ def _newest_recorded(table: DeltaTable | None, key: str) -> tuple[int, Any] | No
     if table is None:
         return None
     commit = newest_commit(table, lambda c: key in c)
-    return None if commit is None else (int(commit[BATCH_KEY]), json.loads(commit[key]))
+    return None if commit is None else (int(commit[BATCH_KEY]), recorded(commit, key))

@@ -16,8 +16,19 @@ ever move the partition there. The store decides which comes first, so a compact
 paused past its lease between its last check and its marker either moved the partition
 before vacuum looked (and vacuum keeps the directory) or finds its marker refused (and
 moves nothing), never moving a partition to a deleted directory. A marker is empty; a
-void one holds the note, so a listing tells them apart by size alone. Void markers are
-never deleted: a paused compaction may wake at any time.
+void one holds the note, so a listing tells them apart by size alone.
+
+The newest marker is the one with the highest stamp, and a stamp is not a host's clock
+alone: a compaction stamps its generation after every stamp the table shows (its
+markers, void ones included, and its generation directories: `next_stamp`), so a
+compaction planned after another's directory or marker was there outranks it, even
+when the other ran on a host whose clock is ahead. Two compactions that cannot see
+each other's are one that lost its lease and the one that took over; the former's
+directory is written before its last check, which stops it, so a marker it may still
+write (paused between that check and the marker) carries a stamp below the later
+one's. A marker, or a void one, below a partition's newest marker can therefore never
+become the newest: vacuum deletes void markers once a move stands above them, and a
+marker landing late in a freed name moves nothing.
 
 Everything that places or finds a plain Parquet file follows the markers: the writer
 puts late rows into the directory in use, Strata's readers read only it, and the
@@ -34,8 +45,9 @@ in a reader that lists the old directory.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow.fs as pafs
 
@@ -53,6 +65,30 @@ _MOVE = b""
 def new_stamp(moment: datetime | None = None) -> str:
     """A generation stamp: the time (now), to the microsecond; later stamps sort after."""
     return (moment or datetime.now(UTC)).astimezone(UTC).strftime(_STAMP)
+
+
+def next_stamp(markers: Markers, files: Iterable[TableFile], moment: datetime | None = None) -> str:
+    """The stamp of a new generation: now, or just after every stamp the table shows.
+
+    A host whose clock runs ahead stamps generations in the future; one planned after
+    them on any host must still outrank them, or its move would not be the newest.
+
+    Args:
+        markers: The table's markers (`read_markers`).
+        files: Its visible files, every generation's (`visible_files`).
+        moment: Now (for tests of a host's clock); the current time if None.
+    """
+    seen = [s for stamps in markers.stamps.values() for s in stamps]
+    seen += [s for stamps in markers.void.values() for s in stamps]
+    for f in files:
+        last = f.directory.rsplit("/", 1)[-1]
+        if f.directory != f.partition and last.startswith(GENERATION):
+            seen.append(last[len(GENERATION) :])
+    now = (moment or datetime.now(UTC)).astimezone(UTC)
+    newest = max((t for t in map(stamp_time, seen) if t is not None), default=None)
+    if newest is not None and newest >= now:
+        now = newest + timedelta(microseconds=1)
+    return new_stamp(now)
 
 
 def stamp_time(stamp: str) -> datetime | None:

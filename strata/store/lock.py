@@ -21,9 +21,13 @@ commit.
 
 A check before an act leaves a gap: a holder paused right after its check acts when
 it wakes, whoever holds the lease by then. Where that would destroy data, the act
-itself is made conditional on `RunLock.token`, a fencing token every later holder
-exceeds (compaction's commits and vacuum's fences, `strata.store.delta`); an flock cannot be
-taken from a paused holder, so it has none.
+itself is made conditional on `RunLock.fence`, a fencing token every later holder
+exceeds, with the holder's run id beside it (`strata.store.fencing`; compaction's
+commits and vacuum's fences, `strata.store.delta`, `strata.store.iceberg_swap`); an
+flock cannot be taken from a paused holder, so it has none. The maintenance lease's
+token also starts above every fence the tables hold (`floor`), so that the lease's
+folder can be removed without the next runs being refused for fences their
+predecessors left.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +45,7 @@ from typing import Protocol
 
 from strata.errors import LockBusy
 from strata.log import get_logger
+from strata.store.fencing import Fence
 from strata.store.places import Places
 
 logger = get_logger(__name__)
@@ -52,6 +57,10 @@ class RunLock(Protocol):
     @property
     def token(self) -> int | None:
         """The fencing token: higher for every later holder; None where none can take over."""
+
+    @property
+    def fence(self) -> Fence | None:
+        """The fencing token with the holder's run id; None where none can take over."""
 
     def check(self) -> None:
         """Raise `LeaseLost` if this run no longer holds the lock; call before each commit."""
@@ -71,6 +80,11 @@ class FileLock:
     @property
     def token(self) -> None:
         """None: nobody takes an flock over from a live holder, paused or not."""
+        return None
+
+    @property
+    def fence(self) -> None:
+        """None: there is no holder to fence out."""
         return None
 
     def check(self) -> None:
@@ -94,6 +108,11 @@ class BothLocks:
         """The first lock's: a pair fences its work by the lock it names first."""
         return self.first.token
 
+    @property
+    def fence(self) -> Fence | None:
+        """The first lock's fence."""
+        return self.first.fence
+
     def check(self) -> None:
         """Raise `LeaseLost` if either lock is no longer held."""
         self.first.check()
@@ -101,7 +120,9 @@ class BothLocks:
 
 
 @contextmanager
-def run_lock(places: Places, what: str = "run") -> Iterator[RunLock]:
+def run_lock(
+    places: Places, what: str = "run", floor: Callable[[], int] | None = None
+) -> Iterator[RunLock]:
     """Hold the pipeline's run lock, or fail at once if another run holds it.
 
     A local state location gets an flock on its lock file; an object-store state
@@ -112,6 +133,8 @@ def run_lock(places: Places, what: str = "run") -> Iterator[RunLock]:
         places: The pipeline's places (its state location and lock).
         what: `run`, or `maintenance` for the maintenance lock (beside the run lock's
             file, `<name>.maintenance.lock`; under `<state location>/maintenance-lease/`).
+        floor: For a lease, reads the highest fence the tables to be touched hold; the
+            lease's fencing token starts above it. Not called for an flock.
 
     Yields:
         The held lock; call its `check()` before each commit.
@@ -138,7 +161,7 @@ def run_lock(places: Places, what: str = "run") -> Iterator[RunLock]:
             places.pipeline,
             location,
         )
-    with hold_lease(location, state.options, places.pipeline, state.lease_s, what) as lease:
+    with hold_lease(location, state.options, places.pipeline, state.lease_s, what, floor) as lease:
         yield lease
 
 

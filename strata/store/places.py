@@ -65,8 +65,7 @@ _WHAT: dict[Role, str] = {
     "quality": "the quality results",
     "state": "the state (plans, leases)",
 }
-# The key that moves each table (relative to the warehouse, absolute, or s3://).
-_LOCATION_KEY: dict[Role, str] = {
+LOCATION_KEYS: dict[Role, str] = {
     "table": "table",
     "raw": "raw_table",
     "quarantine": "quarantine_table",
@@ -74,6 +73,7 @@ _LOCATION_KEY: dict[Role, str] = {
     "quality": "quality.location",
     "state": "state_dir",
 }
+"""The configuration key that moves each table (relative to the warehouse, absolute, or s3://)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ class OwnedTable:
                 f"`metastore.database` in {file}"
             )
         if place:
-            ways.append(f"move {_WHAT[self.role]} with `{_LOCATION_KEY[self.role]}` in {file}")
+            ways.append(f"move {_WHAT[self.role]} with `{LOCATION_KEYS[self.role]}` in {file}")
         return " and ".join(ways)
 
 

@@ -27,7 +27,7 @@ from strata.batch.plan import PlanStore
 from strata.local.broker import LocalBroker
 from strata.run import run_batch
 from strata.store.ledger import read_ledger
-from tests.conftest import START_MS, expected_offsets, produce_clicks
+from tests.conftest import ROOT, START_MS, expected_offsets, produce_clicks
 from tests.faults import armed
 
 # Small fetches and a small prefetch queue: when the task freezes, most of its range
@@ -48,13 +48,14 @@ def restartable_broker():
         yield b
 
 
-def _pipeline(make_pipeline, broker: LocalBroker, **limits: float):
+def _pipeline(make_pipeline, broker: LocalBroker, master: str = "local[2,4]", **limits: float):
     p = make_pipeline(
         partitions=2,
         create=False,
         overrides={
             "kafka": {"bootstrap_servers": broker.bootstrap, "properties": SMALL_FETCHES},
             "limits": limits,
+            "spark": {"master": master},
         },
     )
     broker.create_topic(p.topic, 2)
@@ -78,6 +79,18 @@ class FrozenRun:
     def __init__(self, p, workdir: Path) -> None:
         self.out, self.err = workdir / "run.out", workdir / "run.err"
         env = p.env(**armed(stop_at=faults.MID_READ, once=workdir / "frozen"))
+        # The run and its Spark workers import Strata as a script outside the checkout
+        # does: from wherever the environment installed it, which must be this checkout
+        # (a copy beside it, run with this one's virtualenv, would test this one's code).
+        imported = subprocess.run(
+            [sys.executable, "-c", "import strata; print(strata.__file__)"],
+            env=env,
+            cwd=Path(sys.executable).parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert Path(imported).resolve().parent == ROOT / "strata", imported
         with self.out.open("w") as out, self.err.open("w") as err:
             self.proc = subprocess.Popen(
                 [str(Path(sys.executable).parent / "strata"), "run", "--pipeline", p.name]
@@ -143,7 +156,10 @@ def test_a_broker_restart_mid_read_is_retried_and_lands_each_message_once(
     make_pipeline, restartable_broker, tmp_path
 ):
     broker = restartable_broker
-    p, total = _pipeline(make_pipeline, broker)
+    # One attempt per task (`local[2]`): an attempt that failed at the outage, retried
+    # by Spark once the broker is back, would land every message too, and say it read
+    # on; here it fails the run.
+    p, total = _pipeline(make_pipeline, broker, master="local[2]")
     run = FrozenRun(p, tmp_path)
     run.wait_frozen()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -44,6 +45,17 @@ def test_a_missing_topic_is_named(make_pipeline):
     assert done.returncode == 1 and f"topic `{p.topic}` is not available" in done.stderr
 
 
+# What the JVM, Spark's log4j, Hadoop and PySpark print when a session starts by default.
+STARTUP_NOISE = (
+    "WARNING: Using incubator modules",
+    "Using Spark's default log4j profile",
+    'Setting default log level to "WARN"',
+    "To adjust logging level use sc.setLogLevel",
+    "NativeCodeLoader",
+    "FutureWarning",
+)
+
+
 def test_status_shows_ranges_history_and_lag_and_the_group_sees_the_offsets(make_pipeline, broker):
     p = make_pipeline(partitions=2)
     per = produce_clicks(broker, p.topic, 2, 600)
@@ -51,6 +63,14 @@ def test_status_shows_ranges_history_and_lag_and_the_group_sees_the_offsets(make
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout.strip().splitlines()[-1])
     assert summary["batch"] == 1 and summary["messages"] == sum(per.values())
+    # The run prints its own lines, none of the parts' it starts: the JVM's, Spark's,
+    # Hadoop's, PySpark's. The data docs are named where they can be opened.
+    assert run.stdout.startswith(f"pipeline {p.name}: batch 1 committed: ")
+    assert [n for n in STARTUP_NOISE if n in run.stdout + run.stderr] == []
+    [docs] = [line for line in run.stdout.splitlines() if line.startswith("data docs: ")]
+    page = Path(docs.removeprefix("data docs: "))
+    assert page.is_absolute() and page.is_relative_to(p.warehouse) and page.is_file()
+    assert "<html" in page.read_text().lower()
     assert summary["lag_after"] == {f"{p.topic}:0": 0, f"{p.topic}:1": 0}
     assert summary["kafka_client"].startswith("librdkafka 2.")
     produce_clicks(broker, p.topic, 2, 100, seed=3)

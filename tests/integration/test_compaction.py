@@ -9,13 +9,10 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 from zoneinfo import ZoneInfo
 
@@ -29,7 +26,7 @@ from strata.catalog.metastore import MetastoreClient
 from strata.catalog.register import location_uri, register_tables
 from strata.edge import registration, status_settings
 from strata.errors import LockBusy
-from strata.maintenance.compact import Compaction, CompactionReport, compact, small_bytes
+from strata.maintenance.compact import small_bytes
 from strata.maintenance.vacuum import checkpoint, never_committed, sweep_moved, table_health, vacuum
 from strata.operations.status import pipeline_status, render_status
 from strata.run import run_batch
@@ -48,24 +45,15 @@ from strata.store.lock import run_lock
 from tests.conftest import expected_offsets, produce_clicks, s3_landed, s3_pipeline
 from tests.faults import armed
 from tests.locking import s3_options
-
-
-def small_batches(p, broker, spark, batches: int, partitions: int = 2) -> Counter:
-    """Several small batches over the same three event hours: late data piles up files."""
-    expected: Counter = Counter()
-    for n in range(batches):
-        per = produce_clicks(broker, p.topic, partitions, 120, seed=n + 1, hours=3)
-        for part, count in per.items():
-            expected[part] += count
-        run_batch(p.cfg(), session=lambda _: spark)
-    return expected
-
-
-def compacted(cfg, spark, **kwargs: Any) -> CompactionReport:
-    """`compact` as the command calls it, on the tests' shared Spark session."""
-    settings = Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning)
-    register = partial(register_tables, registration(cfg))
-    return compact(cfg.places(), settings, lambda: spark, register, **kwargs)
+from tests.maintenance_runs import (
+    compacted,
+    ended,
+    parquet_with_leases,
+    paused_at_its_last_check,
+    small_batches,
+    vacuum_once_free,
+    wait_stopped,
+)
 
 
 def rows(p, which: str = "table") -> list[tuple]:
@@ -121,22 +109,16 @@ def test_compaction_merges_late_hours_small_files_and_changes_no_row(make_pipeli
     assert health["ledger"]["files"] == 1 and health["ledger"]["log_since_checkpoint"] > 0
     done = checkpoint(cfg.places())
     # Every batch commits to every table, the quarantine too (with no files).
-    assert set(done["tables"]) == {"table", "raw", "quarantine", "ledger"}
+    assert {w for w, t in done.tables.items() if t.version is not None} == {
+        "table",
+        "raw",
+        "quarantine",
+        "ledger",
+    }
     assert all(
         t["log_since_checkpoint"] == 0
         for t in table_health(cfg.places(), small_bytes(cfg.maintenance, cfg.limits)).values()
     )
-
-
-def wait_stopped(proc: subprocess.Popen[str], timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = Path(f"/proc/{proc.pid}/stat").read_text().split()[2]
-        if state == "T":
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    raise AssertionError("the compaction never reached its commit")
 
 
 def test_an_ingest_committing_during_compaction_loses_nothing(make_pipeline, broker, spark):
@@ -198,7 +180,7 @@ def test_a_killed_compaction_leaves_a_readable_table_a_rerun_finishes_it_and_vac
         f.write_bytes(some.read_bytes())
     replaced = {f.name for f in table_dir.rglob("part-b*.parquet")} - {stale.name, future.name}
     done = vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)
-    assert done["retention_hours"] == 168
+    assert done.retention_hours == 168
     assert not stale.exists() and future.exists() and foreign.exists()
     # The killed compaction's files are gone; the rerun's, which the log holds, stay.
     merged = {str(f.relative_to(table_dir)) for f in table_dir.rglob("part-c*")}
@@ -252,8 +234,8 @@ def test_plain_parquet_compaction_carries_late_rows_and_survives_a_kill(
     assert p.landed() == expected_offsets(expected)
     # The killed run's new directories, never moved to, go at once; the old ones stay
     # for the grace period.
-    done = vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)["tables"]["table"]
-    assert done["never_moved_to"] > 0 and done["left_by_compaction"] == 0
+    done = vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore).tables["table"]
+    assert done.never_committed > 0 and done.removed_files == 0
     generations = {f.directory for f in visible_files(fs, root) if f.directory != f.partition}
     assert generations == set(current_locations(fs, root).values()) | set(moved.values())
     assert p.landed() == expected_offsets(expected)
@@ -314,31 +296,6 @@ def metastore_rows(cfg, metastore) -> Counter:
     return counts
 
 
-def paused_at_its_last_check(p, tmp_path: Path) -> subprocess.Popen[str]:
-    """`strata compact`, frozen (once) right after its last lease check before it acts."""
-    env = p.env(**armed(stop_at=faults.AFTER_COMPACT_CHECK, once=tmp_path / "paused"))
-    return p.spawn("compact", "--older-than", "0s", env=env)
-
-
-def ended(proc: subprocess.Popen[str]) -> None:
-    """Kill a process a failed test left running (paused or not): SIGKILL ends both."""
-    if proc.poll() is None:
-        proc.kill()
-        proc.communicate(timeout=30)
-
-
-def vacuum_once_free(cfg) -> dict[str, Any]:
-    """Vacuum as soon as the maintenance lease a paused run holds has expired."""
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            return vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)
-        except LockBusy as exc:
-            assert "another maintenance is in flight" in str(exc)
-            assert time.monotonic() < deadline, "the paused run's lease never expired"
-            time.sleep(0.5)
-
-
 def test_a_compaction_paused_past_its_lease_commits_nothing_a_vacuum_deleted(
     make_pipeline, broker, spark, s3_endpoint, tmp_path
 ):
@@ -360,7 +317,7 @@ def test_a_compaction_paused_past_its_lease_commits_nothing_a_vacuum_deleted(
     try:
         wait_stopped(proc)
         done = vacuum_once_free(cfg)
-        assert done["tables"]["table"]["never_committed"] > 0
+        assert done.tables["table"].never_committed > 0
         os.kill(proc.pid, signal.SIGCONT)
         out, err = proc.communicate(timeout=240)
     finally:
@@ -389,21 +346,6 @@ def test_a_compaction_paused_past_its_lease_commits_nothing_a_vacuum_deleted(
     assert s3_landed(p, options) == expected_offsets(expected)
 
 
-def parquet_with_leases(make_pipeline, metastore, s3_endpoint, tmp_path: Path):
-    """A plain Parquet pipeline whose runs hold leases: tables on local disk, which the
-    test metastore can hold, and the state (plans, leases) on S3, with a short lease."""
-    return make_pipeline(
-        partitions=2,
-        overrides={
-            "table_format": "parquet",
-            "metastore": {"uri": metastore.uri},
-            "state_dir": f"s3://lake/{tmp_path.name}/state",
-            "storage_options": s3_options(s3_endpoint),
-            "lock_lease": "6s",
-        },
-    )
-
-
 def test_a_parquet_compaction_paused_past_its_lease_moves_nothing_a_vacuum_deleted(
     make_pipeline, broker, spark, metastore, s3_endpoint, tmp_path
 ):
@@ -420,8 +362,8 @@ def test_a_parquet_compaction_paused_past_its_lease_moves_nothing_a_vacuum_delet
         wait_stopped(proc)
         new = {f.directory for f in visible_files(fs, root) if f.directory != f.partition}
         assert new, "the compaction wrote no new directory before its check"
-        done = vacuum_once_free(cfg)["tables"]["table"]
-        assert done["never_moved_to"] > 0
+        done = vacuum_once_free(cfg).tables["table"]
+        assert done.never_committed > 0
         assert not new & {f.directory for f in visible_files(fs, root)}
         os.kill(proc.pid, signal.SIGCONT)
         out, err = proc.communicate(timeout=240)
@@ -520,8 +462,8 @@ def test_vacuum_keeps_a_directory_the_metastore_still_points_at(
     assert metastore_rows(cfg, metastore) == through_metastore
     own = {f.directory for f in visible_files(fs, root) if f.directory == f.partition}
     assert own == {stuck}
-    assert swept["kept_for_metastore"] == [stuck]
-    assert f"strata register --pipeline {cfg.name}" in swept["warnings"][0]
+    assert swept.kept_for_metastore == [stuck]
+    assert f"strata register --pipeline {cfg.name}" in swept.warnings[0]
 
     # Past the grace period, counted from the marker's write time, the command says so.
     aged = (datetime.now(UTC) - timedelta(hours=2)).timestamp()

@@ -407,10 +407,10 @@ def test_compaction_leaves_one_file_per_settled_hour_and_vacuum_expires_and_dele
     # A retention of zero (below the configured floor, which only the loader enforces):
     # every snapshot but the current one goes, and with them the files they alone held.
     done = vacuum(cfg.places(), "0s", cfg.metastore)
-    figures = done["tables"]["table"]
-    assert figures["snapshots_expired"] == snapshots - 1
+    figures = done.tables["table"]
+    assert figures.snapshots_expired == snapshots - 1
     assert len(readers_table(p).snapshots()) == 1
-    assert not stale.exists() and future.exists() and figures["unknown_left"] >= 1
+    assert not stale.exists() and future.exists() and len(figures.unknown_left) >= 1
     held = {t.file.file_path for t in readers_table(p).scan().plan_files()}
     on_disk = {f"file://{f}" for f in table_dir.rglob("*.parquet")}
     assert on_disk - held == {f"file://{future}"}
@@ -439,7 +439,7 @@ def test_a_compaction_paused_past_its_lease_commits_nothing_to_iceberg_a_vacuum_
     try:
         wait_stopped(proc)
         done = vacuum_once_free(cfg)
-        assert done["tables"]["table"]["data_files_deleted"] > 0
+        assert done.tables["table"].never_committed > 0
         os.kill(proc.pid, signal.SIGCONT)
         out, err = proc.communicate(timeout=240)
     finally:

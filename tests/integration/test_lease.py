@@ -8,6 +8,7 @@ namespace (`unshare --uts`, as root).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -22,9 +23,13 @@ import pytest
 
 from strata.config import PipelineConfig
 from strata.errors import LockBusy
-from strata.store.files import list_names, read_object
+from strata.maintenance._fences import held_fence
+from strata.maintenance.compact import MAINTAINED
+from strata.maintenance.vacuum import vacuum
+from strata.store.files import delete_object, list_names, read_object
 from strata.store.lease import Epoch
 from strata.store.lock import run_lock
+from tests.conftest import expected_offsets, s3_landed
 from tests.locking import (
     Runner,
     check_put_if_absent,
@@ -32,6 +37,7 @@ from tests.locking import (
     pipeline_body,
     s3_options,
 )
+from tests.maintenance_runs import FORMATS, leased_pipeline, small_batches
 
 OTHER_HOST = "strata-other-host"
 
@@ -229,3 +235,38 @@ def test_a_holder_cut_off_from_the_store_stops_trusting_its_lease(tmp_path):
     finally:
         moto.kill()
         moto.wait()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_maintenance_leases_folder_removed_the_next_compaction_and_vacuum_go_on(
+    fmt, make_pipeline, broker, spark, metastore, s3_endpoint, tmp_path
+):
+    # Five maintenance runs fence the tables (tokens up to about 10); then the lease's
+    # folder is removed by hand, and its epochs would start again at 1, below them.
+    p = leased_pipeline(fmt, make_pipeline, metastore, s3_endpoint, tmp_path, lock_lease="60s")
+    per = small_batches(p, broker, spark, 2)
+    cfg = p.cfg()
+    assert cfg.lock_path is None  # runs hold leases in the store
+    for _ in range(5):
+        vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)
+    built = held_fence(cfg.places(), MAINTAINED)
+    assert built >= 9
+    folder, options = f"{cfg.location('state')}/maintenance-lease", cfg.storage_options
+    for name in list_names(folder, options):
+        delete_object(f"{folder}/{name}", options)
+    assert list_names(folder, options) == []
+
+    merged = p.cli("compact", "--older-than", "0s", "--json")
+    assert merged.returncode == 0, merged.stderr
+    outcomes = [e["outcome"] for e in json.loads(merged.stdout.splitlines()[-1])["partitions"]]
+    assert outcomes and set(outcomes) == {"compacted"}
+    vacuumed = p.cli("vacuum")
+    assert vacuumed.returncode == 0, vacuumed.stderr
+    # The tokens went on above the fences the earlier runs left, and the vacuum's fence
+    # is its own, above them all.
+    assert held_fence(cfg.places(), MAINTAINED) > built
+    names = sorted(list_names(folder, options))
+    newest = Epoch.from_bytes(read_object(f"{folder}/{names[-1]}", options) or b"", names[-1])
+    assert newest.release and newest.token == held_fence(cfg.places(), MAINTAINED)
+    landed = s3_landed(p, options) if fmt == "delta" else p.landed()
+    assert landed == expected_offsets(per)

@@ -8,6 +8,8 @@ writer schemas from the same registry.
 from __future__ import annotations
 
 import json
+import random
+import struct
 import uuid
 from collections import Counter
 
@@ -16,11 +18,14 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from strata.batch.plan import PlanStore
 from strata.errors import SchemaRegistryUnavailable, from_task_failure
 from strata.local.service import free_port
 from strata.operations.report import summary_dict
 from strata.run import run_batch
+from strata.schema import registry as schema_registry_module
 from tests.conftest import REGISTRY_PASSWORD, REGISTRY_USER, START_MS, expected_offsets
+from tests.registry_stub import served
 from tests.unit.test_registry import (
     READER,
     V1,
@@ -262,3 +267,69 @@ def test_answers_about_a_schema_quarantine_its_messages_and_the_pipeline_goes_on
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "idle"
     assert p.landed() == expected_offsets(per)
+
+
+def test_a_topic_flooded_with_unknown_schema_ids_asks_the_registry_a_bounded_number_of_times(
+    make_pipeline, broker, spark, schema_registry
+):
+    # Bytes that begin with the wire format's magic byte but are not Confluent Avro: a
+    # random schema id each, twice over, among messages of a registered schema.
+    url = schema_registry.url
+    p = make_pipeline(partitions=2, overrides=registry_overrides(url))
+    ctx = SerializationContext(p.topic, MessageField.VALUE)
+    good = AvroSerializer(client(url), json.dumps(V2), conf={"auto.register.schemas": True})
+    flood = random.Random(11).sample(range(10**8, 2**31), 3_000)
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    sent: dict[tuple[int, int], int | None] = {}  # (partition, offset) -> flood id
+    offsets = {0: 0, 1: 0}
+
+    def send(value: bytes, partition: int, flooded: int | None) -> None:
+        producer.produce(p.topic, value, partition=partition, timestamp=START_MS + 5)
+        sent[(partition, offsets[partition])] = flooded
+        offsets[partition] += 1
+
+    body = good({**click(0, ts=START_MS), "campaign": None}, ctx)[5:]
+    for round_ in range(2):
+        for i, unknown in enumerate(flood):
+            if i % 20 == 0:
+                record = {**click(i, ts=START_MS + i), "campaign": None}
+                send(good(record, ctx), i % 2, None)
+            send(b"\x00" + struct.pack(">I", unknown) + body, i % 2, unknown)
+    producer.flush(30)
+    seal = good({**click(99_999, ts=START_MS), "campaign": None}, ctx)
+    broker.seal(p.topic, [0, 1], seal, timestamp_ms=START_MS + 5)
+    sent.update({(q, offsets[q]): None for q in (0, 1)})
+    per = {q: offsets[q] + 1 for q in (0, 1)}
+    asked_before = served(schema_registry.log_path)
+
+    outcome = run_batch(p.cfg(), session=lambda _: spark)
+
+    assert outcome.status == "committed"
+    assert p.landed() == expected_offsets(per)
+    assert summary_dict(outcome)["quarantined"] == 2 * len(flood)
+    assert p.table_rows("table").num_rows == sum(1 for f in sent.values() if f is None)
+    asked = served(schema_registry.log_path) - asked_before
+    asked_ids = {int(path.rsplit("/", 1)[1]) for path in asked} & set(flood)
+    plan = PlanStore(p.cfg().places()).load(1)
+    assert plan is not None
+    bound = len(plan.splits) * schema_registry_module.MAX_UNKNOWN_IDS
+    assert 0 < sum(asked[f"/schemas/ids/{i}"] for i in asked_ids) <= bound
+    # Each message is quarantined with its id and why: the registry's answer for the ids
+    # asked about, the bound for the others.
+    unknown = f"which the Schema Registry at {url} does not know"
+    not_asked = (
+        f"not asked of the Schema Registry at {url}: this task met "
+        f"{schema_registry_module.MAX_UNKNOWN_IDS} schema ids the registry does not know, "
+        f"and asks about at most {schema_registry_module.MAX_UNKNOWN_IDS}"
+    )
+    answered: set[int] = set()
+    for q in p.table_rows("quarantine").to_pylist():
+        written = sent[(q["_partition"], q["_offset"])]
+        assert written is not None and int.from_bytes(q["_value"][1:5], "big") == written
+        assert q["reason"] in (
+            f"written with schema id {written}, {unknown}",
+            f"written with schema id {written}, {not_asked}",
+        ), q["reason"]
+        if q["reason"].endswith(unknown):
+            answered.add(written)
+    assert answered == asked_ids

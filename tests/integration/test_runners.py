@@ -15,14 +15,21 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
 from strata import faults
+from strata.batch.plan import KEPT_PLANS, PlanStore
+from strata.errors import LockBusy
+from strata.run import run_batch
+from strata.store.files import list_names
+from strata.store.ledger import read_ledger
 from tests.conftest import expected_offsets, produce_clicks, s3_landed, s3_pipeline
 from tests.faults import armed
+from tests.locking import s3_options
 
 
 def second_host(p, tmp_path: Path):
@@ -125,3 +132,61 @@ def test_a_runner_paused_past_its_lease_commits_nothing_when_it_wakes(
     paths = pa.table(raw.get_add_actions(flatten=True)).column("path").to_pylist()
     runs = {path.split("-")[-2] for path in paths}
     assert len(runs) == 1, paths  # every committed raw file was written by runner B
+
+
+def test_a_runner_frozen_holding_a_plan_that_another_runner_pruned_commits_nothing_when_it_wakes(
+    make_pipeline, broker, spark, s3_endpoint, tmp_path
+):
+    # Runner A saves the plan of batch 1 and freezes before its first commit. Runner B
+    # takes the lease, commits batch 1 and more than KEPT_PLANS batches after it, one
+    # offset each, and so deletes batch 1's plan. When A wakes it must commit nothing
+    # and stop. The plans and the lease are on S3; the tables on local disk, which the
+    # two runners share here, so that a hundred batches take minutes, not tens.
+    options = s3_options(s3_endpoint)
+    p = make_pipeline(
+        partitions=1,
+        overrides={
+            "state_dir": f"s3://lake/prune-{uuid.uuid4().hex[:8]}",
+            "storage_options": options,
+            "lock_lease": "4s",
+        },
+    )
+    other = second_host(p, tmp_path)
+    per = produce_clicks(broker, p.topic, 1, KEPT_PLANS + 1, hours=1)
+    batches = per[0]  # one offset a batch
+    a = start(p, "--max-offsets", "1", env=p.env(**armed(stop_at=faults.BEFORE_RAW_COMMIT)))
+    deadline = time.monotonic() + 240
+    wait_frozen(a, deadline)
+    try:
+        outcomes = []
+        while not outcomes or outcomes[-1].status != "idle":
+            try:
+                outcomes.append(run_batch(other.cfg(), max_offsets=1, session=lambda _: spark))
+            except LockBusy:
+                # A's lease has not run out yet.
+                assert not outcomes and time.monotonic() < deadline
+                time.sleep(1)
+        assert [o.batch for o in outcomes] == [*range(1, batches + 1), None]
+        assert outcomes[0].status == "resumed"  # B finished the batch A planned
+        assert PlanStore(p.cfg().places()).load(1) is None
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    out, err = a.communicate(timeout=300)
+
+    assert a.returncode == 3, (out, err)
+    assert "lost its lease" in err, err
+    assert p.landed() == expected_offsets(per)
+    assert p.raw_copies() == expected_offsets(per)
+    ledger = read_ledger(p.cfg().places()).to_pylist()
+    assert sorted((r["batch"], r["start_offset"], r["end_offset"]) for r in ledger) == [
+        (b, b - 1, b) for b in range(1, batches + 1)
+    ]
+    for which in ("table", "raw", "quarantine", "ledger"):
+        table = DeltaTable(p.cfg().location(which))
+        assert table.transaction_version(p.name) == batches, which
+        commits = [c for c in table.history() if c.get("strata.batch") == 1]
+        assert len(commits) == 1, which
+    # The newest KEPT_PLANS batches keep their plan; A saved none again.
+    plans = list_names(f"{p.cfg().places().state.uri}/plans", options)
+    kept = sorted(int(name[6:16]) for name in plans)
+    assert kept == list(range(batches - KEPT_PLANS + 1, batches + 1))

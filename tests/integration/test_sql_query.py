@@ -87,6 +87,9 @@ def test_every_ready_query_answers_what_the_tables_and_the_ledger_hold(
     assert Counter({(r["dt"], r["hr"]): r["n"] for r in by_hand}) == Counter(
         {(_plain(dt), hr): n for (dt, hr), n in per_hour.items()}
     )
+    # Named alone, a table is the pipeline's database's, as in a Trino session on it.
+    alone = query("-e", f"SELECT dt, hr, count(*) AS n FROM {p.name} GROUP BY dt, hr")
+    assert sorted(map(str, alone)) == sorted(map(str, by_hand))
 
     # freshness_per_partition
     fresh: dict[tuple, list[dict]] = {}
@@ -249,5 +252,7 @@ def test_plain_parquet_tables_are_read_where_compaction_moved_them(
     assert sum(
         r["messages"] for r in query("quarantine_reasons")
     ) == sum(r["quarantined"] for r in ledger) == 3  # fmt: skip
-    # The Trino catalog of plain Parquet tables is `hive`.
+    # The Trino catalog of plain Parquet tables is `hive`, the session's: a table named
+    # alone is in it.
     assert query("-e", f"SELECT count(*) AS n FROM hive.strata.{p.name}") == [{"n": len(data)}]
+    assert query("-e", f"SELECT count(*) AS n FROM {p.name}") == [{"n": len(data)}]

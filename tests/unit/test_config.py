@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -236,6 +237,40 @@ def test_a_routed_table_without_its_schema_fails_naming_the_table(tmp_path):
     cfg = load_pipeline("clicks", conf)  # the pipeline itself loads: other tables can run
     with pytest.raises(ConfigError, match=r"pipeline clicks, table orders: .*'orders\.avsc' not"):
         cfg.route("orders")
+
+
+def _with_fields(path: Path, *names: str) -> None:
+    """The click schema at `path`, with optional string fields of these names added."""
+    schema = json.loads((ROOT / "schemas" / "clicks.avsc").read_text())
+    schema["fields"] += [{"name": n, "type": ["null", "string"], "default": None} for n in names]
+    path.write_text(json.dumps(schema))
+
+
+@pytest.mark.parametrize("table_format", ["delta", "parquet", "iceberg"])
+def test_a_field_named_as_a_partition_column_in_another_case_fails_at_load(tmp_path, table_format):
+    metastore = {"uri": "thrift://127.0.0.1:9083"}  # never dialled: the load stops first
+    conf = _project(tmp_path, GOOD | {"table_format": table_format, "metastore": metastore})
+    schema = tmp_path / "schemas" / "clicks.avsc"
+    _with_fields(schema, "DT", "Hr")
+    with pytest.raises(ConfigError) as err:
+        load_pipeline("clicks", conf)
+    text = str(err.value)
+    assert f"clicks.yaml: key `(top level)`: Value error, {schema}: " in text
+    assert "field `DT` is the event-time partition column `dt`" in text
+    assert "field `Hr` is the event-time partition column `hr`" in text
+    assert "rename the field in the schema file" in text
+
+
+def test_a_routed_table_whose_schema_has_a_clashing_field_fails_naming_the_table(tmp_path):
+    conf = _routed(tmp_path)
+    _with_fields(tmp_path / "schemas" / "orders.avsc", "Dt")
+    cfg = load_pipeline("clicks", conf)  # the pipeline itself loads: other tables can run
+    assert cfg.route("app_clicks").name == "app_clicks"
+    # As a run configures each table, those of topics a pattern matches included.
+    with pytest.raises(ConfigError, match=r"pipeline clicks, table orders: .*field `Dt` is the"):
+        cfg.route("orders")
+    with pytest.raises(ConfigError, match=r"field `Dt` is the event-time partition column `dt`"):
+        load_pipeline("clicks:orders", conf)
 
 
 def test_table_placeholders_need_routing_and_templates_need_valid_names(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -107,3 +108,39 @@ def test_the_fencing_token_is_the_epoch_taken_and_every_later_holder_takes_a_hig
     # Given up or taken over, the next holder's token is above every earlier one's.
     with hold_lease(where, {}, "p", 600) as third:
         assert third.token is not None and third.token > (second.token or 0)
+
+
+def test_the_token_starts_above_the_tables_fences_and_the_last_holders_whatever_the_folder(
+    tmp_path,
+):
+    where = tmp_path / "lease"
+    read: list[int] = []
+
+    def fences(highest: int):
+        def floor() -> int:
+            read.append(highest)
+            return highest
+
+        return floor
+
+    # The tables hold fence 10 (an earlier deployment's, say): the token starts above it.
+    with hold_lease(str(where), {}, "p", 600, "maintenance", fences(10)) as first:
+        assert first.token == 11 and first.fence is not None and first.fence.floor == 10
+        # Read only once the lease was free: a holder in flight is never asked about.
+        with pytest.raises(LockBusy):
+            hold_lease(str(where), {}, "p", 600, "maintenance", fences(99)).__enter__()
+    assert read == [10]
+    # Tables fenced lower than the last holder's token: above the holder's all the same.
+    with hold_lease(str(where), {}, "p", 600, "maintenance", fences(0)) as second:
+        assert second.token == 12
+    # The folder removed by hand: its epochs start again at 1, and the token goes on
+    # above what the tables hold, which the last holder's acts left there.
+    shutil.rmtree(where)
+    with hold_lease(str(where), {}, "p", 600, "maintenance", fences(12)) as third:
+        assert third.token == 13
+        [name] = list_names(str(where), {})
+        epoch = Epoch.from_bytes(read_object(f"{where}/{name}", {}) or b"", name)
+        assert (epoch.number, epoch.token, epoch.run) == (1, 13, third.run)
+    # Each record carries the token, the release too: the next holder reads it there.
+    with hold_lease(str(where), {}, "p", 600, "maintenance") as fourth:
+        assert fourth.token == 14

@@ -195,3 +195,27 @@ def test_the_ledgers_files_carry_no_statistics_and_every_reader_still_finds_thei
     assert read_ledger(places).num_rows == 6
     # A compaction's file is named otherwise, and carries statistics: no batch by name.
     assert ledger_file_batch("part-c0000000001-abc.parquet") is None
+
+
+def test_a_ledger_commit_damaged_by_hand_stops_with_the_file_to_restore(tmp_path):
+    from pathlib import Path
+
+    from strata.errors import LedgerDamaged
+    from strata.store.ledger import committed_columns
+
+    places = _places(tmp_path)
+    commit_ledger(places, 1, [_ingest(0, 0, 10, 1)], columns=[["a", "string"]])
+    log = Path(places.ledger.uri) / "_delta_log" / f"{0:020d}.json"
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    for entry in entries:
+        if "commitInfo" in entry:
+            entry["commitInfo"]["strata.columns"] = '[["a", "str'  # cut short
+            entry["commitInfo"][STATE_KEY] = "{oops"
+    log.write_text("\n".join(json.dumps(e) for e in entries) + "\n")
+
+    for read in (committed_columns, ledger_state):
+        with pytest.raises(LedgerDamaged) as stopped:
+            read(places)
+        message = str(stopped.value)
+        assert "_delta_log/00000000000000000000.json was edited or damaged" in message
+        assert "commit of batch 1" in message and "Restore that file" in message

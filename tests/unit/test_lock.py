@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from strata.config import PipelineConfig
-from strata.errors import LockBusy
+from strata.errors import LeaseLost, LockBusy
+from strata.store.fencing import Fence, FenceRecord
 from strata.store.lease import hold_lease
 from strata.store.lock import BothLocks, FileLock, run_lock
 from tests.locking import Runner, pipeline_body
@@ -76,3 +77,29 @@ def test_the_kernel_frees_the_local_lock_of_a_killed_holder_at_once(tmp_path):
             holder.kill()
             assert second.ask("acquire")["won"]
             assert json.loads(cfg.lock_path.read_text())["pid"] == second.pid
+
+
+def test_a_fence_lets_a_holder_act_below_it_and_says_truthfully_what_stopped_it():
+    fence = Fence(7, "this-run", floor=6)
+    newest = FenceRecord(7, "vacuum", "other-run", "2026-01-01T00:00:00+00:00")
+    for held in (None, 3, 6):
+        fence.admit("p", "t1", held, lambda: pytest.fail("no record is read below the token"))
+    # Its own token, written by another run: refused, naming the other.
+    with pytest.raises(LeaseLost) as equal:
+        fence.admit("p", "t1", 7, lambda: newest)
+    assert "t1 holds the maintenance fence 7 (left by vacuum run other-run at 2026-01-01" in str(
+        equal.value
+    )
+    assert "equal to this run's fencing token 7" in str(equal.value)
+    assert "lease's folder is removed while a maintenance run is in flight" in str(equal.value)
+    # Written by this run (its reply was lost): its own, from then on without a read.
+    fence.admit("p", "t1", 7, lambda: FenceRecord(7, "compaction", "this-run"))
+    fence.admit("p", "t1", 7, lambda: pytest.fail("known to be this run's"))
+    # Above it: the tables held 6 when this run took the lease, so a later run fenced.
+    with pytest.raises(LeaseLost, match="above this run's fencing token 7; the tables held") as up:
+        fence.admit("p", "t2", 9, lambda: FenceRecord(9, "vacuum", "later-run"))
+    assert "a later maintenance run fenced it" in str(up.value)
+    # A holder that never read the tables cannot tell when that fence was left.
+    with pytest.raises(LeaseLost, match="another maintenance run left that fence") as unknown:
+        Fence(1, "r").admit("p", "t2", 9, lambda: None)
+    assert "later" not in str(unknown.value)

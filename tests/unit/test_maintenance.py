@@ -20,7 +20,13 @@ from deltalake.transaction import AddAction, RemoveAction, Transaction
 from strata.batch.write import PartitionedWriter
 from strata.config import PipelineConfig, load_pipeline
 from strata.errors import ConfigError, LeaseLost, LockBusy, MaintenanceError
-from strata.maintenance.compact import Compaction, pack, parse_partition, partition_end
+from strata.maintenance.compact import (
+    Compaction,
+    pack,
+    parse_partition,
+    partition_end,
+    plan_directory,
+)
 from strata.maintenance.vacuum import never_committed, retention_hours, sweep_moved, vacuum
 from strata.store.delta import (
     FENCE_INFO_KEY,
@@ -30,6 +36,7 @@ from strata.store.delta import (
     fence_maintenance,
     maintenance_transactions,
 )
+from strata.store.fencing import Fence
 from strata.store.lease import hold_lease
 from strata.store.locations import (
     current_locations,
@@ -180,11 +187,11 @@ def test_a_table_holding_an_unfinished_batch_keeps_its_log(tmp_path):
     commit_files(DeltaTable(cfg.location("ledger")), LEDGER_SCHEMA, [], [], "p", 1, {})
     # Batch 2 stands in the data table and not in the ledger: finishing or dropping it
     # reads its commit, which log cleanup would delete.
-    kept = checkpoint(cfg.places())["tables"]["table"]
-    assert not kept["log_cleaned"] and kept["log_files_after"] == kept["log_files_before"] + 2
+    kept = checkpoint(cfg.places()).tables["table"]
+    assert not kept.log_cleaned and kept.log_files_after == kept.log_files_before + 2
     commit_files(DeltaTable(cfg.location("ledger")), LEDGER_SCHEMA, [], [], "p", 2, {})
-    cleaned = checkpoint(cfg.places())["tables"]["table"]
-    assert cleaned["log_cleaned"] and cleaned["log_files_after"] < cleaned["log_files_before"]
+    cleaned = checkpoint(cfg.places()).tables["table"]
+    assert cleaned.log_cleaned and cleaned.log_files_after < cleaned.log_files_before
 
 
 def _parquet_file(path: Path, values: list[int]) -> None:
@@ -270,7 +277,7 @@ def test_vacuum_keeps_a_left_directory_for_the_grace_period_and_never_used_ones_
 
     before = left()
     counted = sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), None)
-    assert counted["left_by_compaction"] == 2 and counted["never_moved_to"] == 1
+    assert counted.removed_files == 2 and counted.never_committed == 1
     assert left() == before  # a dry run deletes nothing
     with run_lock(cfg.places(), "maintenance") as lock:
         sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)
@@ -298,13 +305,13 @@ def test_grace_counts_from_when_the_move_became_visible_not_from_the_plan(tmp_pa
 
     with run_lock(cfg.places(), "maintenance") as lock:
         kept = sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)
-    assert kept["left_by_compaction"] == 0
+    assert kept.removed_files == 0
     assert Path(root, partition, "part-b0000000001-x.parquet").exists()
     # Once the marker itself is older than the grace period, the old directory goes.
     _marked(root, partition, planned, now - timedelta(hours=2))
     with run_lock(cfg.places(), "maintenance") as lock:
         swept = sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)
-    assert swept["left_by_compaction"] == 1
+    assert swept.removed_files == 1
     assert {f.directory for f in visible_files(fs, root)} == {f"{partition}/_c{planned}"}
     assert read(TableRef(root, "parquet"), ["_offset"]).num_rows == 1
 
@@ -323,7 +330,7 @@ def test_a_void_generation_refuses_a_late_marker_and_a_marker_first_refuses_the_
 
     with run_lock(cfg.places(), "maintenance") as lock:
         swept = sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)
-    assert swept["never_moved_to"] == 1
+    assert swept.never_committed == 1
     assert not Path(root, partition, f"_c{paused}").exists() or not any(
         Path(root, partition, f"_c{paused}").iterdir()
     )
@@ -337,8 +344,7 @@ def test_a_void_generation_refuses_a_late_marker_and_a_marker_first_refuses_the_
     _parquet_file(Path(root, partition, f"_c{paused}", "part-c-late.parquet"), [1])
     with run_lock(cfg.places(), "maintenance") as lock:
         assert (
-            sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)["never_moved_to"]
-            == 1
+            sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock).never_committed == 1
         )
     assert read_markers(fs, root).void == {partition: {paused}}
 
@@ -354,7 +360,7 @@ def test_a_void_generation_refuses_a_late_marker_and_a_marker_first_refuses_the_
 
 def _delta_with_a_batch(uri: str) -> tuple[pa.Schema, WrittenFile]:
     schema = pa.schema([("_batch", pa.int64()), ("dt", pa.string())])
-    table = ensure_table(uri, schema, ["dt"], {}, "t")
+    table = ensure_table(uri, schema, ["dt"], {}, "p")
     one = write_file(
         pafs.LocalFileSystem(),
         uri,
@@ -398,17 +404,17 @@ def test_a_fence_refuses_an_older_tokens_commit_built_before_it_and_lets_ingest_
     # Snapshots read before the fence: a paused compaction's, holding token 4, and an
     # ingest run's.
     compaction, ingest = DeltaTable(uri), DeltaTable(uri)
-    [txn] = maintenance_transactions(compaction, "p", 4)
+    [txn] = maintenance_transactions(compaction, "p", Fence(4, "paused"))
     assert (txn.app_id, txn.version) == ("p.maintenance", 4)
-    fence_maintenance(DeltaTable(uri), "p", 5, "vacuum")
+    fence_maintenance(DeltaTable(uri), "p", Fence(5, "vacuum-run"), "vacuum")
     # delta-rs refuses a commit carrying an app id committed after its snapshot...
     with pytest.raises(CommitFailedError):
         _compaction_commit(compaction, one, merged, 4)
     # ...and on a snapshot holding the fence, the token is seen to be outranked.
-    with pytest.raises(LeaseLost, match="token 5, this run's is 4"):
-        maintenance_transactions(DeltaTable(uri), "p", 4)
+    with pytest.raises(LeaseLost, match="fence 5 .*, above this run's fencing token 4"):
+        maintenance_transactions(DeltaTable(uri), "p", Fence(4, "paused"))
     with pytest.raises(LeaseLost):
-        fence_maintenance(DeltaTable(uri), "p", 4, "vacuum")
+        fence_maintenance(DeltaTable(uri), "p", Fence(4, "paused"), "vacuum")
     # Another app id, only adds: the ingest run commits beside the fence.
     two = write_file(
         pafs.LocalFileSystem(),
@@ -425,7 +431,7 @@ def test_a_fence_refuses_an_older_tokens_commit_built_before_it_and_lets_ingest_
     fence = next(c for c in table.history() if FENCE_INFO_KEY in c)
     assert "strata.batch" not in fence
     version = table.version()
-    fence_maintenance(DeltaTable(uri), "p", 5, "vacuum")
+    fence_maintenance(DeltaTable(uri), "p", Fence(5, "vacuum-run"), "vacuum")
     assert DeltaTable(uri).version() == version
     # The holder of the fence's token, or a later one, commits.
     _compaction_commit(DeltaTable(uri), one, merged, 6)
@@ -441,8 +447,8 @@ def _leased(where: Path):
     """
 
     @contextmanager
-    def run_lock(places: Places, what: str = "run"):
-        with hold_lease(str(where / what), {}, places.pipeline, 600, what) as lease:
+    def run_lock(places: Places, what: str = "run", floor=None):
+        with hold_lease(str(where / what), {}, places.pipeline, 600, what, floor) as lease:
             yield lease
 
     return run_lock
@@ -468,7 +474,7 @@ def test_vacuum_fences_a_table_before_it_deletes_a_paused_compactions_files(tmp_
     )
     snapshot = DeltaTable(uri)
     done = vacuum(cfg.places(), cfg.maintenance.vacuum_retention, cfg.metastore)
-    assert done["tables"]["table"]["never_committed"] == 1
+    assert done.tables["table"].never_committed == 1
     assert not Path(uri, merged.path).exists()
     # Woken, it commits on its old snapshot: refused, so no commit names a deleted file.
     with pytest.raises(CommitFailedError):
@@ -479,3 +485,78 @@ def test_vacuum_fences_a_table_before_it_deletes_a_paused_compactions_files(tmp_
     active = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
     assert active == [one.path] and all(Path(uri, a).exists() for a in active)
     assert table.to_pyarrow_table()["_batch"].to_pylist() == [1]
+
+
+def test_a_fence_of_this_runs_token_written_by_another_run_lets_neither_pass_as_the_other(
+    tmp_path,
+):
+    # Two runs given one token: only if the lease's folder was removed while one of them
+    # was in flight. The table's fence is the first one's; the second must not take it
+    # for its own (and so delete files as if it had fenced), nor commit with it.
+    uri = str(tmp_path / "t")
+    _delta_with_a_batch(uri)
+    first = Fence(5, "first-run")
+    fence_maintenance(DeltaTable(uri), "p", first, "vacuum")
+    version = DeltaTable(uri).version()
+    with pytest.raises(LeaseLost, match="equal to this run's fencing token 5") as refused:
+        fence_maintenance(DeltaTable(uri), "p", Fence(5, "second-run"), "vacuum")
+    assert "left by vacuum run first-run" in str(refused.value)
+    with pytest.raises(LeaseLost, match="equal to this run's fencing token 5"):
+        maintenance_transactions(DeltaTable(uri), "p", Fence(5, "second-run"))
+    assert DeltaTable(uri).version() == version
+    # The run that wrote it, asking again (a reply it lost), finds its own fence there.
+    fence_maintenance(DeltaTable(uri), "p", Fence(5, "first-run"), "vacuum")
+    [txn] = maintenance_transactions(DeltaTable(uri), "p", first)
+    assert (txn.version, DeltaTable(uri).version()) == (5, version)
+
+
+def test_a_compaction_after_one_on_a_host_whose_clock_runs_ahead_still_moves_the_partition(
+    tmp_path,
+):
+    # A host an hour ahead compacted the partition: its generation is stamped an hour in
+    # the future. A compaction planned after it, on a host whose clock is right, must
+    # move the partition to its own directory, or its merge would be for nothing and
+    # its marker would never be the one in use.
+    fs, root = pafs.LocalFileSystem(), str(tmp_path / "t")
+    partition = "dt=2026-01-01/hr=01"
+    ahead = new_stamp(datetime.now(UTC) + timedelta(hours=1))
+    for n in (1, 2):
+        _parquet_file(Path(root, partition, f"_c{ahead}", f"part-b000000000{n}-x.parquet"), [n])
+    assert mark(root, {}, partition, ahead)
+    settings = Compaction("0s", 1 << 20, 2, 64 << 20, 1000, ("dt", "hr"), "UTC")
+    settled = datetime(2026, 1, 2, tzinfo=UTC)
+    [picked] = plan_directory(TableRef(root, "parquet"), settings, settled, None, "tok", 2)
+    assert picked.merged == {f"{partition}/_c{ahead}/part-b000000000{n}-x.parquet" for n in (1, 2)}
+    assert picked.stamp > ahead
+    _parquet_file(Path(root, picked.directory, "part-ctok-0000-a0-f000.parquet"), [1, 2])
+    assert mark(root, {}, partition, picked.stamp)
+    assert current_locations(fs, root) == {partition: picked.directory}
+    assert read(TableRef(root, "parquet"), ["_offset"])["_offset"].to_pylist() == [1, 2]
+
+
+def test_vacuum_deletes_void_markers_a_move_stands_above_and_keeps_those_still_guarding(tmp_path):
+    cfg = PipelineConfig.model_validate(pipeline_body(str(tmp_path), table_format="parquet"))
+    fs, root = pafs.LocalFileSystem(), cfg.location("table")
+    partition, other = "dt=2026-01-01/hr=01", "dt=2026-01-01/hr=02"
+    now = datetime.now(UTC)
+    voided, moved, guarding = (new_stamp(now - timedelta(minutes=m)) for m in (30, 20, 10))
+    _parquet_file(Path(root, partition, "part-b0000000001-x.parquet"), [1])
+    _parquet_file(Path(root, other, "part-b0000000001-y.parquet"), [2])
+    # A compaction voided before its move, then one that moved the partition; in the
+    # other partition, a void no move stands above: a paused compaction's marker would
+    # still move it.
+    assert void(root, {}, partition, voided, "voided by a test")
+    _parquet_file(Path(root, partition, f"_c{moved}", "part-c-merged.parquet"), [1])
+    _marked(root, partition, moved, now - timedelta(minutes=20))
+    assert void(root, {}, other, guarding, "voided by a test")
+    with run_lock(cfg.places(), "maintenance") as lock:
+        swept = sweep_moved(cfg.places(), cfg.metastore, timedelta(hours=1), lock)
+    assert swept.metadata_files == 1
+    found = read_markers(fs, root)
+    assert found.void == {other: {guarding}} and found.stamps == {partition: [moved]}
+    # The voided compaction wakes and writes its marker in the freed name: below the
+    # move that stands, it moves nothing.
+    assert mark(root, {}, partition, voided)
+    assert current_locations(fs, root) == {partition: f"{partition}/_c{moved}"}
+    assert not mark(root, {}, other, guarding)
+    assert sorted(read(TableRef(root, "parquet"), ["_offset"])["_offset"].to_pylist()) == [1, 2]

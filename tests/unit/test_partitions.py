@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from strata.batch.decode import DecodeRules, decode_chunk
 from strata.batch.plan import decode_fingerprint
@@ -232,7 +233,7 @@ def test_a_float_field_or_a_clash_with_a_field_fails_at_load(tmp_path):
 
     with pytest.raises(SchemaError, match=r"'score' is double, but a field partition takes a "):
         load("score")
-    with pytest.raises(SchemaError, match=r"partition column `p_page` has the name of the schema"):
+    with pytest.raises(ValidationError, match=r"field `P_Page` is the partition column `p_page`"):
         load("page")
 
 

@@ -589,6 +589,61 @@ def test_the_process_keeps_answers_within_a_byte_bound_and_asks_again_for_those_
         decode_chunk(raw([values[0]]), rules(url))
 
 
+def test_a_task_asks_about_a_bounded_number_of_unknown_ids_and_decides_the_same_each_run(
+    schema_registry, monkeypatch
+):
+    from tests.registry_stub import served
+
+    url, topic = schema_registry.url, f"t-{uuid.uuid4().hex[:8]}"
+    known = [
+        produce(url, READER, click(0), topic),
+        produce(url, V1, {k: v for k, v in click(1).items() if k != "country"}, f"{topic}-b"),
+    ]
+    later = produce(url, V2, {**click(2), "campaign": None}, f"{topic}-c")
+    ids = [schema_id(v) for v in [*known, later]]
+    unknown = [4_000_000_000 + n for n in range(5)]  # past every id the registry gives
+    flooded = [b"\x00" + struct.pack(">I", n) + known[0][5:] for n in unknown]
+    monkeypatch.setattr(registry, "MAX_UNKNOWN_IDS", 3)
+    # Room for one answer: the task gives back what it met, and looks it up when met again.
+    # A chunk's ids are looked up in order, so the lower of the two is given back.
+    monkeypatch.setattr(registry, "MAX_CACHE_BYTES", 1)
+    given_back = 0 if ids[0] < ids[1] else 1
+    where = f"the Schema Registry at {url}"
+    not_asked = (
+        f"not asked of {where}: this task met 3 schema ids the registry does not know, and "
+        "asks about at most 3"
+    )
+
+    for _ in range(2):  # a re-run decides every message as the first run did
+        registry._answers.clear()
+        before = served(schema_registry.log_path)
+        task = rules(url)  # one task's rules: its chunks share what it met
+        first = decode_chunk(raw([*known, *flooded]), task)
+        second = decode_chunk(raw([known[given_back], later, flooded[0], flooded[3]]), task)
+        asked = served(schema_registry.log_path) - before
+
+        assert first.rows.column("event_id").to_pylist() == ["e0", "e1"]
+        assert reasons_by_offset(first) == {
+            2 + i: f"written with schema id {n}, which {where} does not know"
+            if i < 3
+            else f"written with schema id {n}, {not_asked}"
+            for i, n in enumerate(unknown)
+        }
+        # An id met before the bound still reads, given back or not; one new to the task
+        # past it is quarantined, whatever the registry would say of it.
+        assert second.rows.column("event_id").to_pylist() == [f"e{given_back}"]
+        assert reasons_by_offset(second) == {
+            1: f"written with schema id {ids[2]}, {not_asked}",
+            2: f"written with schema id {unknown[0]}, which {where} does not know",
+            3: f"written with schema id {unknown[3]}, {not_asked}",
+        }
+        assert {f"/schemas/ids/{n}": 1 for n in unknown[:3]} == {
+            path: count for path, count in asked.items() if int(path.rsplit("/", 1)[1]) in unknown
+        }
+        assert asked[f"/schemas/ids/{ids[given_back]}"] == 2
+        assert asked[f"/schemas/ids/{ids[2]}"] == 0
+
+
 REFERRING = json.dumps(referring("Small"))
 
 

@@ -14,6 +14,7 @@ from strata.catalog.sql import trino_type
 from strata.config import EventTimeConfig, PipelineConfig
 from strata.errors import MetastoreError, SchemaError
 from strata.schema.avro import load_pipeline_schema, load_topic_schema, schema_changes
+from strata.schema.evolve import merged_fields
 
 
 def schema_file(tmp_path: Path, *fields: dict, name: str = "t.avsc") -> Path:
@@ -257,3 +258,99 @@ def test_a_default_null_on_a_field_that_cannot_be_null_fails_at_load(tmp_path):
     )
     with pytest.raises(SchemaError, match=r"field 'country' has default null but its type"):
         load_topic_schema(path)
+
+
+# Field names, as Hive, Trino and Delta compare them: without case.
+
+
+def _optional(name: str, kind: object = "string") -> dict:
+    return {"name": name, "type": ["null", kind], "default": None}
+
+
+def _records_of(name: str, *inner: str) -> dict:
+    record = {"type": "record", "name": "R", "fields": [_optional(n) for n in inner]}
+    return {"name": name, "type": {"type": "array", "items": record}}
+
+
+CLASHES = [
+    (
+        "the event-time partition columns in another case",
+        [_optional("DT"), _optional("Hr")],
+        [
+            "field `DT` is the event-time partition column `dt`",
+            "field `Hr` is the event-time partition column `hr`",
+            "(Hive, Trino and Delta compare column names without case)",
+        ],
+    ),
+    ("a partition column's own name", [_optional("dt")], ["field `dt` is the event-time"]),
+    ("one of Strata's own columns", [_optional("_Key")], ["field `_Key` starts with '_'"]),
+    (
+        "two fields differing in case only",
+        [_optional("user"), _optional("User")],
+        ["fields `user` and `User` are one column", "compare column names without case"],
+    ),
+    (
+        "two fields of a nested record",
+        [_records_of("items", "Sku", "sku")],
+        ["fields `items.Sku` and `items.sku` are one column"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "phrases"), [c[1:] for c in CLASHES], ids=[c[0] for c in CLASHES]
+)
+def test_a_field_name_the_tables_cannot_hold_is_refused_naming_the_field_and_the_fix(
+    tmp_path, fields, phrases
+):
+    path = schema_file(tmp_path, *fields)
+    with pytest.raises(SchemaError) as err:
+        load_topic_schema(path)
+    text = str(err.value)
+    assert text.startswith(f"{path}: field")
+    assert all(phrase in text for phrase in phrases), text
+    assert text.endswith(
+        "rename the field in the schema file (Avro messages are read by field position, and a "
+        'writer schema that still uses the old name resolves through the field\'s "aliases": '
+        "list the old name there; JSON messages are read by field name, so producers must send "
+        "the new one)"
+    )
+
+
+def test_a_schema_read_with_at_run_time_is_held_to_the_same_names(tmp_path):
+    # A plan's schema, or one the table evolved to, comes after the configuration loaded.
+    cfg = pipeline(
+        schema_file(tmp_path, _optional("page")),
+        partitioning={"field": {"name": "page", "values": ["home"]}},
+    )
+    later = json.loads(cfg.schema_text)
+    later["fields"] += [_optional("P_Page"), _optional("Hr")]
+    with pytest.raises(SchemaError) as err:
+        load_pipeline_schema(cfg.with_schema_text(json.dumps(later)).schemas())
+    text = str(err.value)
+    assert "field `Hr` is the event-time partition column `hr`" in text
+    assert "field `P_Page` is the partition column `p_page`" in text
+
+
+def test_names_near_the_tables_own_columns_are_fields_like_any_other(tmp_path):
+    near = [_optional("DT_local"), _optional("hour"), _optional("Date"), _optional("p_page")]
+    # Inside a record a name is a struct field's, not a column of the table.
+    nested = {
+        "name": "ctx",
+        "type": {"type": "record", "name": "C", "fields": [_optional("_id"), _optional("dt")]},
+    }
+    topic = load_topic_schema(schema_file(tmp_path, *near, nested))
+    assert topic.arrow.names == ["ts", "DT_local", "hour", "Date", "p_page", "ctx"]
+    assert topic.arrow.field("ctx").type == pa.struct([("_id", pa.string()), ("dt", pa.string())])
+
+
+def test_a_registered_field_named_as_a_column_in_another_case_is_left_out():
+    table = {"type": "record", "name": "T", "fields": [{"name": "ts", "type": "long"}]}
+    newest = {**table, "fields": [*table["fields"], _optional("DT"), _optional("TS")]}
+    newest["fields"].append(_optional("campaign"))
+    merged, left_out = merged_fields(table, newest, partition_column="p_page")
+    assert [f["name"] for f in merged["fields"]] == ["ts", "campaign"]
+    assert [item.field for item in left_out] == ["DT", "TS"]
+    assert "Strata keeps for its own columns" in left_out[0].why
+    assert "differs only in case from the table's field `ts`" in left_out[1].why
+    assert all("rename it in the subject's schema" in item.why for item in left_out)

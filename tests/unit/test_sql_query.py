@@ -1,8 +1,10 @@
 """`strata sql query` without Spark: what it refuses, how it reads Trino SQL, its formats.
 
 The landed tables and the ready queries' answers are checked against the ledger in
-tests/integration/test_sql_query.py; here the tables are empty (nothing committed)
-or absent, and the statements stand alone.
+tests/integration/test_sql_query.py; here the tables are empty (nothing committed),
+absent, or hold a few rows written with deltalake or pyarrow, and the statements
+stand alone: a hostile user's among them, each refused in one short line or answered
+from the tables alone.
 """
 
 from __future__ import annotations
@@ -11,17 +13,25 @@ import csv
 import io
 import json
 import math
+import tempfile
 import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import sqlglot
+from deltalake import write_deltalake
 
 from strata.catalog.query import (
     QueryAnswer,
+    _connection,
     on_pipeline,
     only_query,
+    query_tables,
     ready_query,
     ready_query_names,
     render_answer,
@@ -29,31 +39,32 @@ from strata.catalog.query import (
     to_duckdb,
 )
 from strata.cli import main
+from strata.config import load_pipeline
 from strata.errors import QueryError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, START_MS, clicks_config
+
+# Statements that are not one query, each refused before anything runs.
+NOT_QUERIES = [
+    "INSERT INTO strata.clicks SELECT * FROM strata.clicks",
+    "DELETE FROM strata.clicks WHERE hr = 1",
+    "UPDATE strata.clicks SET page = '/' WHERE hr = 1",
+    "CREATE TABLE strata.copy AS SELECT * FROM strata.clicks",
+    "DROP TABLE strata.clicks",
+    "ALTER TABLE strata.clicks ADD COLUMN x bigint",
+    "SET SESSION query_max_run_time = '1m'",
+    "CALL delta.system.register_table('strata', 't', 's3://b/t')",
+    "SHOW TABLES",
+    "EXPLAIN SELECT 1",
+    "USE delta.strata",
+    "WITH x AS (SELECT 1) INSERT INTO strata.clicks SELECT * FROM x",
+    "SELECT 1; DROP TABLE strata.clicks",
+    "SELECT 1; SELECT 2",
+    "",
+    "-- only a comment",
+]
 
 
-@pytest.mark.parametrize(
-    "statement",
-    [
-        "INSERT INTO strata.clicks SELECT * FROM strata.clicks",
-        "DELETE FROM strata.clicks WHERE hr = 1",
-        "UPDATE strata.clicks SET page = '/' WHERE hr = 1",
-        "CREATE TABLE strata.copy AS SELECT * FROM strata.clicks",
-        "DROP TABLE strata.clicks",
-        "ALTER TABLE strata.clicks ADD COLUMN x bigint",
-        "SET SESSION query_max_run_time = '1m'",
-        "CALL delta.system.register_table('strata', 't', 's3://b/t')",
-        "SHOW TABLES",
-        "EXPLAIN SELECT 1",
-        "USE delta.strata",
-        "WITH x AS (SELECT 1) INSERT INTO strata.clicks SELECT * FROM x",
-        "SELECT 1; DROP TABLE strata.clicks",
-        "SELECT 1; SELECT 2",
-        "",
-        "-- only a comment",
-    ],
-)
+@pytest.mark.parametrize("statement", NOT_QUERIES)
 def test_anything_but_one_query_is_refused_before_it_runs(statement):
     with pytest.raises(QueryError) as refused:
         only_query(statement)
@@ -214,6 +225,287 @@ def test_the_engine_reads_no_file_of_its_own(tmp_path):
     secret.write_text("a\n1\n")
     with pytest.raises(QueryError):
         run_embedded([], "delta", "strata", f"SELECT * FROM read_csv('{secret}')")
+
+
+PLANTED = "planted-Vq7"
+"""What the files planted where DuckDB would read hold: no answer or refusal may show it."""
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    """A working directory whose `.tmp`, DuckDB's default temporary directory, holds files.
+
+    DuckDB keeps its temporary directory readable with external access off.
+    """
+    folder = tmp_path / ".tmp"
+    folder.mkdir()
+    (folder / "planted.txt").write_text(PLANTED)
+    (folder / "planted.csv").write_text(f"a\n{PLANTED}\n")
+    (folder / "planted.json").write_text(json.dumps({"a": PLANTED}))
+    pq.write_table(pa.table({"a": [PLANTED]}), folder / "planted.parquet")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _clicks(n: int) -> list[dict]:
+    """Rows of the click pipeline's data table, with every column it requires."""
+    at = datetime.fromtimestamp(START_MS / 1000, UTC)
+    return [
+        {
+            "event_id": f"e{i}",
+            "user_id": i,
+            "page": f"/p{i}",
+            "device": "mobile",
+            "ts": START_MS + i,
+            "_event_time": at + timedelta(milliseconds=i),
+            "_topic": "clicks",
+            "_partition": 0,
+            "_offset": i,
+            "_kafka_ts": at,
+            "_batch": 1,
+            "dt": f"{at:%Y-%m-%d}",
+            "hr": f"{at:%H}",
+        }
+        for i in range(n)
+    ]
+
+
+def _land(cfg, rows: list[dict]) -> None:
+    """Rows in the pipeline's data table where it reads them: a Delta commit, or plain
+    Parquet files in `dt=/hr=` directories."""
+    data = query_tables(cfg.places(), cfg.schemas())[0]
+    table = pa.Table.from_pylist(rows, schema=data.schema)
+    if data.ref.format == "delta":
+        write_deltalake(data.ref.uri, table, partition_by=["dt", "hr"])
+    else:
+        pq.write_to_dataset(table, data.ref.uri, partition_cols=["dt", "hr"])
+
+
+@pytest.fixture(scope="module")
+def landed(tmp_path_factory):
+    """The click pipeline's tables, three rows in its data table (Delta)."""
+    cfg = clicks_config(tmp_path_factory.mktemp("warehouse"))
+    _land(cfg, _clicks(3))
+    return query_tables(cfg.places(), cfg.schemas())
+
+
+def _file(function: str, name: str) -> str:
+    return f"SELECT * FROM {function}('.tmp/{name}')"
+
+
+# Statements a hostile user tried: every file reader of DuckDB, a quoted path in FROM,
+# SQL given as a string, the engine's own settings, catalog and secrets, COPY, ATTACH,
+# INSTALL, SET, PRAGMA, a write inside a WITH, and statements too deep or too long (past
+# Python's recursion limit, past DuckDB's expression depth, past Trino's length).
+HOSTILE = [
+    "SELECT content FROM read_text('.tmp/planted.txt')",
+    # Trino's row pattern matching, which the embedded engine lacks: refused, not a crash.
+    "SELECT * FROM strata.clicks MATCH_RECOGNIZE (PARTITION BY _partition ORDER BY _offset "
+    "MEASURES A._offset AS o PATTERN (A) DEFINE A AS true)",
+    _file("read_blob", "planted.txt"),
+    _file("read_csv", "planted.csv"),
+    _file("read_csv_auto", "planted.csv"),
+    _file("read_json", "planted.json"),
+    _file("read_json_auto", "planted.json"),
+    _file("read_ndjson_objects", "planted.json"),
+    _file("read_parquet", "planted.parquet"),
+    _file("parquet_scan", "planted.parquet"),
+    _file("parquet_metadata", "planted.parquet"),
+    _file("parquet_schema", "planted.parquet"),
+    _file("sniff_csv", "planted.csv"),
+    _file("query_table", "planted.csv"),
+    "SELECT * FROM glob('.tmp/*')",
+    "SELECT * FROM '.tmp/planted.csv'",
+    'SELECT * FROM ".tmp/planted.parquet"',
+    "SELECT read_text('.tmp/planted.txt')",
+    "SELECT * FROM strata.clicks CROSS JOIN read_text('.tmp/planted.txt')",
+    "SELECT * FROM strata.clicks, LATERAL read_text(page)",
+    "SELECT (SELECT content FROM read_text('.tmp/planted.txt'))",
+    "SELECT * FROM strata.clicks WHERE page IN (SELECT content FROM read_text('.tmp/planted.txt'))",
+    "WITH x AS (SELECT * FROM read_text('.tmp/planted.txt')) SELECT * FROM x",
+    "SELECT * FROM query('SELECT * FROM read_text(''.tmp/planted.txt'')')",
+    "SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT 1'))",
+    "SELECT json_serialize_plan('SELECT * FROM read_text(''.tmp/planted.txt'')')",
+    "SELECT current_setting('secret_directory')",
+    "SELECT current_setting('temp_directory')",
+    "SELECT getenv('HOME')",
+    "SELECT getvariable('x')",
+    "SELECT current_query()",
+    "SELECT pg_get_viewdef('strata.clicks')",
+    "SELECT * FROM duckdb_settings()",
+    "SELECT * FROM duckdb_secrets()",
+    "SELECT * FROM duckdb_extensions()",
+    "SELECT * FROM duckdb_databases()",
+    "SELECT * FROM duckdb_temporary_files()",
+    "SELECT * FROM duckdb_functions()",
+    "SELECT * FROM pragma_database_size()",
+    "SELECT * FROM pragma_platform()",
+    "SELECT * FROM which_secret('s3://bucket/key', 's3')",
+    "SELECT * FROM duckdb_views",
+    "SELECT * FROM information_schema.tables",
+    "SELECT * FROM pg_catalog.pg_settings",
+    "SELECT * FROM pg_settings",
+    "SELECT * FROM _strata_table_0",
+    "SELECT * FROM temp.main._strata_table_0",
+    "SELECT * FROM hive.strata.clicks",
+    "SELECT * FROM other.clicks",
+    # A derived table's alias, or a WITH query out of scope, is not a WITH query here.
+    "SELECT * FROM (SELECT 1) AS pg_settings, pg_settings",
+    "SELECT * FROM (WITH pg_settings AS (SELECT 1 AS x) SELECT x FROM pg_settings) t, pg_settings",
+    "SELECT * FROM TABLE(sequence(1, 3))",
+    "COPY strata.clicks TO 'copy.csv'",
+    "COPY (SELECT 1) TO 'copy.csv'",
+    "ATTACH 'other.db' AS other",
+    "DETACH delta",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "RESET lock_configuration",
+    "SET VARIABLE x = 1",
+    "PRAGMA version",
+    "CALL pragma_version()",
+    "CHECKPOINT",
+    "EXPORT DATABASE 'copy'",
+    "SUMMARIZE strata.clicks",
+    "DESCRIBE strata.clicks",
+    "SELECT * INTO clicks FROM strata.clicks",
+    "WITH x AS (DELETE FROM strata.clicks RETURNING *) SELECT * FROM x",
+    "SELECT 'unclosed",
+    pytest.param("SELECT " + "(" * 1_000 + "1" + ")" * 1_000, id="1000-parentheses"),
+    pytest.param("SELECT " + "abs(" * 1_000 + "1" + ")" * 1_000, id="1000-calls"),
+    pytest.param("SELECT " + " + ".join(["1"] * 5_000), id="5000-terms"),
+    pytest.param("SELECT '" + "x" * 1_000_000 + "'", id="1000000-characters"),
+]
+
+# Statements that look hostile and run: they read the pipeline's tables, or nothing.
+READ_THE_TABLES = [
+    ("WITH duckdb_settings AS (SELECT 1 AS x) SELECT x FROM duckdb_settings", [(1,)]),
+    ("WITH c AS (SELECT count(*) AS n FROM clicks) SELECT n FROM C", [(3,)]),
+    ("SELECT count(*) FROM strata.clicks AS pg_settings", [(3,)]),
+    ("SELECT count(*) FROM STRATA.Clicks", [(3,)]),
+    ("SELECT count(*) FROM strata.clicks, LATERAL (SELECT 1 AS one)", [(3,)]),
+    ("SELECT count(*) FROM clicks WHERE page IN (SELECT page FROM delta.strata.clicks)", [(3,)]),
+    ("SELECT x FROM UNNEST(ARRAY[2, 1]) AS t (x) ORDER BY x", [(1,), (2,)]),
+    ("SELECT count(*) FROM clicks WHERE " + " OR ".join(["page <> ''"] * 1_000), [(3,)]),
+    ("SELECT " + " + ".join(["1"] * 800), [(800,)]),
+]
+
+
+def _assert_short_refusal(message: str, cwd) -> None:
+    """One short line, quoting neither a local path nor what a planted file holds."""
+    assert "\n" not in message and 0 < len(message) <= 400, message[:500]
+    home = str(Path.home())
+    assert len(home) < 2 or home not in message
+    assert str(cwd) not in message and "strata-query-" not in message
+    assert PLANTED not in message
+
+
+@pytest.mark.parametrize("statement", [*NOT_QUERIES, *HOSTILE])
+def test_a_hostile_statement_is_refused_in_one_short_line(landed, planted, statement):
+    with pytest.raises(QueryError) as refused:
+        run_embedded(landed, "delta", "strata", statement)
+    assert refused.value.exit_code == 2
+    _assert_short_refusal(str(refused.value), planted)
+
+
+@pytest.mark.parametrize(("statement", "rows"), READ_THE_TABLES)
+def test_a_statement_that_runs_reads_the_pipelines_tables_alone(landed, planted, statement, rows):
+    assert run_embedded(landed, "delta", "strata", statement).rows == rows
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        pytest.param("SELECT " + "(" * 1_000 + "1" + ")" * 1_000, id="1000-parentheses"),
+        pytest.param("SELECT " + " + ".join(["1"] * 5_000), id="5000-terms"),
+        pytest.param("SELECT '" + "x" * 1_000_000 + "'", id="1000000-characters"),
+        pytest.param("SELECT content FROM read_text('.tmp/planted.txt')", id="planted-file"),
+        pytest.param("SELECT current_setting('secret_directory')", id="current_setting"),
+        pytest.param("SELECT * FROM duckdb_secrets()", id="duckdb_secrets"),
+        pytest.param("SELECT * FROM duckdb_extensions()", id="duckdb_extensions"),
+        # sqlglot warns of a statement it reads as a bare command, quoting all of it.
+        pytest.param("LOAD httpfs", id="load"),
+    ],
+)
+def test_the_command_refuses_with_exit_2_in_one_short_line(planted, monkeypatch, capsys, statement):
+    monkeypatch.setenv("STRATA_WAREHOUSE", str(planted / "warehouse"))
+    argv = ["sql", "query", "--pipeline", "clicks", "--conf-dir", str(ROOT / "conf")]
+    assert main([*argv, "-e", statement]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    [line] = out.err.splitlines()
+    assert line.startswith("strata: error: ")
+    _assert_short_refusal(line, planted)
+    # Refused before the tables were opened.
+    assert not (planted / "warehouse").exists()
+
+
+def test_the_engines_temporary_directory_is_its_own_and_removed_after(
+    planted, monkeypatch, tmp_path
+):
+    """Not DuckDB's default `.tmp` under the working directory, which it keeps readable."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    names = ("temp_directory", "allowed_directories", "home_directory", "secret_directory")
+    with _connection([], "delta", "strata") as con:
+        found = dict(
+            con.execute(
+                "SELECT name, value FROM duckdb_settings() WHERE list_contains($1, name)",
+                [list(names)],
+            ).fetchall()
+        )
+        [own] = list((tmp_path / "scratch").iterdir())
+        mode = own.stat().st_mode & 0o777
+        # The connection itself refuses the planted file, and its configuration is locked.
+        with pytest.raises(duckdb.PermissionException):
+            con.execute("SELECT content FROM read_text('.tmp/planted.txt')")
+        with pytest.raises(duckdb.Error):
+            con.execute("SET lock_configuration = false")
+    assert set(found) == set(names)
+    assert all(str(own) in value for value in found.values()), found
+    assert str(planted / ".tmp") not in found["allowed_directories"]
+    assert mode == 0o700
+    assert not any((tmp_path / "scratch").iterdir())
+
+
+@pytest.mark.parametrize(("table_format", "catalog"), [("delta", "delta"), ("parquet", "hive")])
+def test_a_table_named_alone_is_in_the_pipelines_database_as_in_a_trino_session(
+    tmp_path, capsys, table_format, catalog
+):
+    """`clicks` is `strata.clicks`, as in a Trino session with `--schema strata`."""
+    import yaml
+
+    conf = tmp_path / "conf"
+    (conf / "pipelines").mkdir(parents=True)
+    body = yaml.safe_load((ROOT / "conf" / "pipelines" / "clicks.yaml").read_text())
+    body |= {
+        "schemas_dir": str(ROOT / "schemas"),
+        "warehouse": str(tmp_path / "warehouse"),
+        "table_format": table_format,
+    }
+    (conf / "pipelines" / "clicks.yaml").write_text(yaml.safe_dump(body))
+    _land(load_pipeline("clicks", conf), _clicks(3))
+    statement = (
+        "SELECT (SELECT count(*) FROM clicks) AS alone,"
+        " (SELECT count(*) FROM strata.clicks) AS in_schema,"
+        f" (SELECT count(*) FROM {catalog}.strata.clicks) AS in_catalog,"
+        " (SELECT count(*) FROM clicks a JOIN strata.clicks b USING (event_id)) AS joined,"
+        " (SELECT count(*) FROM clicks_ledger) AS ledger_rows,"
+        " current_schema AS schema, current_catalog AS catalog"
+    )
+    argv = ["sql", "query", "--pipeline", "clicks", "--conf-dir", str(conf), "--format", "json"]
+    assert main([*argv, "-e", statement]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out) == [
+        {
+            "alone": 3,
+            "in_schema": 3,
+            "in_catalog": 3,
+            "joined": 3,
+            "ledger_rows": 0,
+            "schema": "strata",
+            "catalog": catalog,
+        }
+    ]
 
 
 def test_tables_nothing_was_committed_to_are_there_empty_with_their_columns(

@@ -376,6 +376,7 @@ def test_the_text_report_names_each_failure_the_marks_and_the_losses():
             losses=[{"topic": "t", "partition": 2, "start_offset": 5, "end_offset": 9,
                      "note": "accepted"}],
             docs="docs/validations/x.html",
+            docs_location="s3://lake/quality/docs/validations/x.html",
         )
     ).splitlines()  # fmt: skip
     assert text[0] == (
@@ -386,7 +387,8 @@ def test_the_text_report_names_each_failure_the_marks_and_the_losses():
     assert "  FAILED reconcile: data files present: the table lists 1" in text
     assert "partitions marked incomplete: dt=2025-11-22/hr=10" in text
     assert any(line.startswith("  LOSS: offsets [5, 9) of partition 2 of `t`") for line in text)
-    assert text[-1] == "data docs: docs/validations/x.html"
+    # Where a user opens it, not the link the summary page follows.
+    assert text[-1] == "data docs: s3://lake/quality/docs/validations/x.html"
     assert not any("expect_table_columns" in line for line in text)
 
 
