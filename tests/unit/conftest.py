@@ -13,7 +13,15 @@ import pytest
 HERE = Path(__file__).parent
 
 # The fixtures of tests/conftest.py that start a service.
-SERVICES = {"broker", "metastore", "spark", "s3_endpoint", "make_pipeline", "airflow_db"}
+SERVICES = {
+    "broker",
+    "kafka",
+    "metastore",
+    "spark",
+    "s3_endpoint",
+    "make_pipeline",
+    "airflow_db",
+}
 
 
 # The hook sees every test of the session, not only this directory's.
