@@ -468,15 +468,11 @@ def _load_or_plan(
     source, decoding = settings.source, settings.decoding
     store = PlanStore(places)
     plan = store.load(state.last_batch + 1)
-    # Before anything is read or written: the tables are those the ledger's batches went
-    # to (none deleted, dropped or replaced by hand), and the ledger is theirs. A recorded
-    # rebuild's plan makes its tables afresh.
-    held = check_tables(places, state, rebuilding=() if plan is None else plan.rebuild)
-    if plan is None and held > state.last_batch:
-        # A table committed the batch, but its saved plan is gone (the state folder was
-        # removed by hand): the commit recorded what the batch read, and is the plan.
-        plan = recovered_plan(places, settings, state)
     if plan is not None:
+        # Before anything is read or written: the tables are those the ledger's batches
+        # went to (none deleted, dropped or replaced by hand), and the ledger is theirs. A
+        # recorded rebuild's plan makes its tables afresh.
+        check_tables(places, state, rebuilding=plan.rebuild)
         return plan, True, []
     states = partition_states(source, state.committed)
     plan = new_plan(
@@ -484,6 +480,14 @@ def _load_or_plan(
     )
     if plan is None:
         return None, False, states
+    # Before the plan is saved, so nothing is read into or written beside a table that is
+    # not the ledger's; an idle run, which writes nothing, skips it (`strata status` tells).
+    if check_tables(places, state) > state.last_batch:
+        # A table committed the batch, but its saved plan is gone (the state folder was
+        # removed by hand): the commit recorded what the batch read, and is the plan.
+        recovered = recovered_plan(places, settings, state)
+        if recovered is not None:
+            return recovered, True, states
     # Before the plan is saved, so nothing of a re-created topic or an incompatible
     # schema is ever read; an idle run skips both.
     plan = replace(

@@ -14,10 +14,12 @@ the table (`strata.store.ledger.Vouched`):
 - plain Parquet: a marker file Strata writes at the table's root when its first batch
   is written (`_strata_table.json`; readers skip names that begin with `_`).
 
-Every run, every ledger edit and `strata status` compare the tables with what the
-ledger holds (`table_problems`): a table gone, replaced by another, older than the
-batches it was vouched for, or not the pipeline's at all stops the run before anything
-is read or written, naming the table, what the ledger holds and the ways out. The
+Every run with something to read, every ledger edit, backfill and replay, and `strata
+status` compare the tables with what the ledger holds (`table_problems`); a run with
+nothing new writes nothing, and opens no table. A table gone, replaced by another,
+older than the batches it was vouched for, or not the pipeline's at all stops the run
+before anything is read or written, naming the table, what the ledger holds and the
+ways out. The
 tables vouch for the ledger in turn: a table holding batches the ledger has no record
 of means the ledger is gone or older than the tables.
 
