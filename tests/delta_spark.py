@@ -20,10 +20,11 @@ import multiprocessing
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import pyarrow as pa
+
+from strata.local.service import Supervised
 
 
 class DeltaSparkError(Exception):
@@ -68,7 +69,7 @@ def _serve(conn: Connection, directory: str) -> None:
     conn.send(("ok", None))
 
 
-class DeltaSpark:
+class DeltaSpark(Supervised):
     """A session with delta-spark in a child process; a context manager.
 
     Attributes:
@@ -151,14 +152,3 @@ class DeltaSpark:
             if child.is_alive():
                 child.kill()
                 child.join()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from strata.errors import StrataError
-from strata.local.jvm_cache import is_complete, jvm_cache
+from strata.local.jvm_cache import fetched, jvm_cache
 
 # The version jvm/delta-spark/pom.xml pins (`delta.version`); a unit test holds them equal.
 DELTA_VERSION = "4.3.1"
@@ -40,12 +40,8 @@ def delta_spark_jars() -> list[Path]:
     Raises:
         DeltaSparkMissing: If the cache is missing or was never completed.
     """
-    home = delta_spark_home()
-    if not is_complete(home):
-        raise DeltaSparkMissing(
-            f"the delta-spark {DELTA_VERSION} jars are not in {home}: run `make setup` (or "
-            "`make delta-spark`), which fetches them once with Maven and checks them"
-        )
+    what = f"the delta-spark {DELTA_VERSION} jars"
+    home = fetched(delta_spark_home().name, what, "delta-spark", DeltaSparkMissing)
     return [home / name for name in JARS]
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from strata.errors import StrataError
+
 # Written by the Makefile into a part's directory after everything in it was checked.
 COMPLETE = ".complete"
 
@@ -23,6 +25,23 @@ def jvm_cache(entry: str) -> Path:
     return Path(cache) / "strata" / "jvm" / entry
 
 
-def is_complete(home: Path) -> bool:
-    """Whether `make setup` finished filling `home` (its stamp is there)."""
-    return (home / COMPLETE).is_file()
+def fetched(entry: str, what: str, target: str, missing: type[StrataError]) -> Path:
+    """A part's directory, once `make setup` has filled it whole (its stamp is there).
+
+    Args:
+        entry: The directory's name in the cache (`jvm_cache`).
+        what: What it holds, for the error: "the Trino server 476".
+        target: The Makefile target that fetches it alone.
+        missing: The error to raise.
+
+    Raises:
+        StrataError: `missing`, naming the directory and `make setup`, if the part is
+            missing or its fetch never completed.
+    """
+    home = jvm_cache(entry)
+    if not (home / COMPLETE).is_file():
+        raise missing(
+            f"{what} is not in {home}: run `make setup` (or `make {target}`), which "
+            "fetches it once with Maven and checks it"
+        )
+    return home

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.errors import JavaMissing, StrataError
-from strata.local.jvm_cache import is_complete, jvm_cache
+from strata.local.jvm_cache import fetched, jvm_cache
 from strata.local.service import LocalService
 
 # The version jvm/trino/pom.xml pins (`trino.version`); a unit test holds them equal.
@@ -140,13 +140,7 @@ def trino_server() -> Path:
     Raises:
         TrinoMissing: If the cache is missing or was never completed.
     """
-    home = trino_home()
-    if not is_complete(home):
-        raise TrinoMissing(
-            f"the Trino server {TRINO_VERSION} is not in {home}: run `make setup` (or "
-            "`make trino`), which fetches it once with Maven and checks it"
-        )
-    return home
+    return fetched(trino_home().name, f"the Trino server {TRINO_VERSION}", "trino", TrinoMissing)
 
 
 def java_feature(java: Path) -> int | None:
