@@ -12,7 +12,7 @@ RUNTIME_LOCK := requirements/runtime.lock
 EXECUTOR_LOCK := requirements/executor.lock
 CHECK_PYTHON := @$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "Strata needs Python 3.11; set PYTHON=/path/to/python3.11")'
 
-.PHONY: help setup check-java kafka chromium demo up down test test-scheduler test-unit lint format docs reference bench profile dist lock clean report-screenshot docs-screenshot
+.PHONY: help setup check-java kafka trino delta-spark chromium demo up down test test-scheduler test-unit lint format docs reference bench profile dist lock clean report-screenshot docs-screenshot
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
@@ -25,7 +25,7 @@ $(STAMP): setup.cfg pyproject.toml $(DEV_LOCK)
 	$(BIN)/pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
-setup: $(STAMP) check-java kafka ## Create .venv, install every pinned dependency, fetch Apache Kafka, build the JVM class archive
+setup: $(STAMP) check-java kafka trino delta-spark ## Create .venv, install every pinned dependency, fetch Apache Kafka, Trino and delta-spark, build the JVM class archive
 	@$(BIN)/python -m strata.spark.jvm
 
 check-java: ## Fail clearly unless Java 17 or newer is on PATH (Spark needs it)
@@ -33,29 +33,81 @@ check-java: ## Fail clearly unless Java 17 or newer is on PATH (Spark needs it)
 	@v=$$(java -version 2>&1 | awk -F'"' '/version/ {print $$2}' | cut -d. -f1); \
 	  if [ "$${v:-0}" -lt 17 ]; then echo "error: java $$v found; Spark needs Java 17+: install openjdk-17-jre-headless or point JAVA_HOME at a JDK 17." >&2; exit 1; fi
 
+# What the local stack runs on the JVM, fetched from Maven Central through the pinned
+# build files in jvm/ into the user's cache (outside the clone, so a clean clone keeps
+# it), checked, and only then stamped complete (.complete, written last). Nothing
+# fetches at run time. docs/development.md says what each holds.
+JVM_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/strata/jvm
+MVN := mvn -B -q --strict-checksums -Dstyle.color=never
+NEED_MVN = command -v mvn >/dev/null 2>&1 || { echo "error: mvn not found. make setup fetches $(1) with Maven: install maven (Debian/Ubuntu) or put mvn on PATH." >&2; exit 1; }
+
+# $(call fetch_jars,WHAT,POM,SUMS,HOME,MANIFEST): copy the jars POM resolves into HOME,
+# each checked against SUMS; quiet when HOME's stamp is SUMS. With MANIFEST=write, SUMS
+# is first rewritten from what Maven resolved (after a version change in the POM).
+define fetch_jars
+	@set -euo pipefail; export LC_ALL=C; home="$(4)"; \
+	if [ "$(5)" = check ] && cmp -s "$$home/.complete" $(3); then exit 0; fi; \
+	$(call NEED_MVN,$(1)); \
+	mkdir -p "$$(dirname "$$home")"; tmp=$$(mktemp -d "$$home.partial.XXXXXX"); trap 'rm -rf "$$tmp"' EXIT; \
+	echo "fetching $(1) ($(2)) into $$home"; \
+	$(MVN) -f $(2) dependency:copy-dependencies \
+	  -Djars.dir="$$tmp/jars" >"$$tmp/mvn.log" 2>&1 || { cat "$$tmp/mvn.log" >&2; echo "error: Maven could not resolve $(2) (its output is above)" >&2; exit 1; }; \
+	if [ "$(5)" = write ]; then (cd "$$tmp/jars" && sha256sum *.jar) > $(3); echo "wrote $(3)"; fi; \
+	if ! diff <(cd "$$tmp/jars" && ls *.jar) <(awk '{print $$2}' $(3) | sort) >&2; then \
+	  echo "error: the jars Maven resolved (<) differ from those $(3) lists (>)" >&2; exit 1; fi; \
+	(cd "$$tmp/jars" && sha256sum --check --quiet --strict) < $(3) >&2 || { echo "error: a jar's SHA-256 differs from $(3); nothing was installed" >&2; exit 1; }; \
+	rm -rf "$$home"; mv -T "$$tmp/jars" "$$home"; cp $(3) "$$home/.complete"
+endef
+
 # Apache Kafka for the local stack (strata.local.kafka): the jars jvm/kafka/pom.xml pins,
-# copied into the user's cache (outside the clone, so a clean clone keeps it), each
-# checked against jvm/kafka/jars.sha256, and only then stamped complete (.complete, the
-# checksums it passed). Nothing fetches at run time. After a version change in the POM,
+# each checked against jvm/kafka/jars.sha256. After a version change in the POM,
 # `make kafka KAFKA_MANIFEST=write` rewrites the checksums from what Maven resolved.
 KAFKA_POM := jvm/kafka/pom.xml
 KAFKA_SUMS := jvm/kafka/jars.sha256
 KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' $(KAFKA_POM))
-KAFKA_HOME := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/strata/jvm/kafka-$(KAFKA_VERSION)
+KAFKA_HOME := $(JVM_CACHE)/kafka-$(KAFKA_VERSION)
 KAFKA_MANIFEST ?= check
 kafka: check-java ## Fetch Apache Kafka's jars (jvm/kafka/pom.xml) once into the user's cache, checked; quiet when there
-	@set -euo pipefail; export LC_ALL=C; home="$(KAFKA_HOME)"; \
-	if [ "$(KAFKA_MANIFEST)" = check ] && cmp -s "$$home/.complete" $(KAFKA_SUMS); then exit 0; fi; \
-	command -v mvn >/dev/null 2>&1 || { echo "error: mvn not found. make setup fetches Apache Kafka $(KAFKA_VERSION) with Maven: install maven (Debian/Ubuntu) or put mvn on PATH." >&2; exit 1; }; \
+	$(call fetch_jars,Apache Kafka $(KAFKA_VERSION),$(KAFKA_POM),$(KAFKA_SUMS),$(KAFKA_HOME),$(KAFKA_MANIFEST))
+
+# delta-spark for Spark sessions that read Strata's Delta tables (the tests' reference
+# reader): the two jars jvm/delta-spark/pom.xml pins, checked against its jars.sha256.
+DELTA_POM := jvm/delta-spark/pom.xml
+DELTA_SUMS := jvm/delta-spark/jars.sha256
+DELTA_VERSION := $(shell sed -n 's:.*<delta.version>\(.*\)</delta.version>.*:\1:p' $(DELTA_POM))
+DELTA_HOME := $(JVM_CACHE)/delta-spark-$(DELTA_VERSION)
+DELTA_MANIFEST ?= check
+delta-spark: check-java ## Fetch the delta-spark jars (jvm/delta-spark/pom.xml) once into the user's cache, checked; quiet when there
+	$(call fetch_jars,delta-spark $(DELTA_VERSION),$(DELTA_POM),$(DELTA_SUMS),$(DELTA_HOME),$(DELTA_MANIFEST))
+
+# Trino for the local stack (strata.local.trino): the server tarball jvm/trino/pom.xml
+# pins, copied by Maven with its published checksum checked, through a throw-away
+# Maven repository (~/.m2 keeps no second copy of the 821 MB), checked against
+# jvm/trino/server.sha256, and unpacked with only the plugins the local catalogs use
+# (TRINO_PLUGINS; the stamp records them, so changing them unpacks again).
+# `make trino TRINO_MANIFEST=write` rewrites the checksum after a version change.
+TRINO_POM := jvm/trino/pom.xml
+TRINO_SUM := jvm/trino/server.sha256
+TRINO_VERSION := $(shell sed -n 's:.*<trino.version>\(.*\)</trino.version>.*:\1:p' $(TRINO_POM))
+TRINO_HOME := $(JVM_CACHE)/trino-server-$(TRINO_VERSION)
+TRINO_PLUGINS := delta-lake hive iceberg
+TRINO_MANIFEST ?= check
+trino: check-java ## Fetch the Trino server (jvm/trino/pom.xml, 821 MB) once into the user's cache, checked, with only the plugins used
+	@set -euo pipefail; export LC_ALL=C; home="$(TRINO_HOME)"; \
+	stamp="$$(cat $(TRINO_SUM); echo "plugins: $(TRINO_PLUGINS)")"; \
+	if [ "$(TRINO_MANIFEST)" = check ] && [ "$$(cat "$$home/.complete" 2>/dev/null)" = "$$stamp" ]; then exit 0; fi; \
+	$(call NEED_MVN,Trino $(TRINO_VERSION)); \
 	mkdir -p "$$(dirname "$$home")"; tmp=$$(mktemp -d "$$home.partial.XXXXXX"); trap 'rm -rf "$$tmp"' EXIT; \
-	echo "fetching Apache Kafka $(KAFKA_VERSION) ($(KAFKA_POM)) into $$home"; \
-	mvn -B -q --strict-checksums -Dstyle.color=never -f $(KAFKA_POM) dependency:copy-dependencies \
-	  -Djars.dir="$$tmp/jars" >"$$tmp/mvn.log" 2>&1 || { cat "$$tmp/mvn.log" >&2; echo "error: Maven could not resolve $(KAFKA_POM) (its output is above)" >&2; exit 1; }; \
-	if [ "$(KAFKA_MANIFEST)" = write ]; then (cd "$$tmp/jars" && sha256sum *.jar) > $(KAFKA_SUMS); echo "wrote $(KAFKA_SUMS)"; fi; \
-	if ! diff <(cd "$$tmp/jars" && ls *.jar) <(awk '{print $$2}' $(KAFKA_SUMS) | sort) >&2; then \
-	  echo "error: the jars Maven resolved (<) differ from those $(KAFKA_SUMS) lists (>)" >&2; exit 1; fi; \
-	(cd "$$tmp/jars" && sha256sum --check --quiet --strict) < $(KAFKA_SUMS) >&2 || { echo "error: a jar's SHA-256 differs from $(KAFKA_SUMS); nothing was installed" >&2; exit 1; }; \
-	rm -rf "$$home"; mv -T "$$tmp/jars" "$$home"; cp $(KAFKA_SUMS) "$$home/.complete"
+	echo "fetching Trino $(TRINO_VERSION) ($(TRINO_POM), 821 MB) into $$home"; \
+	$(MVN) -f $(TRINO_POM) dependency:copy -Dserver.dir="$$tmp/download" \
+	  -Dmaven.repo.local="$$tmp/repository" >"$$tmp/mvn.log" 2>&1 || { cat "$$tmp/mvn.log" >&2; echo "error: Maven could not fetch $(TRINO_POM) (its output is above)" >&2; exit 1; }; \
+	if [ "$(TRINO_MANIFEST)" = write ]; then (cd "$$tmp/download" && sha256sum *.tar.gz) > $(TRINO_SUM); echo "wrote $(TRINO_SUM)"; fi; \
+	(cd "$$tmp/download" && sha256sum --check --quiet --strict) < $(TRINO_SUM) >&2 || { echo "error: the tarball's SHA-256 differs from $(TRINO_SUM); nothing was installed" >&2; exit 1; }; \
+	mkdir "$$tmp/server"; tar -xzf "$$tmp/download/$$(awk '{print $$2}' $(TRINO_SUM))" -C "$$tmp/server" --strip-components=1; \
+	for plugin in "$$tmp/server/plugin"/*; do \
+	  case " $(TRINO_PLUGINS) " in *" $${plugin##*/} "*) ;; *) rm -rf "$$plugin";; esac; done; \
+	for plugin in $(TRINO_PLUGINS); do [ -d "$$tmp/server/plugin/$$plugin" ] || { echo "error: the tarball has no plugin/$$plugin" >&2; exit 1; }; done; \
+	rm -rf "$$home"; mv -T "$$tmp/server" "$$home"; printf '%s\n' "$$stamp" > "$$home/.complete"
 
 chromium: ## Install Debian's chromium (headless) for the report tests, unless present
 	@command -v chromium >/dev/null 2>&1 || { \

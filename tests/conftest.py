@@ -412,3 +412,28 @@ def kafka(tmp_path_factory):
 
     with LocalKafka(tmp_path_factory.mktemp("kafka")) as service:
         yield service
+
+
+@pytest.fixture(scope="session")
+def trino(tmp_path_factory, metastore, s3_endpoint):
+    """Trino (one coordinator on loopback, from the server `make setup` fetched) on the
+    session's metastore: catalogs `delta`, `hive` and `iceberg`, reading local files and
+    the session's S3 endpoint (credentials as `s3_client`'s), so one server serves the
+    tests of both. Started once: it takes 20 to 60 s on two cores."""
+    from strata.local.trino import LocalTrino, ObjectStore
+
+    store = ObjectStore(s3_endpoint, "test", "test", "us-east-1")
+    with LocalTrino(tmp_path_factory.mktemp("trino"), metastore.uri, store=store) as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def delta_spark(tmp_path_factory):
+    """delta-spark 4.3.1 (the jars `make setup` fetched) in a Spark session of its own,
+    in a child process (`tests.delta_spark`: the shared `spark` session cannot take it):
+    `sql(statement)` answers an Arrow table, `call(fn, *args)` runs `fn(session, *args)`
+    there."""
+    from tests.delta_spark import DeltaSpark
+
+    with DeltaSpark(tmp_path_factory.mktemp("delta-spark")) as session:
+        yield session

@@ -1,10 +1,10 @@
 """The `strata-local` command: the local stack a developer starts by hand.
 
 `strata-local up|down|status|events` runs the playground: a broker, a metastore and,
-if asked, a Schema Registry and an Airflow that stay up between commands, with `strata` pointed at
-them (`strata.local.playground`). `strata-local metastore up|status|down` runs the Hive
-Metastore thrift service from the pyspark jars in the background; `strata-local demo`
-is `make demo`. Output and exit codes follow the `strata` command's.
+if asked, a Schema Registry, a Trino and an Airflow that stay up between commands, with
+`strata` pointed at them (`strata.local.playground`). `strata-local metastore
+up|status|down` runs the Hive Metastore thrift service from the pyspark jars in the
+background; `strata-local demo` is `make demo`. Output and exit codes follow the `strata` command's.
 """
 
 from __future__ import annotations
@@ -52,20 +52,30 @@ def _playground_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "up",
         help="start the playground in the background: broker, metastore, seeded `clicks`",
         description="Start a broker (Tansu) and a Hive Metastore (with --registry the "
-        "local Schema Registry, with --airflow an Airflow scheduling the project's "
-        "airflow_dags/) in the background on loopback ports, create the topic `clicks` and "
-        "seed it with click events if it is new, and write conf/local/playground.yaml so "
-        "that `strata` uses them. Services already up are left alone; ones that stopped "
-        "are started again.",
+        "local Schema Registry, with --trino a Trino on the metastore, with --airflow an "
+        "Airflow scheduling the project's airflow_dags/) in the background on loopback "
+        "ports, create the topic `clicks` and seed it with click events if it is new, "
+        "and write conf/local/playground.yaml so that `strata` uses them. Services "
+        "already up are left alone; ones that stopped are started again.",
     )
     up.add_argument("--registry", action="store_true", help="start the Schema Registry too")
+    up.add_argument(
+        "--trino",
+        action="store_true",
+        help="start Trino too (catalogs delta, hive and iceberg on the metastore; about a "
+        "minute), and point `strata sql query` at it (trino.url)",
+    )
     up.add_argument(
         "--airflow",
         action="store_true",
         help="start Airflow too (API server and UI, scheduler, DAG processor, triggerer), "
         "scheduling airflow_dags/ with the settings of --conf-dir",
     )
-    labels = {"schema_registry": "schema registry", "airflow": "Airflow UI and API"}
+    labels = {
+        "schema_registry": "schema registry",
+        "trino": "Trino server",
+        "airflow": "Airflow UI and API",
+    }
     for name, port in playground.DEFAULT_PORTS.items():
         flag = "--registry-port" if name == "schema_registry" else f"--{name}-port"
         up.add_argument(
@@ -159,7 +169,7 @@ def _playground(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     ground = playground.Playground(Path(args.dir), Path(getattr(args, "conf_dir", "conf")))
     if args.command == "up":
         ports = {n: getattr(args, f"{n}_port") for n in playground.DEFAULT_PORTS}
-        return playground.up(ground, ports, args.registry, args.airflow)
+        return playground.up(ground, ports, args.registry, args.airflow, args.trino)
     if args.command == "down":
         return playground.down(ground, args.purge)
     if args.command == "status":

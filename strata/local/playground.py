@@ -1,18 +1,20 @@
 """The playground: a local stack that stays up between commands (`strata-local up`).
 
 `up` starts a broker (Tansu), a Hive Metastore and, if asked, the local Schema
-Registry and an Airflow (`strata.local.airflow`: its API server, scheduler, DAG
-processor and triggerer), detached from the command, on loopback ports; creates the
-topic `clicks` and seeds it with click events; and writes `conf/local/playground.yaml`,
-which points every `strata` command (and so every Airflow task) at them. `down` stops
+Registry, a Trino on the metastore (`strata.local.trino`) and an Airflow
+(`strata.local.airflow`: its API server, scheduler, DAG processor and triggerer),
+detached from the command, on loopback ports; creates the topic `clicks` and seeds it
+with click events; and writes `conf/local/playground.yaml`, which points every `strata`
+command (and so every Airflow task, and `strata sql query`) at them. `down` stops
 them and removes that file; `status` says what runs where; `events` produces more
 click events to land.
 
 Everything lives in one directory (`.strata/playground` by default): the state file
 recording each service's pid, port and command line, their logs, the metastore's
-Derby database, the warehouse and Airflow's home. The wheel's Tansu keeps its log in
-memory (its SQLite and file engines are not built in), so the topic's messages last
-while the broker runs; the tables, the ledger and the metastore outlast `down`.
+Derby database, the warehouse, Trino's configuration and Airflow's home. The wheel's
+Tansu keeps its log in memory (its SQLite and file engines are not built in), so the
+topic's messages last while the broker runs; the tables, the ledger and the metastore
+outlast `down`.
 
 A pid is only ever signalled while its command line is the one recorded at start, so
 a pid the system gave to another process since is never killed; nor is one of the
@@ -49,15 +51,24 @@ CONF_FILE = "playground.yaml"
 TOPIC = "clicks"
 PARTITIONS = 4
 LOOPBACK = "127.0.0.1"
-# The ports the project's defaults and Kafka's, Hive's, Confluent's and Airflow's tools expect.
-DEFAULT_PORTS = {"broker": 9092, "metastore": 9083, "schema_registry": 8081, "airflow": 8080}
+# The ports the project's defaults and Kafka's, Hive's, Confluent's and Airflow's tools
+# expect; Trino's own default, 8080, is Airflow's too, so it takes the next free hundred's.
+DEFAULT_PORTS = {
+    "broker": 9092,
+    "metastore": 9083,
+    "schema_registry": 8081,
+    "trino": 8090,
+    "airflow": 8080,
+}
 # Airflow's components, as the state file names them; only the API server has a port.
 AIRFLOW = {component: "airflow_" + component.replace("-", "_") for component in COMPONENTS}
 # The services that start one by one, as against Airflow's components that start as one.
-_ALONE = ("broker", "metastore", "schema_registry")
+# Trino after the metastore, whose address it is configured with.
+_ALONE = ("broker", "metastore", "schema_registry", "trino")
 SERVICES = (*_ALONE, *AIRFLOW.values())
 _LABELS = {
     "schema_registry": "schema registry",
+    "trino": "Trino server",
     "airflow": "Airflow API server",
     "airflow_api_server": "Airflow API server",
     "airflow_scheduler": "Airflow scheduler",
@@ -150,6 +161,11 @@ class Playground:
         return self.directory / "logs"
 
     @property
+    def trino_dir(self) -> Path:
+        """Trino's configuration (`etc/`), data directory and log (`server.log`)."""
+        return self.directory / "trino"
+
+    @property
     def airflow_home(self) -> Path:
         """Airflow's `AIRFLOW_HOME`: its SQLite database, the components' and tasks' logs."""
         return self.directory / "airflow"
@@ -208,8 +224,15 @@ def _check_free(name: str, port: int) -> None:
         )
 
 
-def _start(ground: Playground, name: str, port: int) -> Service:
-    """Start one service detached; its record for the state file."""
+def _start(ground: Playground, name: str, port: int, services: dict[str, Service]) -> Service:
+    """Start one service detached; its record for the state file.
+
+    Args:
+        ground: The playground's directory.
+        name: The service (`_ALONE`).
+        port: Its port; 0 takes a free one.
+        services: Those started before it: Trino reads the metastore's address there.
+    """
     service: LocalService
     if name == "broker":
         from strata.local.broker import LocalBroker
@@ -221,16 +244,23 @@ def _start(ground: Playground, name: str, port: int) -> Service:
 
         service = LocalMetastore(ground.metastore_dir, port or None)
         address = service.uri
+    elif name == "trino":
+        from strata.local.trino import LocalTrino
+
+        service = LocalTrino(ground.trino_dir, services["metastore"].address, port or None)
+        address = service.url
     else:
         from strata.local.schema_registry import LocalSchemaRegistry
 
         service = LocalSchemaRegistry(port or None)
         address = service.url
-    if name != "metastore":
-        # Beside the data, not in the temporary directory their tests use.
+    if name not in ("metastore", "trino"):
+        # Beside the data, not in the temporary directory their tests use; the metastore
+        # and Trino keep theirs in their own directories.
         service.log_path = ground.logs / f"{name}.log"
     service.detached = True
-    log.info("starting the %s on %s:%s", _label(name), LOOPBACK, service.port)
+    slow = " (it takes a minute to load its catalogs)" if name == "trino" else ""
+    log.info("starting the %s on %s:%s%s", _label(name), LOOPBACK, service.port, slow)
     try:
         service.start()
     except RuntimeError as exc:
@@ -253,6 +283,7 @@ def up(
     ports: dict[str, int | None],
     registry: bool = False,
     airflow: bool = False,
+    trino: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """Start what is not running yet, seed `clicks` if it is new, and write the settings.
 
@@ -266,6 +297,7 @@ def up(
             its default.
         registry: Start the local Schema Registry too.
         airflow: Start Airflow too, scheduling the project's DAGs over `ground.conf_dir`.
+        trino: Start Trino too, on the metastore, and point `trino.url` at it.
 
     Returns:
         The text for people and the JSON-ready body.
@@ -280,17 +312,25 @@ def up(
     if written is not None and written != ground.conf_file.resolve():
         # Pointed at another conf/ this time: the old settings would point at nothing.
         written.unlink(missing_ok=True)
-    wanted = [n for n in _ALONE if n != "schema_registry" or registry or n in services]
+    # The optional services run when asked for or recorded (started by an earlier `up`).
+    asked = {"schema_registry": registry, "trino": trino}
+    wanted = [n for n in _ALONE if asked.get(n, True) or n in services]
     lines: list[str] = []
     to_start: dict[str, int] = {}
     for name in wanted:
         old = services.pop(name, None)
-        if old is not None and old.alive():
+        # Trino is configured with the metastore's address: a metastore started again
+        # (where it was, or on a port asked for) means Trino starting again on it.
+        again = name == "trino" and "metastore" in to_start
+        if old is not None and old.alive() and not again:
             services[name] = old
             continue
-        if old is not None:
+        if old is not None and again:
+            lines.append(f"the metastore starts again, so the {_label(name)} does too")
+        elif old is not None:
             lines.append(f"{_label(name)} (pid {old.pid}) had stopped; starting it again")
-            # Not listening but still that process: a hung one.
+        if old is not None:
+            # Not listening but still that process: a hung one (or Trino, as above).
             stop_recorded([(old.pid, old.command)])
         # Where it listened before, so the settings stay the same, unless asked otherwise.
         port = ports.get(name)
@@ -299,7 +339,7 @@ def up(
     airflow_port = _airflow_to_start(ground, services, ports.get("airflow"), airflow, lines)
     started: list[str] = []
     for name, port in to_start.items():
-        services[name] = _start(ground, name, port)
+        services[name] = _start(ground, name, port, services)
         started.append(name)
         # Recorded as each starts, so `down` stops what did start if a later one fails.
         ground.record(services, ground.conf_file.resolve())
@@ -327,6 +367,8 @@ def up(
     lines += _where(ground)
     lines += _shadowing_variables()
     lines += ["", "next:", *_tour(ground)]
+    if "trino" in services:
+        lines += _trino_next(services["trino"].address, ground)
     ui = _airflow_url(services)
     if ui is not None:
         lines += _airflow_next(ui, ground.airflow_home.resolve())
@@ -338,8 +380,25 @@ def up(
         "conf_file": str(ground.conf_file.resolve()),
         "warehouse": str(ground.warehouse.resolve()),
         "airflow": ui,
+        "trino": _trino_url(services),
     }
     return "\n".join(lines), body
+
+
+def _trino_url(services: dict[str, Service]) -> str | None:
+    trino = services.get("trino")
+    return None if trino is None else trino.address
+
+
+def _trino_next(url: str, ground: Playground) -> list[str]:
+    conf = "" if ground.conf_dir == Path("conf") else f" --conf-dir {ground.conf_dir}"
+    return [
+        "",
+        f"Trino: {url} (catalogs delta, hive and iceberg on the metastore; its UI at {url}/ui/, "
+        f"any user name, no password; its log: {ground.trino_dir.resolve() / 'server.log'}). "
+        f"`strata sql query` runs there now (trino.url in {ground.conf_file}); "
+        f"`strata sql query --pipeline clicks{conf} --embedded ...` runs without it.",
+    ]
 
 
 def _airflow_to_start(
@@ -439,8 +498,8 @@ def down(ground: Playground, purge: bool = False) -> tuple[str, dict[str, Any]]:
 
     Args:
         ground: The playground's directory.
-        purge: Delete the warehouse, the metastore's database, Airflow's home and the
-            logs as well.
+        purge: Delete the warehouse, the metastore's database, Trino's directory,
+            Airflow's home and the logs as well.
 
     Returns:
         The text for people and the JSON-ready body.
@@ -464,7 +523,14 @@ def down(ground: Playground, purge: bool = False) -> tuple[str, dict[str, Any]]:
         lines.append(f"the playground was not up ({ground.state_file} records nothing)")
     purged = []
     if purge:
-        for part in (ground.warehouse, ground.metastore_dir, ground.airflow_home, ground.logs):
+        parts = (
+            ground.warehouse,
+            ground.metastore_dir,
+            ground.trino_dir,
+            ground.airflow_home,
+            ground.logs,
+        )
+        for part in parts:
             if part.exists():
                 shutil.rmtree(part)
                 purged.append(str(part))
@@ -503,6 +569,9 @@ def status(ground: Playground) -> tuple[str, dict[str, Any]]:
         )
     lines.append(f"settings: {conf_file}")
     lines.append(f"data: {ground.directory}")
+    trino = _trino_url(services)
+    if trino is not None:
+        lines.append(f"Trino: {trino}")
     ui = _airflow_url(services)
     if ui is not None:
         lines.append(f"Airflow's UI: {ui}")
@@ -512,6 +581,7 @@ def status(ground: Playground) -> tuple[str, dict[str, Any]]:
         "conf_file": None if conf_file is None else str(conf_file),
         "warehouse": str(ground.warehouse.resolve()),
         "airflow": ui,
+        "trino": trino,
     }
     return "\n".join(lines), body
 
@@ -607,6 +677,9 @@ def _write_settings(ground: Playground, services: dict[str, Service]) -> None:
     }
     if "schema_registry" in services:
         settings["schema_registry"] = {"url": services["schema_registry"].address}
+    if "trino" in services:
+        # `strata sql query` then runs in Trino; `--embedded` still runs without it.
+        settings["trino"] = {"url": services["trino"].address}
     ground.conf_file.parent.mkdir(parents=True, exist_ok=True)
     header = (
         "# Written by `strata-local up` and removed by `strata-local down`: it points every\n"
