@@ -21,6 +21,8 @@ SERVICES = {
     "s3_endpoint",
     "make_pipeline",
     "airflow_db",
+    "trino",
+    "delta_spark",
 }
 
 
