@@ -186,10 +186,12 @@ SQL_TYPES = [
 ]
 
 
-@pytest.mark.parametrize(("arrow", "hive", "trino"), SQL_TYPES, ids=[str(t[0]) for t in SQL_TYPES])
-def test_metastore_and_trino_types_of_every_decoded_column(arrow, hive, trino):
+@pytest.mark.parametrize(
+    ("arrow", "hive", "in_trino"), SQL_TYPES, ids=[str(t[0]) for t in SQL_TYPES]
+)
+def test_metastore_and_trino_types_of_every_decoded_column(arrow, hive, in_trino):
     assert hive_type(arrow) == hive
-    assert trino_type(arrow) == trino
+    assert trino_type(arrow) == in_trino
 
 
 def test_a_decimal_above_38_digits_has_no_hive_or_trino_type():
