@@ -1,9 +1,8 @@
-"""Shared fixtures: a real local broker, one Spark session, and pipelines in tmp dirs."""
+"""Shared fixtures: Apache Kafka, one Spark session, and pipelines in tmp dirs."""
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import shutil
@@ -27,8 +26,8 @@ from deltalake import DeltaTable
 from pyiceberg.catalog.hive import HiveCatalog
 
 from strata.config import PipelineConfig, load_pipeline
-from strata.local.broker import LocalBroker
-from strata.local.events import HOUR_MS, click_events, produce
+from strata.local.events import click_events, produce
+from strata.local.kafka import LocalKafka
 from strata.local.service import free_port
 from strata.spark.jvm import driver_options, require_java
 from strata.spark.session import local_session, session_defaults
@@ -60,9 +59,21 @@ def _no_project_variables(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[LocalBroker]:
-    with LocalBroker() as b:
-        yield b
+def kafka(tmp_path_factory) -> Iterator[LocalKafka]:
+    """Apache Kafka itself (one KRaft node on loopback), from the jars `make setup` fetched.
+
+    One broker serves the whole session; each test makes topics of its own on it.
+    """
+    with LocalKafka(tmp_path_factory.mktemp("kafka")) as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
+def broker(kafka: LocalKafka) -> LocalKafka:
+    """The broker every test's pipelines read (`make_pipeline` creates its topics there):
+    the session's Apache Kafka. Its high watermark is the log end, so what a test produces
+    is exactly what a batch reads."""
+    return kafka
 
 
 @pytest.fixture(scope="session")
@@ -188,7 +199,7 @@ def iceberg_table(cfg: PipelineConfig, which: str):
 
 @dataclass
 class Pipeline:
-    """A pipeline configured in a temporary conf dir, against the test broker."""
+    """A pipeline configured in a temporary conf dir, against the session's Kafka."""
 
     name: str
     topic: str
@@ -283,7 +294,7 @@ class Pipeline:
 
 
 @pytest.fixture
-def make_pipeline(tmp_path: Path, broker: LocalBroker):
+def make_pipeline(tmp_path: Path, broker: LocalKafka):
     """Create a topic and a pipeline reading it; returns a factory taking config overrides."""
 
     def factory(
@@ -321,7 +332,7 @@ def make_pipeline(tmp_path: Path, broker: LocalBroker):
 
 
 def produce_clicks(
-    broker: LocalBroker,
+    broker: LocalKafka,
     topic: str,
     partitions: int,
     count: int,
@@ -331,7 +342,7 @@ def produce_clicks(
     seed: int = 7,
     **specials: int,
 ) -> dict[int, int]:
-    """Produce click events and seal each partition; returns messages per partition."""
+    """Produce click events round-robin over the partitions; returns messages per partition."""
     kinds = produce(
         broker.bootstrap,
         topic,
@@ -339,21 +350,7 @@ def produce_clicks(
         click_events(count, start_ms, hours, seed=seed, **specials),
     )
     total = sum(kinds.values())
-    per = {p: len(range(p, total, partitions)) for p in range(partitions)}
-    seal = {
-        "event_id": "seal",
-        "user_id": 0,
-        "page": "/",
-        "device": "desktop",
-        "ts": start_ms + hours * HOUR_MS - 1,
-    }
-    broker.seal(
-        topic,
-        list(range(partitions)),
-        json.dumps(seal).encode(),
-        timestamp_ms=start_ms + hours * HOUR_MS,
-    )
-    return {p: n + 1 for p, n in per.items()}
+    return {p: len(range(p, total, partitions)) for p in range(partitions)}
 
 
 def expected_offsets(
@@ -397,20 +394,6 @@ def schema_registry():
     from strata.local.schema_registry import LocalSchemaRegistry
 
     with LocalSchemaRegistry(username=REGISTRY_USER, password=REGISTRY_PASSWORD) as service:
-        yield service
-
-
-@pytest.fixture(scope="session")
-def kafka(tmp_path_factory):
-    """Apache Kafka itself (one KRaft node on loopback), from the jars `make setup` fetched.
-
-    Its high watermark is the log end, so nothing is sealed on it. A test module or
-    directory whose pipelines should run against it overrides `broker` with it
-    (`make_pipeline` then creates its topics here).
-    """
-    from strata.local.kafka import LocalKafka
-
-    with LocalKafka(tmp_path_factory.mktemp("kafka")) as service:
         yield service
 
 

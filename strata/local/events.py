@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer
 
 if TYPE_CHECKING:
     pass
@@ -124,7 +124,18 @@ def produce(
 
     Returns:
         How many messages of each kind were produced.
+
+    Raises:
+        RuntimeError: If the broker refused any message (Kafka refuses a timestamp more
+            than `message.timestamp.after.max.ms`, an hour by default, in the future):
+            a caller counting what it produced must not count those.
     """
+    refused: list[str] = []
+
+    def delivered(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            refused.append(err.str())
+
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -139,7 +150,12 @@ def produce(
         while True:
             try:
                 producer.produce(
-                    topic, m.value, m.key, partition=i % partitions, timestamp=m.timestamp_ms
+                    topic,
+                    m.value,
+                    m.key,
+                    partition=i % partitions,
+                    timestamp=m.timestamp_ms,
+                    on_delivery=delivered,
                 )
                 break
             except BufferError:
@@ -147,5 +163,10 @@ def produce(
         counts[m.kind] = counts.get(m.kind, 0) + 1
         if i % 50_000 == 0:
             producer.poll(0)
-    producer.flush(120)
+    left = producer.flush(120)
+    if refused or left:
+        raise RuntimeError(
+            f"{len(refused) + left} messages to `{topic}` at {bootstrap} were not delivered"
+            + (f", the first: {refused[0]}" if refused else "")
+        )
     return counts

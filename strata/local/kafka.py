@@ -1,9 +1,9 @@
 """A local Apache Kafka: one KRaft node (broker and controller in one process) on loopback.
 
-The broker users run, for the tests that must show what Kafka does and the local
-broker (`strata.local.broker`, Tansu) does not: exact high watermarks, transactions
-and `read_committed`, `offsets_for_times`, retention and compaction, DeleteRecords,
-CreatePartitions, a log that outlives a crash.
+The broker users run, and the one the integration tests run on: what Kafka does and
+the local broker of the demo (`strata.local.broker`, Tansu) does not, they see as users
+do: exact high watermarks, transactions and `read_committed`, `offsets_for_times`,
+retention and compaction, DeleteRecords, CreatePartitions, a log that outlives a crash.
 
 Its jars (`kafka_2.13` and `kafka-tools`, pinned in `jvm/kafka/pom.xml`) are fetched
 once by `make setup` into the user's cache (`kafka_home`), checked against the
@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 
 # The admin module defines these without listing them in `__all__`.
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
@@ -85,6 +85,10 @@ TEST_SETTINGS: Mapping[str, str] = {
     "log.cleaner.backoff.ms": "500",
     # The cleaner's buffer lives in the heap; 128 MiB by default.
     "log.cleaner.dedupe.buffer.size": str(32 << 20),
+    # A produce request may carry a message above librdkafka's default fetch limit
+    # (100 MB) with others beside it; Kafka refuses requests above 100 MiB by default.
+    # A topic still takes batches above 1 MB only if its `max.message.bytes` says so.
+    "socket.request.max.bytes": str(256 << 20),
 }
 
 JVM_OPTIONS = ("-Djava.awt.headless=true", "-Djava.net.preferIPv4Stack=true")
@@ -342,6 +346,39 @@ class LocalKafka(LocalService):
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"topic {topic} has no leader for all {count} partitions")
+            time.sleep(0.05)
+
+    def wait_until_stable(self, topic: str, timeout: float = 30.0) -> None:
+        """Wait until every partition's last stable offset is its log end.
+
+        That is, until every transaction on the topic is decided and its marker written:
+        the broker writes the markers after `commit_transaction` (or `abort_transaction`)
+        has returned, and until then a `read_committed` consumer's end is the open
+        transaction's first offset.
+
+        Raises:
+            TimeoutError: If a transaction is still open after `timeout` seconds.
+        """
+        admin = self._admin()
+        found = admin.list_topics(topic, timeout=10).topics[topic]
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]  # unannotated upstream
+        wanted = {TopicPartition(topic, p): latest for p in found.partitions}
+        deadline = time.monotonic() + timeout
+        while True:
+            ends = [
+                {tp.partition: f.result(10).offset for tp, f in futures.items()}
+                for futures in (
+                    admin.list_offsets(wanted, isolation_level=level)
+                    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED)
+                )
+            ]
+            if ends[0] == ends[1]:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"topic {topic}: last stable offsets {ends[0]} still below the log ends "
+                    f"{ends[1]} after {timeout:.0f}s (a transaction left open?)"
+                )
             time.sleep(0.05)
 
     def topic_config(self, topic: str) -> dict[str, str]:

@@ -1,12 +1,13 @@
-"""A broker restart in the middle of a batch: each message lands once, or the run
-stops cleanly and the next run lands each once.
+"""A broker crash and restart in the middle of a batch: each message lands once, or the
+run stops cleanly and the next run lands each once.
 
-The local broker keeps its log in memory, so its process cannot be restarted without
-losing the log (see `strata.local.broker`); `LocalBroker(relayed=True).unreachable()`
-plays the restart as clients live it: every connection drops, connects are refused,
-then the same port answers again, with the log intact. A task is frozen at the
-`mid_read` fault point, with part of its ranges read and the rest still on the broker,
-so the outage always falls in the middle of its read.
+The module's own Apache Kafka is killed (SIGKILL, no controlled shutdown) and started
+again on its log directory and port (`LocalKafka.unreachable()`): every connection
+drops, connects are refused, then the restarted broker recovers its log and answers on
+the same port with every acknowledged message. A task is frozen at the `mid_read` fault
+point, with part of its ranges read and the rest still on the broker, so the outage
+always falls in the middle of its read. The session's broker, which every other test
+reads, is never killed.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from deltalake import DeltaTable
 
 from strata import faults
 from strata.batch.plan import PlanStore
-from strata.local.broker import LocalBroker
+from strata.local.kafka import LocalKafka
 from strata.run import run_batch
 from strata.store.ledger import read_ledger
 from tests.conftest import ROOT, START_MS, expected_offsets, produce_clicks
@@ -42,13 +43,14 @@ SMALL_FETCHES = {
 OUTAGE_S = 3.0
 
 
-@pytest.fixture
-def restartable_broker():
-    with LocalBroker(relayed=True) as b:
+@pytest.fixture(scope="module")
+def restartable_broker(tmp_path_factory):
+    """A Kafka of the module's own, killed and restarted by its tests."""
+    with LocalKafka(tmp_path_factory.mktemp("restarted")) as b:
         yield b
 
 
-def _pipeline(make_pipeline, broker: LocalBroker, master: str = "local[2,4]", **limits: float):
+def _pipeline(make_pipeline, broker: LocalKafka, master: str = "local[2,4]", **limits: float):
     p = make_pipeline(
         partitions=2,
         create=False,
@@ -158,8 +160,9 @@ def test_a_broker_restart_mid_read_is_retried_and_lands_each_message_once(
     broker = restartable_broker
     # One attempt per task (`local[2]`): an attempt that failed at the outage, retried
     # by Spark once the broker is back, would land every message too, and say it read
-    # on; here it fails the run.
-    p, total = _pipeline(make_pipeline, broker, master="local[2]")
+    # on; here it fails the run. The task waits out the crash and the restart, which
+    # recovers the log (seconds more on a busy machine): it gives up after a minute.
+    p, total = _pipeline(make_pipeline, broker, master="local[2]", read_stall_s=60)
     run = FrozenRun(p, tmp_path)
     run.wait_frozen()
 

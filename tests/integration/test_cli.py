@@ -73,7 +73,7 @@ def test_status_shows_ranges_history_and_lag_and_the_group_sees_the_offsets(make
     assert "<html" in page.read_text().lower()
     assert summary["lag_after"] == {f"{p.topic}:0": 0, f"{p.topic}:1": 0}
     assert summary["kafka_client"].startswith("librdkafka 2.")
-    produce_clicks(broker, p.topic, 2, 100, seed=3)
+    more = produce_clicks(broker, p.topic, 2, 100, seed=3)
 
     status = p.cli("status", "--json")
     assert status.returncode == 0, status.stderr
@@ -82,7 +82,8 @@ def test_status_shows_ranges_history_and_lag_and_the_group_sees_the_offsets(make
         (0, per[0]),
         (1, per[1]),
     ]
-    assert body["total_lag"] == 100 + 2  # 100 new events and a sealing message per partition
+    assert [x["lag"] for x in body["partitions"]] == [more[0], more[1]]
+    assert body["total_lag"] == 100
     assert body["batches"][0]["batch"] == 1 and body["batches"][0]["messages"] == sum(per.values())
     assert "recent batches:" in status.stdout
 

@@ -84,7 +84,9 @@ def test_an_hour_is_complete_only_after_the_lateness_and_late_rows_are_counted(
     run_batch(p.cfg(), session=lambda _: spark)
     publish(p.cfg(), 1)
     found = completeness_now(p.cfg())
-    assert found.watermark == "2025-11-22T10:59:59.999000Z"
+    # The older of the partitions' newest event times: partition 0's last click (event
+    # 98 of 100, 36 s apart).
+    assert found.watermark == "2025-11-22T10:58:48Z"
     assert [(s.partition, s.complete) for s in found.partitions] == [(HOUR, False)]
     assert "strata.complete" not in partition_parameters(metastore, p)[HOUR]
     assert not (table / HOUR / MARKER).exists()
@@ -100,7 +102,8 @@ def test_an_hour_is_complete_only_after_the_lateness_and_late_rows_are_counted(
     params = partition_parameters(metastore, p)
     assert params[HOUR]["strata.complete"] == "true"
     assert params[HOUR]["strata.completed_batch"] == "2"
-    assert params[HOUR]["strata.watermark"] == "2025-11-22T12:59:59.999000Z"
+    # Partition 0's last click again (event 38 of 40, 90 s apart).
+    assert params[HOUR]["strata.watermark"] == "2025-11-22T12:57:00Z"
     assert "strata.complete" not in params[LATER]
     assert json.loads((table / HOUR / MARKER).read_text())["strata.completed_batch"] == "2"
     assert not (table / LATER / MARKER).exists()
@@ -222,7 +225,7 @@ def test_the_ingest_dag_emits_an_asset_event_only_when_an_hour_completes(
             {
                 "batch": 2,
                 "completed": [HOUR],
-                "watermark": "2025-11-22T12:59:59.999000Z",
+                "watermark": "2025-11-22T12:57:00Z",
                 "late": {},
             },
         )

@@ -273,7 +273,7 @@ def test_a_seek_fences_the_iceberg_tables_with_its_batch(make_pipeline, broker, 
     p = iceberg_pipeline(make_pipeline, metastore, partitions=1)
     first = produce_clicks(broker, p.topic, 1, 100)
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
-    produce_clicks(broker, p.topic, 1, 300, seed=2)
+    second = produce_clicks(broker, p.topic, 1, 300, seed=2)
     forward = p.cli("ledger", "seek", "--topic", p.topic, "--to", "350", "--reason", "skip")
     assert forward.returncode == 0, forward.stderr
     for which in ("raw", "quarantine", "table"):
@@ -283,7 +283,7 @@ def test_a_seek_fences_the_iceberg_tables_with_its_batch(make_pipeline, broker, 
     more = produce_clicks(broker, p.topic, 1, 10, seed=3)
     done = run_batch(p.cfg(), session=lambda _: spark)
     assert done.batch == 3
-    end = first[0] + 301 + more[0]
+    end = first[0] + second[0] + more[0]
     landed = p.landed()
     assert sorted(o for _, o in landed) == list(range(first[0])) + list(range(350, end))
     assert set(landed.values()) == {1}

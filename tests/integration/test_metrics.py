@@ -160,7 +160,9 @@ def test_a_run_writes_its_batch_as_metrics_and_status_prints_them(capped, broker
     # a row (airflow.lag_growth_runs), and the task's summary says so.
     lags = [sum(per.values()) - 2 * CAP]
     for batch in (2, 3):
-        more = produce_clicks(broker, p.topic, 2, 600, start_ms=int(time.time() * 1000), seed=batch)
+        # Events of the last hour: Kafka refuses timestamps an hour ahead of its clock.
+        now = int(time.time() * 1000)
+        more = produce_clicks(broker, p.topic, 2, 600, start_ms=now - HOUR_MS, hours=1, seed=batch)
         lags.append(lags[-1] + sum(more.values()) - 2 * CAP)
         summary = ingest_task(p.name, str(p.conf_dir))
         assert summary["batch"] == batch

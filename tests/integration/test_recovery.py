@@ -69,8 +69,8 @@ def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_free
     assert stopped.returncode == 1
     error = last_json(stopped)["error"]
     assert error.startswith(
-        f"batch 1's saved plan can no longer be read: offsets [0, 501) of partition 0 of "
-        f"`{p.topic}`: Kafka now holds [0, 21)"
+        f"batch 1's saved plan can no longer be read: offsets [0, 500) of partition 0 of "
+        f"`{p.topic}`: Kafka now holds [0, 20)"
     ), error
     assert f"strata plan drop --pipeline {p.name} --batch 1" in error
     assert read_ledger(p.cfg().places()).num_rows == 0
@@ -84,7 +84,7 @@ def test_a_plan_kafka_no_longer_serves_stops_with_the_way_out_and_plan_drop_free
         0,
         0,
     )
-    assert "INC-11 topic re-created" in row["note"] and "it planned [0, 501)" in row["note"]
+    assert "INC-11 topic re-created" in row["note"] and "it planned [0, 500)" in row["note"]
     # Every table holds batch 1's number (fences): a runner still holding the dropped
     # plan commits nothing of it.
     from deltalake import DeltaTable
@@ -131,7 +131,7 @@ def test_a_recreated_topic_grown_past_the_committed_offset_stops_until_a_seek(
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
     recreate(broker, p.topic, 1)
     # The new log has grown past the committed offset: by its watermarks alone it looks
-    # like 400 new messages after offset 201.
+    # like 400 new messages after offset 200.
     second = produce_clicks(broker, p.topic, 1, 600, seed=4)
 
     stopped = p.cli("run", "--json")
@@ -147,7 +147,7 @@ def test_a_recreated_topic_grown_past_the_committed_offset_stops_until_a_seek(
     assert seek.returncode == 0, seek.stderr
     [row] = [r for r in read_ledger(p.cfg().places()).to_pylist() if r["batch"] == 2]
     assert (row["kind"], row["start_offset"], row["end_offset"]) == ("seek", 0, 0)
-    assert "moved back from 201 to 0" in row["note"] and "INC-12" in row["note"]
+    assert "moved back from 200 to 0" in row["note"] and "INC-12" in row["note"]
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 3
     ledger = read_ledger(p.cfg().places()).to_pylist()
     assert [(r["start_offset"], r["end_offset"]) for r in ledger if r["batch"] == 3] == [
@@ -177,7 +177,7 @@ def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(
     p = make_pipeline(partitions=1)
     first = produce_clicks(broker, p.topic, 1, 100)
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
-    produce_clicks(broker, p.topic, 1, 300, seed=2)
+    second = produce_clicks(broker, p.topic, 1, 300, seed=2)
     crashed = p.cli("run", env=p.env(**armed(crash_at=faults.AFTER_FILES)))
     assert crashed.returncode == -signal.SIGKILL
 
@@ -196,7 +196,7 @@ def test_a_seek_is_recorded_skips_forward_and_never_lets_an_old_plan_run(
     more = produce_clicks(broker, p.topic, 1, 10, seed=3)
     done = run_batch(p.cfg(), session=lambda _: spark)
     assert done.batch == 4
-    end = first[0] + 301 + more[0]
+    end = first[0] + second[0] + more[0]
     assert [(r.start, r.end) for r in done.ranges] == [(350, end)]
     kinds = [(r["batch"], r["kind"]) for r in read_ledger(p.cfg().places()).to_pylist()]
     assert sorted(kinds) == [(1, "ingest"), (2, "abandon"), (3, "seek"), (4, "ingest")]
@@ -310,7 +310,7 @@ def event_ids(p, topic: str) -> dict[int, str]:
 def test_a_seek_of_one_recreated_topic_never_vouches_for_another(make_pipeline, broker, spark):
     # Two topics of a pipeline are deleted and created again; the operator seeks the
     # first back to its start, as the stop says. The second must still be refused:
-    # read from the old committed offset, its new log's offsets 0-100 would be skipped.
+    # read from the old committed offset, its new log's offsets 0-99 would be skipped.
     p = make_pipeline(partitions=1)
     other = two_topics(p, broker, 1)
     for topic in (p.topic, other):

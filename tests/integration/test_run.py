@@ -1,4 +1,4 @@
-"""End to end against the real local broker and real Spark."""
+"""End to end against Apache Kafka and real Spark."""
 
 from __future__ import annotations
 
@@ -151,23 +151,19 @@ def test_offset_gaps_from_transactions_are_counted_not_waited_for(make_pipeline,
                 p.topic, json.dumps(body).encode(), partition=0, timestamp=START_MS + i
             )
             (kept if commit else dropped).append(body["event_id"])
+        # Sent before an abort: an abort purges what the client still holds.
+        producer.flush(30)
         if commit:
             producer.commit_transaction(30)
         else:
             producer.abort_transaction(30)
-    broker.seal(
-        p.topic,
-        [0],
-        json.dumps(
-            {"event_id": "seal", "user_id": 0, "page": "/", "device": "mobile", "ts": START_MS}
-        ).encode(),
-        timestamp_ms=START_MS,
-    )
-    kept.append("seal")
+    broker.wait_until_stable(p.topic)
 
     outcome = run_batch(p.cfg(), session=lambda _: spark)
     [r] = outcome.ranges
-    assert r.gaps > 0
+    # 20 records and 5 markers; the aborted records stay in the log, unread.
+    assert (r.start, r.end) == (0, 25)
+    assert r.gaps == len(dropped) + 5
     assert r.end - r.start == r.rows + r.quarantined + r.gaps
     assert sorted(p.table_rows("table").column("event_id").to_pylist()) == sorted(kept)
     assert r.messages == len(kept)
@@ -293,17 +289,16 @@ def test_confluent_avro_lands_and_the_raw_copy_keeps_keys_headers_and_timestamps
         )
         sent.append((f"k{i}".encode(), value, headers, START_MS + i * 1000 + 7))
     producer.flush(30)
-    broker.seal(p.topic, [0], b"\x00\x00\x00\x00\x07", timestamp_ms=START_MS)
 
     outcome = run_batch(p.cfg(), session=lambda _: spark)
-    assert summary_dict(outcome)["rows"] == 29 and summary_dict(outcome)["quarantined"] == 2
+    assert summary_dict(outcome)["rows"] == 29 and summary_dict(outcome)["quarantined"] == 1
     rows = p.table_rows("table").sort_by("_offset").to_pylist()
     assert [r["event_id"] for r in rows] == [f"a{i}" for i in range(30) if i != 13]
     assert rows[0]["device"] == "tablet" and rows[0]["_key"] == b"k0"
     reasons = p.table_rows("quarantine").sort_by("_offset").column("reason").to_pylist()
     assert reasons[0] == "not in Confluent wire format (expected magic byte 0 and a schema id)"
 
-    raw = p.table_rows("raw").sort_by("_offset").to_pylist()[:30]
+    raw = p.table_rows("raw").sort_by("_offset").to_pylist()
     for r, (key, value, headers, ts) in zip(raw, sent, strict=True):
         assert r["_key"] == key and r["_value"] == value
         assert [(h["key"], h["value"]) for h in r["_headers"]] == headers
@@ -313,33 +308,28 @@ def test_confluent_avro_lands_and_the_raw_copy_keeps_keys_headers_and_timestamps
 def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     make_pipeline, broker, spark
 ):
-    # The local broker never raises a log start (no retention in memory, no
-    # DeleteRecords), so the planner's decision is tested on literal watermarks in
-    # test_plan; here a plan carrying an accepted loss, as that decision makes it, runs.
-    from strata.batch.plan import BatchPlan, PlanStore, decode_fingerprint, split_ranges
     from strata.edge import status_settings
+    from strata.errors import PlanError
     from strata.operations.status import pipeline_status, render_status
-    from strata.store.ranges import OffsetRange
 
     # The first batch records where reading starts (an empty topic, read from its end);
-    # then retention deletes offsets [0, 120) before batch 2 reads them.
+    # then offsets [0, 120) are deleted (DeleteRecords, as retention would) before batch
+    # 2 reads them.
     p = make_pipeline(partitions=1, overrides={"starting_offsets": "latest"})
     assert run_batch(p.cfg(), session=lambda _: spark).batch == 1
     per = produce_clicks(broker, p.topic, 1, 300)
+    assert broker.delete_records(p.topic, {0: 120}) == {0: 120}
     cfg = p.cfg()
-    kept = OffsetRange(p.topic, 0, 120, per[0])
-    PlanStore(cfg.places()).create(
-        BatchPlan(
-            cfg.name,
-            2,
-            [kept],
-            split_ranges([kept], 2, 10_000),
-            fingerprint=decode_fingerprint(cfg.decoding()),
-            losses=[OffsetRange(p.topic, 0, 0, 120)],
-            note="loss accepted by oncall@host: INC-7",
-        )
-    )
-    outcome = run_batch(cfg, session=lambda _: spark)
+    with pytest.raises(
+        PlanError,
+        match=r"committed offset 0 is below the log start 120; 120 messages were deleted by "
+        r"retention before they were read\. Nothing was read\. Re-run with --accept-loss",
+    ):
+        run_batch(cfg, session=lambda _: spark)
+    assert [r["batch"] for r in read_ledger(cfg.places()).to_pylist()] == [1]
+
+    outcome = run_batch(cfg, session=lambda _: spark, accept_loss="oncall@host: INC-7")
+    assert outcome.batch == 2
     assert "120 messages were deleted by retention" in outcome.warnings[0]
     rows = {r["kind"]: r for r in read_ledger(cfg.places()).to_pylist() if r["batch"] == 2}
     assert (rows["loss"]["start_offset"], rows["loss"]["end_offset"], rows["loss"]["gaps"]) == (
@@ -349,6 +339,7 @@ def test_an_accepted_loss_is_recorded_in_the_ledger_and_shown_by_status(
     )
     assert rows["loss"]["note"] == "loss accepted by oncall@host: INC-7"
     assert (rows["ingest"]["start_offset"], rows["ingest"]["end_offset"]) == (120, per[0])
+    assert p.landed() == expected_offsets(per, first={0: 120})
     status = pipeline_status(cfg.places(), status_settings(cfg))
     assert status["losses"][0]["messages_lost"] == 120
     assert "LOSS: batch 2: offsets [0, 120)" in render_status(status)

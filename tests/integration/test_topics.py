@@ -1,9 +1,8 @@
-"""Which topics a pipeline reads, and where a topic new to it starts: through the real broker.
+"""Which topics a pipeline reads, and where a topic new to it starts: through Apache Kafka.
 
-The test broker answers every `offsets_for_times` request with offset 0, so a starting
-moment is checked here for its path (the brokers' answer is used, recorded and
-noted); where such an answer lands a partition's start is tested on literal offsets
-in tests/unit/test_plan.py.
+A starting moment is resolved by Kafka (`offsets_for_times`: the first offset whose
+timestamp is at or after it); how an answer lands a partition's start, the log moving
+between requests included, is decided on literal offsets in tests/unit/test_plan.py.
 """
 
 from __future__ import annotations
@@ -16,10 +15,11 @@ import yaml
 
 from strata.edge import status_settings
 from strata.errors import KafkaUnavailable
+from strata.local.events import click_events
 from strata.operations.status import pipeline_status
 from strata.run import run_batch
 from strata.store.ledger import read_ledger
-from tests.conftest import produce_clicks
+from tests.conftest import START_MS, expected_offsets, produce_clicks
 
 
 def _use_pattern(p, pattern: str, **extra: object) -> None:
@@ -119,16 +119,26 @@ def test_a_topic_listed_by_name_that_vanishes_still_stops_the_plan(make_pipeline
 def test_a_starting_moment_is_resolved_by_the_brokers_and_noted_in_the_ledger(
     make_pipeline, broker, spark
 ):
-    p = make_pipeline(partitions=2, overrides={"starting_offsets": "2026-01-31T00:00:00Z"})
+    # 30 events over three hours from 10:00: the moment 11:30 falls inside each partition.
+    moment = START_MS + 90 * 60_000
+    p = make_pipeline(partitions=2, overrides={"starting_offsets": "2025-11-22T11:30:00Z"})
     produced = produce_clicks(broker, p.topic, 2, 30)
+    # Kafka's answer: each partition's first offset whose timestamp is at or after it.
+    stamps: dict[int, list[int]] = {0: [], 1: []}
+    for i, m in enumerate(click_events(30, START_MS, 3, seed=7)):
+        stamps[i % 2].append(m.timestamp_ms)
+    first = {q: next(o for o, ts in enumerate(stamps[q]) if ts >= moment) for q in (0, 1)}
+    assert 0 < first[0] < produced[0] and 0 < first[1] < produced[1]
+
     outcome = run_batch(p.cfg(), session=lambda _: spark)
     assert outcome.status == "committed"
     ledger = sorted(read_ledger(p.cfg().places()).to_pylist(), key=lambda r: r["partition"])
-    # The test broker answers 0 for every moment (see the module's docstring).
     assert [(r["partition"], r["start_offset"], r["end_offset"]) for r in ledger] == [
-        (q, 0, produced[q]) for q in range(2)
+        (q, first[q], produced[q]) for q in range(2)
     ]
     assert {r["note"] for r in ledger} == {
-        "began at offset 0: starting_offsets 2026-01-31T00:00:00.000+00:00: the first "
-        "message at or after it"
+        f"began at offset {first[q]}: starting_offsets 2025-11-22T11:30:00.000+00:00: the "
+        "first message at or after it"
+        for q in range(2)
     }
+    assert p.landed() == expected_offsets(produced, first)

@@ -1,10 +1,8 @@
-"""Kafka's traps, end to end on the real local broker.
-
-The local broker cannot raise a log start (no DeleteRecords, no retention in memory)
-or add partitions to a topic (no CreatePartitions). Those decisions are proven on
-literal watermarks in test_plan; here the wiring is proven with the states the broker
-does reach: a topic deleted and re-created restarts its offsets at 0, and may come
-back with more partitions.
+"""Kafka's traps, end to end on Apache Kafka: a topic deleted and created again (its
+offsets restart at 0), partitions added to a topic (CreatePartitions), a topic joining a
+pipeline, and every unread message deleted before it was read (DeleteRecords, as
+retention deletes them). The planner's decisions are also checked on literal
+watermarks in tests/unit/test_plan.py.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from deltalake import DeltaTable
 
 from strata.batch.plan import PlanStore
 from strata.run import run_batch
-from strata.store.ledger import read_ledger
+from strata.store.ledger import ledger_state, read_ledger
 from tests.conftest import expected_offsets, produce_clicks
 
 
@@ -33,7 +31,7 @@ def test_a_recreated_topic_whose_offsets_went_backwards_stops_the_run(make_pipel
     assert rerun.returncode == 1
     error = rerun.stderr.strip()
     assert error.startswith(
-        f"strata: error: partition 0 of `{p.topic}`: the high watermark 21 is below the "
+        f"strata: error: partition 0 of `{p.topic}`: the high watermark 20 is below the "
         f"committed offset {first[0]}. The log went backwards"
     ), error
     assert "Nothing was read" in error and "Traceback" not in error
@@ -52,25 +50,15 @@ def test_a_partition_added_between_runs_is_picked_up_from_its_log_start(
     first = run_batch(p.cfg(), session=lambda _: spark)
     assert first.new_partitions == [(p.topic, 0)]
     assert [(r.start, r.end) for r in first.ranges] == [(0, 0)]
-    # The topic grows to two partitions. The local broker has no CreatePartitions, so it
-    # is re-created with two; its id changes, which stops the next run (a re-created
-    # topic is not the old log) until partition 0 of the new log is recorded with a
-    # seek. Partition 1 is then a partition added to a topic the pipeline reads.
-    broker.delete_topic(p.topic)
-    broker.create_topic(p.topic, 2)
+    # The topic grows to two partitions (CreatePartitions); it keeps its id and its log.
+    broker.create_partitions(p.topic, 2)
     per = produce_clicks(broker, p.topic, 2, 300)
-    stopped = p.cli("run")
-    assert stopped.returncode == 1 and "deleted and created again" in stopped.stderr
-    seek = p.cli(
-        "ledger", "seek", "--topic", p.topic, "--partition", "0", "--to", "0", "--reason", "new"
-    )
-    assert seek.returncode == 0, seek.stderr
 
     done = p.cli("run")
     assert done.returncode == 0, done.stderr
     assert f"new partitions, read from: {p.topic}:1 offset 0" in done.stdout
     assert p.landed() == expected_offsets(per)
-    ledger = [r for r in read_ledger(p.cfg().places()).to_pylist() if r["batch"] == 3]
+    ledger = [r for r in read_ledger(p.cfg().places()).to_pylist() if r["batch"] == 2]
     assert sorted((r["partition"], r["start_offset"], r["end_offset"]) for r in ledger) == [
         (0, 0, per[0]),
         (1, 0, per[1]),
@@ -125,41 +113,25 @@ def test_a_topic_added_with_latest_while_others_have_data_loses_nothing_after_it
 
 
 def test_an_accepted_loss_on_an_emptied_partition_is_recorded_once(make_pipeline, broker, spark):
-    # The local broker never raises a log start, so the state "retention deleted every
-    # unread message" is given to the planner as literal watermarks (decided in
-    # test_plan); the plan it makes runs for real, and the next plan over the same
-    # watermarks finds nothing to do and no second loss.
-    from strata.batch.plan import PartitionState
-    from strata.batch.planning import new_plan
-    from strata.run import plan_settings
-    from strata.store.ledger import ledger_state
-
+    # Every unread message is deleted (DeleteRecords, as retention deletes them): the
+    # log start is the high watermark. The accepted loss is recorded once, and the next
+    # run finds nothing to do and no second loss.
     p = make_pipeline(partitions=1)
-    per = produce_clicks(broker, p.topic, 1, 99)
+    first = produce_clicks(broker, p.topic, 1, 99)
     run_batch(p.cfg(), session=lambda _: spark)
+    unread = produce_clicks(broker, p.topic, 1, 401, seed=2)
+    end = first[0] + unread[0]
+    assert broker.delete_records(p.topic, {0: end}) == {0: end}
     cfg = p.cfg()
-    emptied = [PartitionState(p.topic, 0, 500, 500, per[0])]
-    committed = ledger_state(cfg.places()).committed
-    plan = new_plan(plan_settings(cfg), 2, emptied, None, "oncall@host: INC-9", committed)
-    assert plan is not None
-    PlanStore(cfg.places()).create(plan)
-    outcome = run_batch(cfg, session=lambda _: spark)
-    assert outcome.batch == 2 and f"{500 - per[0]} messages were deleted" in outcome.warnings[0]
+
+    outcome = run_batch(cfg, session=lambda _: spark, accept_loss="oncall@host: INC-9")
+    assert outcome.batch == 2 and f"{unread[0]} messages were deleted" in outcome.warnings[0]
     rows = [r for r in read_ledger(cfg.places()).to_pylist() if r["batch"] == 2]
     assert sorted((r["kind"], r["start_offset"], r["end_offset"]) for r in rows) == [
-        ("ingest", 500, 500),
-        ("loss", per[0], 500),
+        ("ingest", end, end),
+        ("loss", first[0], end),
     ]
-    state = ledger_state(cfg.places())
-    assert state.committed == {(p.topic, 0): 500}
-    assert (
-        new_plan(
-            plan_settings(cfg),
-            3,
-            [PartitionState(p.topic, 0, 500, 500, 500)],
-            None,
-            "x",
-            state.committed,
-        )
-        is None
-    )
+    assert ledger_state(cfg.places()).committed == {(p.topic, 0): end}
+    assert run_batch(cfg, session=lambda _: spark).status == "idle"
+    assert read_ledger(cfg.places()).num_rows == 1 + 2
+    assert p.landed() == expected_offsets(first)

@@ -204,9 +204,9 @@ def test_a_topic_taken_out_of_the_pipeline_does_not_stop_the_plan():
 
 
 def test_a_new_topic_starts_at_the_offsets_found_at_the_starting_moment():
-    # The test broker answers every offsets_for_times request with 0, so the decision
-    # is tested on the offsets a real broker gives: the first offset at or after the
-    # moment, or the high watermark when every message is older (found by kafka.py).
+    # The offsets a broker gives: the first offset at or after the moment, or the high
+    # watermark when every message is older (found by kafka.py; Kafka's own answers
+    # are used end to end in tests/integration/test_topics.py).
     moment = "2026-01-31T00:00:00.000+00:00"
     states = [
         PartitionState("clicks", 0, 100, 900, None, at_start=420),

@@ -1,8 +1,7 @@
 """The local Apache Kafka: what Kafka does that the Kafka-wire broker (Tansu) does not.
 
-One broker serves the module (the session's `kafka`), and `broker` is overridden with
-it, so `make_pipeline` creates its topics on Kafka. Nothing is sealed: Kafka's high
-watermark is the log end.
+The session's broker (`kafka`, which is also every test's `broker`) serves the module;
+the first test starts one of its own, to see what it listens on and what a stop leaves.
 """
 
 from __future__ import annotations
@@ -13,22 +12,13 @@ import time
 import uuid
 
 import psutil
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from strata.batch.read import RangeProgress, read_ranges
-from strata.local.events import click_events, produce
 from strata.local.kafka import LOOPBACK, LocalKafka
 from strata.local.service import port_open
-from strata.run import run_batch
 from strata.store.ranges import OffsetRange
-from tests.conftest import START_MS, expected_offsets
-
-
-@pytest.fixture
-def broker(kafka: LocalKafka) -> LocalKafka:
-    """The broker every `make_pipeline` pipeline of this module reads: Kafka."""
-    return kafka
+from tests.conftest import START_MS
 
 
 def _topic() -> str:
@@ -138,18 +128,6 @@ def test_the_high_watermark_is_the_log_end(kafka):
         assert consumer.get_watermark_offsets(TopicPartition(topic, 0), 10) == (0, 1000)
     finally:
         consumer.close()
-
-
-def test_a_thousand_messages_land_once_through_strata_run_without_a_seal(make_pipeline, spark):
-    p = make_pipeline(partitions=2)
-    kinds = produce(p.bootstrap, p.topic, 2, click_events(1000, START_MS, 3))
-    assert kinds == {"ok": 1000}
-
-    outcome = run_batch(p.cfg(), session=lambda _: spark)
-
-    assert outcome.batch == 1
-    assert p.landed() == expected_offsets({0: 500, 1: 500})
-    assert p.raw_copies() == expected_offsets({0: 500, 1: 500})
 
 
 def test_read_committed_sees_committed_transactions_only_and_stops_at_an_open_one(kafka):

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from strata.catalog.completeness import completeness
+from strata.local.events import HOUR_MS
 from strata.store.ledger import read_ledger
-from tests.conftest import HOUR_MS, START_MS, expected_offsets, produce_clicks
+from tests.conftest import START_MS, expected_offsets, produce_clicks
 from tests.integration.quality.test_quality import CHROMIUM, chromium
 
 pytestmark = pytest.mark.integration
