@@ -103,8 +103,9 @@ class _Answers:
 
     Attributes:
         partitions: The partitions of every topic the brokers listed without an error.
-        marks: The low and high watermark of each partition of the tables' topics.
-        retention: Each of those topics' retention limits (`retention_limits`), if asked.
+        marks: The low watermark and last stable offset of each partition of the
+            tables' topics.
+        ends: The high watermark of each of those partitions.
         topics: The tables' topics, which the other answers are about.
         ids: Each of those topics' id (`topic_ids`), where the brokers keep one.
         retention: Each of those topics' retention limits (`retention_limits`), if asked.
@@ -116,6 +117,7 @@ class _Answers:
     partitions: dict[str, list[int]]
     marks: dict[tuple[str, int], tuple[int, int]]
     topics: frozenset[str]
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)
     ids: dict[str, str] = field(default_factory=dict)
     retention: dict[str, dict[str, int | None]] = field(default_factory=dict)
     groups: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
@@ -147,7 +149,7 @@ def asked_together(sources: Sequence[KafkaSource], *, retention: bool = False) -
     their watermarks, the topics' ids and retention. Asked table by table, that is a
     few requests per table, hundreds for hundreds of tables, most of an idle run. Here
     the brokers are asked once for all the tables' topics (every topic listed in one
-    metadata request, the watermarks of all partitions in two, the ids, the consumer
+    metadata request, the watermarks of all partitions in three, the ids, the consumer
     group's offsets and, with `retention`, the retention limits in one each), and
     within the block each table's question on those topics is answered from that: as
     fresh as asking at the block's start. An idle table's offsets that the group holds
@@ -201,8 +203,9 @@ def _ask(group: list[KafkaSource], retention: bool) -> _Answers | None:
             named = {t for s in group for t in s.topics if t in partitions}
             wanted = sorted(named.union(*matching.values()))
             asked = [TopicPartition(t, p) for t in wanted for p in partitions[t]]
+            ends = _log_ends(first, asked)
             marks = _watermarks(first, consumer, asked)
-        answers = _Answers(partitions, marks, frozenset(wanted), matching=matching)
+        answers = _Answers(partitions, marks, frozenset(wanted), ends, matching=matching)
         for source in {s.group_id: s for s in group}.values():
             with _consumer(source) as consumer:
                 had = consumer.committed(asked, timeout=source.kafka.timeout_s)
@@ -229,8 +232,13 @@ def client_conf(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:  # noqa: AN
     return conf
 
 
-def _consumer(source: KafkaSource) -> AbstractContextManager[Consumer]:
-    """The driver's consumer of the pipeline's group, kept and reused (`_clients`)."""
+def _consumer(source: KafkaSource, committed: bool = True) -> AbstractContextManager[Consumer]:
+    """The driver's consumer of the pipeline's group, kept and reused (`_clients`).
+
+    Its offsets are those a `read_committed` reader sees (what the tasks read), whatever
+    `kafka.properties` says; with `committed` False, those of a `read_uncommitted` one,
+    whose latest offset is the high watermark rather than the last stable offset.
+    """
     return _clients.consumer(
         client_conf(
             source.kafka,
@@ -238,6 +246,7 @@ def _consumer(source: KafkaSource) -> AbstractContextManager[Consumer]:
                 "group.id": source.group_id,
                 "enable.auto.commit": False,
                 "socket.timeout.ms": int(source.kafka.timeout_s * 1000),
+                "isolation.level": "read_committed" if committed else "read_uncommitted",
             },
         )
     )
@@ -351,7 +360,9 @@ def partition_states(
 
     Where `starting_offsets` is a moment, each partition never read before also gets
     the first offset at or after it (`PartitionState.at_start`), which the planner uses
-    for the partitions of a topic new to the pipeline.
+    for the partitions of a topic new to the pipeline. A partition a transaction left
+    open holds back gets its high watermark (`PartitionState.log_end`) and the Kafka
+    timestamp of its first unstable offset, asked for those partitions only.
 
     Args:
         source: The brokers, the pipeline's topics there, and its consumer group.
@@ -369,12 +380,35 @@ def partition_states(
             for topic, partitions in _topic_partitions(source, consumer).items()
             for partition in partitions
         ]
+        # The high watermarks first: a message produced between the two questions then
+        # moves the last stable offset up to (or past) them, never looking held back.
+        ends = _log_ends(source, asked)
         marks = _watermarks(source, consumer, asked)
         states = []
         for t in asked:
-            low, high = marks[t.topic, t.partition]
+            low, stable = marks[t.topic, t.partition]
+            high = ends[t.topic, t.partition]
             key = (t.topic, t.partition)
-            states.append(PartitionState(t.topic, t.partition, low, high, committed.get(key)))
+            states.append(
+                PartitionState(
+                    t.topic,
+                    t.partition,
+                    low,
+                    stable,
+                    committed.get(key),
+                    # A broker that keeps no transactions' state may answer both alike.
+                    log_end=high if high > stable else None,
+                )
+            )
+        held = {(s.topic, s.partition): s.high for s in states if s.held_back}
+        if held:
+            since = first_messages_ms(source, held, committed=False)
+            states = [
+                replace(s, unstable_since_ms=since.get((s.topic, s.partition)))
+                if s.held_back
+                else s
+                for s in states
+            ]
         moment = source.starting_ms
         unread = [s for s in states if s.committed is None]
         if moment is not None and unread:
@@ -389,11 +423,13 @@ def partition_states(
 def _watermarks(
     source: KafkaSource, consumer: Consumer, asked: list[TopicPartition]
 ) -> dict[tuple[str, int], tuple[int, int]]:
-    """The low and high watermark of each partition, asked of the brokers together.
+    """The low watermark and last stable offset of each partition, asked of the brokers together.
 
     Two requests for all partitions (each broker answers for its own) rather than one
     per partition: with thousands of partitions, asking one by one was most of a run
-    that had nothing to read.
+    that had nothing to read. The latest offset a `read_committed` consumer is told
+    is the last stable offset: the high watermark unless a transaction is open, and
+    what a batch can read up to (`_log_ends` asks for the high watermark).
 
     Raises:
         KafkaUnavailable: If the brokers did not answer, or not for some partition.
@@ -403,26 +439,56 @@ def _watermarks(
     known = _known(source)
     if known is not None and all((t.topic, t.partition) in known.marks for t in asked):
         return {(t.topic, t.partition): known.marks[t.topic, t.partition] for t in asked}
-    timeout = source.kafka.timeout_s
-    found: dict[tuple[str, int], list[int]] = {}
-    for moment in (OFFSET_BEGINNING, OFFSET_END):
-        try:
-            answered = consumer.offsets_for_times(
-                [TopicPartition(t.topic, t.partition, moment) for t in asked], timeout=timeout
-            )
-        except KafkaException as exc:
-            raise _no_watermarks(source, f"partitions of {_topics(asked)}", exc.args[0]) from None
-        for tp in answered:
-            if tp.error is not None:
-                raise _no_watermarks(source, f"partition {tp.partition} of `{tp.topic}`", tp.error)
-            found.setdefault((tp.topic, tp.partition), []).append(tp.offset)
-    missing = [t for t in asked if len(found.get((t.topic, t.partition), ())) != 2]
+    found = _latest(source, consumer, asked, OFFSET_BEGINNING)
+    ends = _latest(source, consumer, asked, OFFSET_END)
+    return {key: (low, ends[key]) for key, low in found.items()}
+
+
+def _log_ends(source: KafkaSource, asked: list[TopicPartition]) -> dict[tuple[str, int], int]:
+    """The high watermark of each partition, in one request for all of them.
+
+    A `read_uncommitted` consumer's latest offset: the log end, past any transaction
+    still open, which the last stable offset (`_watermarks`) stops at.
+
+    Raises:
+        KafkaUnavailable: If the brokers did not answer, or not for some partition.
+    """
+    if not asked:
+        return {}
+    known = _known(source)
+    if known is not None and all((t.topic, t.partition) in known.ends for t in asked):
+        return {(t.topic, t.partition): known.ends[t.topic, t.partition] for t in asked}
+    with _consumer(source, committed=False) as uncommitted:
+        return _latest(source, uncommitted, asked, OFFSET_END)
+
+
+def _latest(
+    source: KafkaSource, consumer: Consumer, asked: list[TopicPartition], moment: int
+) -> dict[tuple[str, int], int]:
+    """Each partition's offset at `moment` (OFFSET_BEGINNING or OFFSET_END), in one request.
+
+    Raises:
+        KafkaUnavailable: If the brokers did not answer, or not for some partition.
+    """
+    try:
+        answered = consumer.offsets_for_times(
+            [TopicPartition(t.topic, t.partition, moment) for t in asked],
+            timeout=source.kafka.timeout_s,
+        )
+    except KafkaException as exc:
+        raise _no_watermarks(source, f"partitions of {_topics(asked)}", exc.args[0]) from None
+    found: dict[tuple[str, int], int] = {}
+    for tp in answered:
+        if tp.error is not None:
+            raise _no_watermarks(source, f"partition {tp.partition} of `{tp.topic}`", tp.error)
+        found[(tp.topic, tp.partition)] = tp.offset
+    missing = [t for t in asked if (t.topic, t.partition) not in found]
     if missing:
         first = missing[0]
         raise _no_watermarks(
             source, f"partition {first.partition} of `{first.topic}`", "no answer for it"
         )
-    return {key: (low, high) for key, (low, high) in found.items()}
+    return found
 
 
 def _topics(asked: list[TopicPartition]) -> str:
@@ -593,24 +659,36 @@ def retention_limits(
     return out
 
 
-def oldest_unread_ms(
-    source: KafkaSource, positions: dict[tuple[str, int], int], wait_s: float = 5.0
+def first_messages_ms(
+    source: KafkaSource,
+    positions: dict[tuple[str, int], int],
+    *,
+    committed: bool = True,
+    wait_s: float = 5.0,
 ) -> dict[tuple[str, int], int]:
-    """Kafka timestamp (epoch ms) of the first unread message of each partition.
+    """Kafka timestamp (epoch ms) of the first message at or after an offset, per partition.
 
     Args:
         source: The brokers, the pipeline's topics there, and its consumer group.
-        positions: The first unread offset per (topic, partition).
+        positions: The offset per (topic, partition).
+        committed: Read as a `read_committed` reader does; False reads the records of
+            transactions still open too (the first unstable offset's message is one).
         wait_s: How long to wait for the messages.
 
     Returns:
-        Timestamps for the partitions whose first unread message arrived in time and
-        carries one.
+        Timestamps for the partitions whose message arrived in time and carries one.
     """
     if not positions:
         return {}
     consumer = Consumer(
-        client_conf(source.kafka, **{"group.id": source.group_id, "enable.auto.commit": False})
+        client_conf(
+            source.kafka,
+            **{
+                "group.id": source.group_id,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed" if committed else "read_uncommitted",
+            },
+        )
     )
     found: dict[tuple[str, int], int] = {}
     try:
