@@ -4,10 +4,12 @@ confluent-kafka (like every client) only produces header keys that are text: giv
 bytes, it sends their `str()`. A header key that is not valid UTF-8 can only reach
 a broker from a client that builds the record batch itself. This module does: one
 Produce request (v3) carrying one RecordBatch (magic 2, CRC-32C, varints), sent over
-a plain socket to a single broker, with the response checked.
+a plain socket to a single broker, with the response checked. It also writes the
+batch a client library never writes: a transactional one its coordinator was never
+told of (a producer id from InitProducerId, v0), which leaves a hanging transaction.
 
-References: the Kafka protocol guide (Produce request, v3) and the record batch
-format of KIP-98 (magic 2).
+References: the Kafka protocol guide (Produce request, v3; InitProducerId, v0) and
+the record batch format of KIP-98 (magic 2).
 """
 
 from __future__ import annotations

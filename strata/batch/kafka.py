@@ -33,6 +33,9 @@ from confluent_kafka.admin import AdminClient
 
 from strata.batch import _clients
 from strata.batch._client_log import CLIENT_LOG
+
+# The clients' log is this module's to publish: its users import it from here.
+from strata.batch._client_log import ClientLog as ClientLog
 from strata.batch.plan import PartitionState
 from strata.config import KafkaConfig, KafkaSource
 from strata.errors import KafkaUnavailable
@@ -148,7 +151,8 @@ def _ask(group: list[KafkaSource], retention: bool) -> _Answers | None:
             named = {t for s in group for t in s.topics if t in partitions}
             wanted = sorted(named.union(*matching.values()))
             asked = [TopicPartition(t, p) for t in wanted for p in partitions[t]]
-            ends = _log_ends(first, asked)
+            with _consumer(first, committed=False) as uncommitted:
+                ends = _log_ends(first, uncommitted, asked)
             marks = _watermarks(first, consumer, asked)
         answers = _Answers(partitions, marks, frozenset(wanted), ends, matching=matching)
         for source in {s.group_id: s for s in group}.values():
@@ -327,7 +331,8 @@ def partition_states(
         ]
         # The high watermarks first: a message produced between the two questions then
         # moves the last stable offset up to (or past) them, never looking held back.
-        ends = _log_ends(source, asked)
+        with _consumer(source, committed=False) as uncommitted:
+            ends = _log_ends(source, uncommitted, asked)
         marks = _watermarks(source, consumer, asked)
         states = []
         for t in asked:
@@ -384,16 +389,19 @@ def _watermarks(
     known = _known(source)
     if known is not None and all((t.topic, t.partition) in known.marks for t in asked):
         return {(t.topic, t.partition): known.marks[t.topic, t.partition] for t in asked}
-    found = _latest(source, consumer, asked, OFFSET_BEGINNING)
-    ends = _latest(source, consumer, asked, OFFSET_END)
-    return {key: (low, ends[key]) for key, low in found.items()}
+    lows = _watermark_of(source, consumer, asked, OFFSET_BEGINNING)
+    stable = _watermark_of(source, consumer, asked, OFFSET_END)
+    return {key: (low, stable[key]) for key, low in lows.items()}
 
 
-def _log_ends(source: KafkaSource, asked: list[TopicPartition]) -> dict[tuple[str, int], int]:
+def _log_ends(
+    source: KafkaSource, uncommitted: Consumer, asked: list[TopicPartition]
+) -> dict[tuple[str, int], int]:
     """The high watermark of each partition, in one request for all of them.
 
-    A `read_uncommitted` consumer's latest offset: the log end, past any transaction
-    still open, which the last stable offset (`_watermarks`) stops at.
+    The latest offset a `read_uncommitted` consumer (`uncommitted`) is told: the log
+    end, past any transaction still open, which the last stable offset (`_watermarks`)
+    stops at.
 
     Raises:
         KafkaUnavailable: If the brokers did not answer, or not for some partition.
@@ -403,11 +411,10 @@ def _log_ends(source: KafkaSource, asked: list[TopicPartition]) -> dict[tuple[st
     known = _known(source)
     if known is not None and all((t.topic, t.partition) in known.ends for t in asked):
         return {(t.topic, t.partition): known.ends[t.topic, t.partition] for t in asked}
-    with _consumer(source, committed=False) as uncommitted:
-        return _latest(source, uncommitted, asked, OFFSET_END)
+    return _watermark_of(source, uncommitted, asked, OFFSET_END)
 
 
-def _latest(
+def _watermark_of(
     source: KafkaSource, consumer: Consumer, asked: list[TopicPartition], moment: int
 ) -> dict[tuple[str, int], int]:
     """Each partition's offset at `moment` (OFFSET_BEGINNING or OFFSET_END), in one request.

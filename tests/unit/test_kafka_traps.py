@@ -9,9 +9,11 @@ import time
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import OFFSET_END, TopicPartition
 from deltalake import DeltaTable
 
 from strata.batch.decode import DecodeRules, decode_chunk
+from strata.batch.kafka import _log_ends
 from strata.batch.outcome import RunOutcome, Seen
 from strata.batch.plan import BatchPlan, PartitionState
 from strata.batch.reconcile import batch_results, reconcile_files, span_problems
@@ -97,6 +99,33 @@ def test_an_idle_run_says_how_much_of_its_lag_an_open_transaction_holds_back():
         "pipeline p: nothing new to read (lag 151 messages, 151 of them held back by an open "
         "transaction); no batch run"
     )
+
+
+class Brokers:
+    """A `read_uncommitted` consumer's `offsets_for_times`: each call recorded."""
+
+    def __init__(self):
+        self.calls: list[list[tuple[str, int, int]]] = []
+
+    def offsets_for_times(self, asked, timeout):
+        self.calls.append([(tp.topic, tp.partition, tp.offset) for tp in asked])
+        return [TopicPartition(tp.topic, tp.partition, 1000 + tp.partition) for tp in asked]
+
+
+def test_the_high_watermarks_of_every_partition_are_one_request():
+    source = PipelineConfig(
+        name="p",
+        topics=["t"],
+        schema_file="clicks.avsc",
+        schemas_dir=str(ROOT / "schemas"),
+        event_time=EventTimeConfig(field="ts"),
+    ).source()
+    brokers = Brokers()
+    asked = [TopicPartition("t", p) for p in range(3000)]
+    ends = _log_ends(source, brokers, asked)
+    assert ends == {("t", p): 1000 + p for p in range(3000)}
+    assert len(brokers.calls) == 1 and len(brokers.calls[0]) == 3000
+    assert {offset for _, _, offset in brokers.calls[0]} == {OFFSET_END}
 
 
 # Tombstones
