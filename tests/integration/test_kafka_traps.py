@@ -79,6 +79,13 @@ def tool_rows(output: str) -> list[dict[str, str]]:
     return [dict(zip(names, words, strict=False)) for words in lines[header + 1 :]]
 
 
+def group_described(kafka: LocalKafka, group: str) -> list[dict[str, str]]:
+    """`kafka-consumer-groups --describe --group GROUP`: a row per partition, with its
+    CURRENT-OFFSET, LOG-END-OFFSET and LAG."""
+    command = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"
+    return tool_rows(kafka_tool(kafka, command, "--describe", "--group", group))
+
+
 def clicks(count: int, seed: int, start_ms: int = START_MS) -> list:
     """Valid click events (`strata.local.events.click_events`), each landing as a row."""
     return list(click_events(count, start_ms, 1, seed=seed))
@@ -123,13 +130,17 @@ def _transaction(producer: Producer, topic: str, messages, commit: bool) -> None
 
 
 def _broker_setting(kafka: LocalKafka, name: str, value: str) -> None:
-    resource = ConfigResource(
-        ResourceType.BROKER,
-        "1",
-        incremental_configs=[ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)],
-    )
+    """Set a dynamic broker setting and wait until the broker has it in effect: it learns
+    it from the controller after the request returns."""
+    entry = ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ResourceType.BROKER, "1", incremental_configs=[entry])
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     admin.incremental_alter_configs([resource])[resource].result(30)
+    asked = ConfigResource(ResourceType.BROKER, "1")
+    deadline = time.monotonic() + 30
+    while admin.describe_configs([asked])[asked].result(30)[name].value != value:
+        assert time.monotonic() < deadline, f"{name}={value} not in effect 30s after being set"
+        time.sleep(0.05)
 
 
 def hang_transaction(kafka: LocalKafka, topic: str, partition: int, messages) -> int:
@@ -143,8 +154,6 @@ def hang_transaction(kafka: LocalKafka, topic: str, partition: int, messages) ->
     """
     _broker_setting(kafka, "transaction.partition.verification.enable", "false")
     try:
-        # The setting reaches the broker from the controller after the request returns.
-        time.sleep(1)
         producer_id, epoch = init_producer_id(kafka.bootstrap)
         return wire_produce(
             kafka.bootstrap,
@@ -227,15 +236,7 @@ def test_a_transaction_left_open_is_shown_held_back_and_after_its_abort_the_rest
         f"{float(high[0] - open_at)}" in scraped.stdout
     ), scraped.stdout
     # Kafka's own consumer-group tool counts the same lag: to the high watermark.
-    described = tool_rows(
-        kafka_tool(
-            kafka,
-            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
-            "--describe",
-            "--group",
-            p.cfg().group_id,
-        )
-    )
+    described = group_described(kafka, p.cfg().group_id)
     assert {int(r["PARTITION"]): int(r["LAG"]) for r in described} == {0: high[0] - open_at, 1: 0}
 
     # The way out the warning names, with Kafka's own tool.
@@ -554,15 +555,7 @@ def test_the_lag_strata_status_shows_is_the_lag_kafkas_consumer_group_tool_shows
         for q in last_json(status)["partitions"]
     }
     assert shown == {0: (100, 150, 50), 1: (100, 150, 50)}
-    described = tool_rows(
-        kafka_tool(
-            kafka,
-            "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
-            "--describe",
-            "--group",
-            p.cfg().group_id,
-        )
-    )
+    described = group_described(kafka, p.cfg().group_id)
     assert {
         int(r["PARTITION"]): (int(r["CURRENT-OFFSET"]), int(r["LOG-END-OFFSET"]), int(r["LAG"]))
         for r in described

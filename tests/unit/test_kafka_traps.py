@@ -112,14 +112,18 @@ class Brokers:
         return [TopicPartition(tp.topic, tp.partition, 1000 + tp.partition) for tp in asked]
 
 
-def test_the_high_watermarks_of_every_partition_are_one_request():
-    source = PipelineConfig(
-        name="p",
-        topics=["t"],
+def _pipeline(topic: str) -> PipelineConfig:
+    return PipelineConfig(
+        name="clicks",
+        topics=[topic],
         schema_file="clicks.avsc",
         schemas_dir=str(ROOT / "schemas"),
         event_time=EventTimeConfig(field="ts"),
-    ).source()
+    )
+
+
+def test_the_high_watermarks_of_every_partition_are_one_request():
+    source = _pipeline("t").source()
     brokers = Brokers()
     asked = [TopicPartition("t", p) for p in range(3000)]
     ends = _log_ends(source, brokers, asked)
@@ -132,14 +136,7 @@ def test_the_high_watermarks_of_every_partition_are_one_request():
 
 
 def _rules() -> DecodeRules:
-    cfg = PipelineConfig(
-        name="clicks",
-        topics=["clicks"],
-        schema_file="clicks.avsc",
-        schemas_dir=str(ROOT / "schemas"),
-        event_time=EventTimeConfig(field="ts"),
-    )
-    return DecodeRules.of_decoding(cfg.decoding())
+    return DecodeRules.of_decoding(_pipeline("clicks").decoding())
 
 
 def _raw(values: list[bytes | None]) -> pa.Table:
