@@ -80,6 +80,10 @@ class ReconcileError(StrataError):
     """Offsets read do not equal rows + quarantined + gaps, or the tables disagree."""
 
 
+class TombstoneRefused(StrataError):
+    """A batch met a tombstone under `on_tombstone: fail`; nothing of it was committed."""
+
+
 class BackfillError(StrataError):
     """The backfill or replay cannot be done as asked; nothing was changed."""
 

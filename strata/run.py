@@ -517,7 +517,9 @@ def _lag(
     states: list[PartitionState], committed: dict[tuple[str, int], int]
 ) -> dict[tuple[str, int], int]:
     return {
-        (s.topic, s.partition): max(s.high - committed.get((s.topic, s.partition), s.low), 0)
+        (s.topic, s.partition): max(
+            s.high_watermark - committed.get((s.topic, s.partition), s.low), 0
+        )
         for s in states
     }
 

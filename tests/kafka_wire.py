@@ -4,21 +4,30 @@ confluent-kafka (like every client) only produces header keys that are text: giv
 bytes, it sends their `str()`. A header key that is not valid UTF-8 can only reach
 a broker from a client that builds the record batch itself. This module does: one
 Produce request (v3) carrying one RecordBatch (magic 2, CRC-32C, varints), sent over
-a plain socket to a single broker, with the response checked.
+a plain socket to a single broker, with the response checked. It also writes the
+batch a client library never writes: a transactional one its coordinator was never
+told of (a producer id from InitProducerId, v0), which leaves a hanging transaction.
 
-References: the Kafka protocol guide (Produce request, v3) and the record batch
-format of KIP-98 (magic 2).
+References: the Kafka protocol guide (Produce request, v3; InitProducerId, v0) and
+the record batch format of KIP-98 (magic 2).
 """
 
 from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 _PRODUCE = 0
 _PRODUCE_VERSION = 3
+_INIT_PRODUCER_ID = 22
+_INIT_PRODUCER_ID_VERSION = 0
+# The batch attribute that marks its records as part of a transaction (KIP-98).
+_TRANSACTIONAL = 0x10
+# COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE.
+_RETRIABLE = (14, 15)
 
 
 @dataclass(frozen=True)
@@ -90,19 +99,36 @@ def _record(r: WireRecord, offset_delta: int, base_ts: int) -> bytes:
     return varint(len(body)) + bytes(body)
 
 
-def record_batch(records: Sequence[WireRecord]) -> bytes:
-    """A RecordBatch (magic 2) holding the records, uncompressed and non-transactional."""
+@dataclass(frozen=True)
+class WireProducer:
+    """The producer a batch is written by, for a transactional batch.
+
+    Attributes:
+        producer_id: The id `init_producer_id` got from the broker.
+        epoch: Its epoch.
+        transactional_id: The transactional id the Produce request names; the broker
+            asks its coordinator about it only while it verifies transactions.
+    """
+
+    producer_id: int
+    epoch: int
+    transactional_id: str
+
+
+def record_batch(records: Sequence[WireRecord], producer: WireProducer | None = None) -> bytes:
+    """A RecordBatch (magic 2) holding the records, uncompressed; transactional when a
+    producer is given (its first batch: sequence 0)."""
     base_ts = min(r.timestamp_ms for r in records)
     max_ts = max(r.timestamp_ms for r in records)
     after_crc = struct.pack(
         ">hiqqqhii",
-        0,  # attributes: no compression, CreateTime, not transactional
+        0 if producer is None else _TRANSACTIONAL,  # no compression, CreateTime
         len(records) - 1,  # last offset delta
         base_ts,
         max_ts,
-        -1,  # producer id
-        -1,  # producer epoch
-        -1,  # base sequence
+        -1 if producer is None else producer.producer_id,
+        -1 if producer is None else producer.epoch,
+        -1 if producer is None else 0,  # base sequence
         len(records),
     ) + b"".join(_record(r, i, base_ts) for i, r in enumerate(records))
     # Batch length counts everything after itself: leader epoch, magic, crc and the rest.
@@ -132,12 +158,51 @@ class ProduceFailed(Exception):
     """The broker answered a Produce request with an error code."""
 
 
+def _request(bootstrap: str, body: bytes, timeout_s: float) -> bytes:
+    """Send one request to the first broker of `bootstrap` and return its response."""
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        (size,) = struct.unpack(">i", _read_exact(sock, 4))
+        return _read_exact(sock, size)
+
+
+def init_producer_id(bootstrap: str, timeout_s: float = 30.0) -> tuple[int, int]:
+    """A producer id and epoch from the broker, for a producer without a transactional id.
+
+    Returns:
+        (producer id, epoch).
+
+    Raises:
+        ProduceFailed: With the broker's error code.
+    """
+    correlation = 2
+    body = (
+        struct.pack(">hhi", _INIT_PRODUCER_ID, _INIT_PRODUCER_ID_VERSION, correlation)
+        + _string("strata-tests-wire")
+        + _string(None)  # transactional id
+        + struct.pack(">i", int(timeout_s * 1000))
+    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reply = _request(bootstrap, body, timeout_s)
+        got_correlation, _throttle, error, producer_id, epoch = struct.unpack_from(">iihqh", reply)
+        # A broker just started is still loading its coordinators' state, and says so.
+        if error not in _RETRIABLE or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if got_correlation != correlation or error:
+        raise ProduceFailed(f"InitProducerId answered error code {error}")
+    return int(producer_id), int(epoch)
+
+
 def produce(
     bootstrap: str,
     topic: str,
     partition: int,
     records: Sequence[WireRecord],
     timeout_s: float = 30.0,
+    producer: WireProducer | None = None,
 ) -> int:
     """Produce one record batch to one partition of a single broker, acks=all.
 
@@ -148,6 +213,7 @@ def produce(
         partition: Partition.
         records: Records of the batch, in offset order.
         timeout_s: Socket timeout.
+        producer: Write the batch as this producer's transaction (`WireProducer`).
 
     Returns:
         The offset the broker assigned to the batch's first record.
@@ -155,12 +221,12 @@ def produce(
     Raises:
         ProduceFailed: With the broker's error code.
     """
-    batch = record_batch(records)
+    batch = record_batch(records, producer)
     correlation = 1
     body = (
         struct.pack(">hhi", _PRODUCE, _PRODUCE_VERSION, correlation)
         + _string("strata-tests-wire")
-        + _string(None)  # transactional id
+        + _string(None if producer is None else producer.transactional_id)
         + struct.pack(">hi", -1, int(timeout_s * 1000))  # acks=all, timeout
         + struct.pack(">i", 1)
         + _string(topic)
@@ -169,11 +235,7 @@ def produce(
         + struct.pack(">i", len(batch))
         + batch
     )
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
-        sock.sendall(struct.pack(">i", len(body)) + body)
-        (size,) = struct.unpack(">i", _read_exact(sock, 4))
-        reply = _read_exact(sock, size)
+    reply = _request(bootstrap, body, timeout_s)
     (got_correlation, topics) = struct.unpack_from(">ii", reply, 0)
     if got_correlation != correlation or topics != 1:
         raise ProduceFailed(f"unexpected Produce response header: {reply[:16].hex()}")

@@ -2,12 +2,13 @@
 
 Pure functions: Arrow in, Arrow out, no I/O. A message lands either as a row of the
 data table or as a row of the quarantine table with its reason and raw bytes, never
-neither, whatever its bytes: no value a producer sends may make decoding raise,
-because a batch's plan is saved and resumed, and a message that crashes a task
-would fail its batch on every re-run. Every check is deterministic for a given
-message (the future-skew and lateness checks are against the message's own Kafka
-timestamp, not the clock), so a re-run of a batch routes every message exactly as
-the first run did.
+neither, whatever its bytes (a tombstone, under `on_tombstone: skip` or `fail`, is
+handed back by its coordinates instead, to be counted or refused): no value a
+producer sends may make decoding raise, because a batch's plan is saved and resumed,
+and a message that crashes a task would fail its batch on every re-run. Every check
+is deterministic for a given message (the future-skew and lateness checks are
+against the message's own Kafka timestamp, not the clock), so a re-run of a batch
+routes every message exactly as the first run did.
 
 The clean path stays in Arrow: a chunk is validated and parsed in bulk, and only
 when a check fails does Python look at the messages one by one to say why.
@@ -20,7 +21,8 @@ checked against the message's timestamp (`_event_time`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +39,20 @@ from strata.schema.partitions import event_partitions, field_partitions
 __all__ = ["DecodeRules", "Decoded", "decode_chunk", "partition_stats"]
 
 
+TombstoneRule = Literal["quarantine", "skip", "fail"]
+"""What a null value does (`on_tombstone`)."""
+
+TOMBSTONE_REASON = "empty value (tombstone)"
+
+TOMBSTONE_SCHEMA = pa.schema(
+    [
+        pa.field("_topic", pa.string(), nullable=False),
+        pa.field("_partition", pa.int32(), nullable=False),
+        pa.field("_offset", pa.int64(), nullable=False),
+    ]
+)
+
+
 @dataclass(frozen=True)
 class Decoded:
     """The outcome of decoding one chunk of raw messages.
@@ -44,10 +60,14 @@ class Decoded:
     Attributes:
         rows: Decoded rows in the data table's schema (partition columns included).
         quarantine: Rejected messages in the quarantine schema, each with its reason.
+        tombstones: The coordinates (`_topic`, `_partition`, `_offset`) of the
+            tombstones neither decoded nor quarantined, under a rule other than
+            `quarantine`: to be counted as skipped, or to stop the batch.
     """
 
     rows: pa.Table
     quarantine: pa.Table
+    tombstones: pa.Table = field(default_factory=lambda: TOMBSTONE_SCHEMA.empty_table())
 
 
 # The raw message's fields each row of the table carries.
@@ -55,7 +75,10 @@ _COORDINATE_COLUMNS = ["_topic", "_partition", "_offset", "_kafka_ts", "_key", "
 
 
 def decode_chunk(
-    raw: pa.Table, rules: DecodeRules, rejected: Mapping[int, str] | None = None
+    raw: pa.Table,
+    rules: DecodeRules,
+    rejected: Mapping[int, str] | None = None,
+    tombstones: TombstoneRule = "quarantine",
 ) -> Decoded:
     """Decode a chunk of raw messages.
 
@@ -64,9 +87,13 @@ def decode_chunk(
         rules: The pipeline's decode rules.
         rejected: Row indices of `raw` to quarantine with the given reason whatever
             their value, e.g. messages whose headers the Kafka client could not read.
+        tombstones: What a null value does (`on_tombstone`): `quarantine` it with the
+            reason "empty value (tombstone)", or hand it back in `Decoded.tombstones`
+            (`skip` and `fail` alike: the caller counts or refuses them).
 
     Returns:
-        Rows and quarantined messages; together they hold every input message once.
+        Rows, quarantined messages and tombstones handed back; together they hold every
+        input message once.
 
     Raises:
         IndexError: If `rejected` names a row the chunk does not have.
@@ -84,8 +111,15 @@ def decode_chunk(
         usable = pc.and_(usable, pa.array(keep))
     for i in pc.indices_nonzero(pc.fill_null(pc.equal(pc.binary_length(values), 0), False)):
         reasons[i.as_py()] = reasons[i.as_py()] or "empty value"
-    for i in pc.indices_nonzero(pc.is_null(values)):
-        reasons[i.as_py()] = reasons[i.as_py()] or "empty value (tombstone)"
+    nulls = pc.indices_nonzero(pc.is_null(values)).to_pylist()
+    if tombstones == "quarantine" or not nulls:
+        for i in nulls:
+            reasons[i] = reasons[i] or TOMBSTONE_REASON
+        left_out: list[int] = []
+    else:
+        # A message rejected before decoding (its headers unreadable) is quarantined for
+        # that, tombstone or not: only a readable tombstone follows the rule.
+        left_out = [i for i in nulls if reasons[i] is None]
 
     if rules.format == "json":
         usable = only_utf8(values, usable, reasons)
@@ -144,7 +178,8 @@ def decode_chunk(
         pa.field("reason", pa.string(), nullable=False),
         pa.array([reasons[i] for i in bad_idx], pa.string()),
     ).cast(QUARANTINE_SCHEMA)
-    return Decoded(rows=rows, quarantine=quarantine)
+    dropped = raw.take(pa.array(left_out, pa.int64())).select(TOMBSTONE_SCHEMA.names)
+    return Decoded(rows=rows, quarantine=quarantine, tombstones=dropped.cast(TOMBSTONE_SCHEMA))
 
 
 def partition_stats(rows: pa.Table, late_after_ms: int) -> dict[tuple[str, int], dict[str, int]]:

@@ -1,14 +1,18 @@
 """The Kafka side of a run: watermarks for planning, and offsets for lag tools.
 
+A partition has three watermarks here: its log start, its last stable offset (the end
+a `read_committed` reader sees, and so the end a batch plans to) and its high
+watermark (the log end, which lag counts to); the two ends differ while a transaction
+is open, by what it holds back.
+
 Every request is bounded by `kafka.timeout_s`, so a dead broker or a missing topic is
 a clear error within that time, never a hang. Every client's log goes through the
-`strata.batch.kafka.client` logger (see `ClientLog`), never straight to stderr.
+`strata.kafka.client` logger (`strata.batch._client_log.ClientLog`), never straight to
+stderr.
 """
 
 from __future__ import annotations
 
-import logging
-import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,71 +32,15 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from strata.batch import _clients
+from strata.batch._client_log import CLIENT_LOG
+
+# The clients' log is this module's to publish: its users import it from here.
+from strata.batch._client_log import ClientLog as ClientLog
 from strata.batch.plan import PartitionState
 from strata.config import KafkaConfig, KafkaSource
 from strata.errors import KafkaUnavailable
-from strata.log import RateLimit, get_logger
+from strata.log import get_logger
 from strata.store.ranges import OffsetRange
-
-# librdkafka prefixes a line with the thread it came from, and ends a failed
-# connection with how long it took: neither tells one failure from another.
-_THREAD = re.compile(r"^\[thrd:[^\]]*\]:\s*")
-_ATTEMPT = re.compile(r"\s*\(after \d+ms in state \w+(, \d+ identical error\(s\) suppressed)?\)$")
-
-
-class ClientLog:
-    """librdkafka's log lines, as records of the `strata.batch.kafka.client` logger.
-
-    Without it librdkafka writes to stderr itself: against a dead broker, a line per
-    reconnection attempt, hundreds a minute, around the one error that matters. Here
-    each line is logged at its level, the same line at most once a minute (with the
-    count held back); a failed connection (facility FAIL) at DEBUG only, since the
-    client retries it on its own and, once it lasts, the request fails with an error
-    of ours that names the brokers and quotes the latest failure.
-
-    confluent-kafka calls `log(level, "%s [%s] %s", facility, client, text)` from the
-    thread that serves the client.
-    """
-
-    def __init__(self, logger: logging.Logger, window_s: float = 60.0) -> None:
-        """Route to a logger.
-
-        Args:
-            logger: Where the records go.
-            window_s: How long a line is held back after it was logged.
-        """
-        self.logger = logger
-        self.limit = RateLimit(window_s)
-        self._failure: tuple[float, str] | None = None
-
-    def log(self, level: int, msg: str, *args: object) -> None:
-        """Log one librdkafka line (the method confluent-kafka calls)."""
-        if len(args) == 3:
-            facility, text = str(args[0]), str(args[2])
-        else:
-            facility, text = "", msg % args if args else msg
-        text = _THREAD.sub("", text)
-        if facility == "FAIL":
-            self._failure = (time.monotonic(), _ATTEMPT.sub("", text))
-            level = logging.DEBUG
-        if not self.logger.isEnabledFor(level):
-            return
-        held = self.limit.admit((level, facility, _ATTEMPT.sub("", text)))
-        if held is None:
-            return
-        more = f" ({held:,} more like it in the last {self.limit.window_s:.0f}s)" if held else ""
-        self.logger.log(level, "kafka client: %s%s", text, more)
-
-    def failure_since(self, seconds: float) -> str | None:
-        """The latest failed connection, if it came in the last `seconds`."""
-        failure = self._failure
-        if failure is None or time.monotonic() - failure[0] > seconds:
-            return None
-        return failure[1]
-
-
-CLIENT_LOG = ClientLog(get_logger("strata.kafka.client"))
-"""The log of every Kafka client this process makes (one rate limit for them all)."""
 
 logger = get_logger(__name__)
 
@@ -103,8 +51,9 @@ class _Answers:
 
     Attributes:
         partitions: The partitions of every topic the brokers listed without an error.
-        marks: The low and high watermark of each partition of the tables' topics.
-        retention: Each of those topics' retention limits (`retention_limits`), if asked.
+        marks: The low watermark and last stable offset of each partition of the
+            tables' topics.
+        ends: The high watermark of each of those partitions.
         topics: The tables' topics, which the other answers are about.
         ids: Each of those topics' id (`topic_ids`), where the brokers keep one.
         retention: Each of those topics' retention limits (`retention_limits`), if asked.
@@ -116,6 +65,7 @@ class _Answers:
     partitions: dict[str, list[int]]
     marks: dict[tuple[str, int], tuple[int, int]]
     topics: frozenset[str]
+    ends: dict[tuple[str, int], int] = field(default_factory=dict)
     ids: dict[str, str] = field(default_factory=dict)
     retention: dict[str, dict[str, int | None]] = field(default_factory=dict)
     groups: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
@@ -147,7 +97,7 @@ def asked_together(sources: Sequence[KafkaSource], *, retention: bool = False) -
     their watermarks, the topics' ids and retention. Asked table by table, that is a
     few requests per table, hundreds for hundreds of tables, most of an idle run. Here
     the brokers are asked once for all the tables' topics (every topic listed in one
-    metadata request, the watermarks of all partitions in two, the ids, the consumer
+    metadata request, the watermarks of all partitions in three, the ids, the consumer
     group's offsets and, with `retention`, the retention limits in one each), and
     within the block each table's question on those topics is answered from that: as
     fresh as asking at the block's start. An idle table's offsets that the group holds
@@ -201,8 +151,10 @@ def _ask(group: list[KafkaSource], retention: bool) -> _Answers | None:
             named = {t for s in group for t in s.topics if t in partitions}
             wanted = sorted(named.union(*matching.values()))
             asked = [TopicPartition(t, p) for t in wanted for p in partitions[t]]
+            with _consumer(first, committed=False) as uncommitted:
+                ends = _log_ends(first, uncommitted, asked)
             marks = _watermarks(first, consumer, asked)
-        answers = _Answers(partitions, marks, frozenset(wanted), matching=matching)
+        answers = _Answers(partitions, marks, frozenset(wanted), ends, matching=matching)
         for source in {s.group_id: s for s in group}.values():
             with _consumer(source) as consumer:
                 had = consumer.committed(asked, timeout=source.kafka.timeout_s)
@@ -229,8 +181,13 @@ def client_conf(kafka: KafkaConfig, **extra: Any) -> dict[str, Any]:  # noqa: AN
     return conf
 
 
-def _consumer(source: KafkaSource) -> AbstractContextManager[Consumer]:
-    """The driver's consumer of the pipeline's group, kept and reused (`_clients`)."""
+def _consumer(source: KafkaSource, committed: bool = True) -> AbstractContextManager[Consumer]:
+    """The driver's consumer of the pipeline's group, kept and reused (`_clients`).
+
+    Its offsets are those a `read_committed` reader sees (what the tasks read), whatever
+    `kafka.properties` says; with `committed` False, those of a `read_uncommitted` one,
+    whose latest offset is the high watermark rather than the last stable offset.
+    """
     return _clients.consumer(
         client_conf(
             source.kafka,
@@ -238,6 +195,7 @@ def _consumer(source: KafkaSource) -> AbstractContextManager[Consumer]:
                 "group.id": source.group_id,
                 "enable.auto.commit": False,
                 "socket.timeout.ms": int(source.kafka.timeout_s * 1000),
+                "isolation.level": "read_committed" if committed else "read_uncommitted",
             },
         )
     )
@@ -351,7 +309,9 @@ def partition_states(
 
     Where `starting_offsets` is a moment, each partition never read before also gets
     the first offset at or after it (`PartitionState.at_start`), which the planner uses
-    for the partitions of a topic new to the pipeline.
+    for the partitions of a topic new to the pipeline. A partition a transaction left
+    open holds back gets its high watermark (`PartitionState.log_end`) and the Kafka
+    timestamp of its first unstable offset, asked for those partitions only.
 
     Args:
         source: The brokers, the pipeline's topics there, and its consumer group.
@@ -369,12 +329,36 @@ def partition_states(
             for topic, partitions in _topic_partitions(source, consumer).items()
             for partition in partitions
         ]
+        # The high watermarks first: a message produced between the two questions then
+        # moves the last stable offset up to (or past) them, never looking held back.
+        with _consumer(source, committed=False) as uncommitted:
+            ends = _log_ends(source, uncommitted, asked)
         marks = _watermarks(source, consumer, asked)
         states = []
         for t in asked:
-            low, high = marks[t.topic, t.partition]
+            low, stable = marks[t.topic, t.partition]
+            high = ends[t.topic, t.partition]
             key = (t.topic, t.partition)
-            states.append(PartitionState(t.topic, t.partition, low, high, committed.get(key)))
+            states.append(
+                PartitionState(
+                    t.topic,
+                    t.partition,
+                    low,
+                    stable,
+                    committed.get(key),
+                    # A broker that keeps no transactions' state may answer both alike.
+                    log_end=high if high > stable else None,
+                )
+            )
+        held = {(s.topic, s.partition): s.high for s in states if s.held_back}
+        if held:
+            since = first_messages_ms(source, held, committed=False)
+            states = [
+                replace(s, unstable_since_ms=since.get((s.topic, s.partition)))
+                if s.held_back
+                else s
+                for s in states
+            ]
         moment = source.starting_ms
         unread = [s for s in states if s.committed is None]
         if moment is not None and unread:
@@ -389,11 +373,13 @@ def partition_states(
 def _watermarks(
     source: KafkaSource, consumer: Consumer, asked: list[TopicPartition]
 ) -> dict[tuple[str, int], tuple[int, int]]:
-    """The low and high watermark of each partition, asked of the brokers together.
+    """The low watermark and last stable offset of each partition, asked of the brokers together.
 
     Two requests for all partitions (each broker answers for its own) rather than one
     per partition: with thousands of partitions, asking one by one was most of a run
-    that had nothing to read.
+    that had nothing to read. The latest offset a `read_committed` consumer is told
+    is the last stable offset: the high watermark unless a transaction is open, and
+    what a batch can read up to (`_log_ends` asks for the high watermark).
 
     Raises:
         KafkaUnavailable: If the brokers did not answer, or not for some partition.
@@ -403,26 +389,58 @@ def _watermarks(
     known = _known(source)
     if known is not None and all((t.topic, t.partition) in known.marks for t in asked):
         return {(t.topic, t.partition): known.marks[t.topic, t.partition] for t in asked}
-    timeout = source.kafka.timeout_s
-    found: dict[tuple[str, int], list[int]] = {}
-    for moment in (OFFSET_BEGINNING, OFFSET_END):
-        try:
-            answered = consumer.offsets_for_times(
-                [TopicPartition(t.topic, t.partition, moment) for t in asked], timeout=timeout
-            )
-        except KafkaException as exc:
-            raise _no_watermarks(source, f"partitions of {_topics(asked)}", exc.args[0]) from None
-        for tp in answered:
-            if tp.error is not None:
-                raise _no_watermarks(source, f"partition {tp.partition} of `{tp.topic}`", tp.error)
-            found.setdefault((tp.topic, tp.partition), []).append(tp.offset)
-    missing = [t for t in asked if len(found.get((t.topic, t.partition), ())) != 2]
+    lows = _watermark_of(source, consumer, asked, OFFSET_BEGINNING)
+    stable = _watermark_of(source, consumer, asked, OFFSET_END)
+    return {key: (low, stable[key]) for key, low in lows.items()}
+
+
+def _log_ends(
+    source: KafkaSource, uncommitted: Consumer, asked: list[TopicPartition]
+) -> dict[tuple[str, int], int]:
+    """The high watermark of each partition, in one request for all of them.
+
+    The latest offset a `read_uncommitted` consumer (`uncommitted`) is told: the log
+    end, past any transaction still open, which the last stable offset (`_watermarks`)
+    stops at.
+
+    Raises:
+        KafkaUnavailable: If the brokers did not answer, or not for some partition.
+    """
+    if not asked:
+        return {}
+    known = _known(source)
+    if known is not None and all((t.topic, t.partition) in known.ends for t in asked):
+        return {(t.topic, t.partition): known.ends[t.topic, t.partition] for t in asked}
+    return _watermark_of(source, uncommitted, asked, OFFSET_END)
+
+
+def _watermark_of(
+    source: KafkaSource, consumer: Consumer, asked: list[TopicPartition], moment: int
+) -> dict[tuple[str, int], int]:
+    """Each partition's offset at `moment` (OFFSET_BEGINNING or OFFSET_END), in one request.
+
+    Raises:
+        KafkaUnavailable: If the brokers did not answer, or not for some partition.
+    """
+    try:
+        answered = consumer.offsets_for_times(
+            [TopicPartition(t.topic, t.partition, moment) for t in asked],
+            timeout=source.kafka.timeout_s,
+        )
+    except KafkaException as exc:
+        raise _no_watermarks(source, f"partitions of {_topics(asked)}", exc.args[0]) from None
+    found: dict[tuple[str, int], int] = {}
+    for tp in answered:
+        if tp.error is not None:
+            raise _no_watermarks(source, f"partition {tp.partition} of `{tp.topic}`", tp.error)
+        found[(tp.topic, tp.partition)] = tp.offset
+    missing = [t for t in asked if (t.topic, t.partition) not in found]
     if missing:
         first = missing[0]
         raise _no_watermarks(
             source, f"partition {first.partition} of `{first.topic}`", "no answer for it"
         )
-    return {key: (low, high) for key, (low, high) in found.items()}
+    return found
 
 
 def _topics(asked: list[TopicPartition]) -> str:
@@ -593,24 +611,36 @@ def retention_limits(
     return out
 
 
-def oldest_unread_ms(
-    source: KafkaSource, positions: dict[tuple[str, int], int], wait_s: float = 5.0
+def first_messages_ms(
+    source: KafkaSource,
+    positions: dict[tuple[str, int], int],
+    *,
+    committed: bool = True,
+    wait_s: float = 5.0,
 ) -> dict[tuple[str, int], int]:
-    """Kafka timestamp (epoch ms) of the first unread message of each partition.
+    """Kafka timestamp (epoch ms) of the first message at or after an offset, per partition.
 
     Args:
         source: The brokers, the pipeline's topics there, and its consumer group.
-        positions: The first unread offset per (topic, partition).
+        positions: The offset per (topic, partition).
+        committed: Read as a `read_committed` reader does; False reads the records of
+            transactions still open too (the first unstable offset's message is one).
         wait_s: How long to wait for the messages.
 
     Returns:
-        Timestamps for the partitions whose first unread message arrived in time and
-        carries one.
+        Timestamps for the partitions whose message arrived in time and carries one.
     """
     if not positions:
         return {}
     consumer = Consumer(
-        client_conf(source.kafka, **{"group.id": source.group_id, "enable.auto.commit": False})
+        client_conf(
+            source.kafka,
+            **{
+                "group.id": source.group_id,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed" if committed else "read_uncommitted",
+            },
+        )
     )
     found: dict[tuple[str, int], int] = {}
     try:

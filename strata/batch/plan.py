@@ -36,14 +36,25 @@ Reprocess = Literal["backfill", "replay"]
 class PartitionState:
     """What is known of one partition when planning.
 
+    A transaction left open holds a partition's last stable offset below its high
+    watermark: a `read_committed` reader (every Strata reader) gets nothing past it
+    until the transaction ends, so a batch plans to it (`high`), and the rest counts
+    as lag held back (`held_back`), never as read.
+
     Attributes:
         topic: Kafka topic.
         partition: Partition number.
         low: The broker's log start offset.
-        high: The broker's high watermark.
+        high: Where a batch may read up to: the last stable offset, which is the high
+            watermark unless a transaction is open.
         committed: End offset of the last committed batch, or None if never read.
         at_start: For a partition never read, when `starting_offsets` is a moment: the
             first offset at or after it, as the brokers answered; None otherwise.
+        log_end: The high watermark (the log end, as a `read_uncommitted` reader sees
+            it) where it lies above `high`; None where they are equal.
+        unstable_since_ms: Where `log_end` is set: the Kafka timestamp of the message at
+            the first unstable offset (`high`), the first of the open transaction, when
+            the brokers gave it.
     """
 
     topic: str
@@ -52,6 +63,19 @@ class PartitionState:
     high: int
     committed: int | None
     at_start: int | None = None
+    log_end: int | None = None
+    unstable_since_ms: int | None = None
+
+    @property
+    def high_watermark(self) -> int:
+        """The partition's high watermark: what lag counts up to."""
+        return self.high if self.log_end is None else max(self.log_end, self.high)
+
+    @property
+    def held_back(self) -> int:
+        """Offsets between the last stable offset and the high watermark: held back from
+        every `read_committed` reader by a transaction still open."""
+        return self.high_watermark - self.high
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from strata.batch.plan import drop_command
 from strata.batch.task import RangeResult
 from strata.config import TableName
-from strata.errors import ReconcileError
+from strata.errors import ReconcileError, TombstoneRefused
 from strata.store.places import TableRef
 from strata.store.tables import Counts, batch_counts, batch_record, file_counts, range_counts
 
@@ -38,8 +38,10 @@ EXPECTED: dict[TableName, str] = {"table": "rows", "quarantine": "quarantined", 
 """Which count of a range each table must hold: its rows, quarantined rows, messages."""
 
 
-def span_problems(span: int, messages: int, gaps: int, rows: int, quarantined: int) -> list[str]:
-    """Offsets of a range = messages read + gaps, and messages = rows + quarantined.
+def span_problems(
+    span: int, messages: int, gaps: int, rows: int, quarantined: int, skipped: int = 0
+) -> list[str]:
+    """Offsets of a range = messages read + gaps, and messages = rows + quarantined + skipped.
 
     Args:
         span: End offset minus start offset.
@@ -47,6 +49,7 @@ def span_problems(span: int, messages: int, gaps: int, rows: int, quarantined: i
         gaps: Offsets the broker no longer holds (compacted, aborted transactions).
         rows: Rows decoded into the data table.
         quarantined: Rows quarantined.
+        skipped: Tombstones skipped and counted (`on_tombstone: skip`).
 
     Returns:
         A sentence for each rule broken; empty if the range adds up.
@@ -54,9 +57,11 @@ def span_problems(span: int, messages: int, gaps: int, rows: int, quarantined: i
     problems = []
     if span != messages + gaps or gaps < 0:
         problems.append(f"offsets span {span}, but {messages} messages were read and {gaps} gaps")
-    if rows + quarantined != messages:
+    if rows + quarantined + skipped != messages:
+        tombstones = f" and {skipped} tombstones skipped" if skipped else ""
         problems.append(
-            f"read {messages} messages but decoded {rows} rows and {quarantined} quarantined"
+            f"read {messages} messages but decoded {rows} rows and {quarantined} "
+            f"quarantined{tombstones}"
         )
     return problems
 
@@ -91,6 +96,9 @@ _COUNTERS = (
     "redelivered",
     "gap_runs",
     "gap_runs_verified",
+    "skipped",
+    "skipped_offset_sum",
+    "refused",
 )
 
 
@@ -125,7 +133,11 @@ def batch_results(plan: BatchPlan, split_results: list[SplitResult]) -> list[Ran
             for name in _COUNTERS:
                 setattr(merged, name, getattr(merged, name) + getattr(r, name))
             merged.max_lateness_ms = max(merged.max_lateness_ms, r.max_lateness_ms)
-            for name, pick in (("min_event_us", min), ("max_event_us", max)):
+            for name, pick in (
+                ("min_event_us", min),
+                ("max_event_us", max),
+                ("first_refused", min),
+            ):
                 values = [v for v in (getattr(merged, name), getattr(r, name)) if v is not None]
                 setattr(merged, name, pick(values) if values else None)
         if reach != planned.end:
@@ -141,7 +153,31 @@ def batch_results(plan: BatchPlan, split_results: list[SplitResult]) -> list[Ran
             f"batch {plan.batch} does not reconcile; nothing was committed:\n  "
             + "\n  ".join(problems)
         )
+    refuse_tombstones(plan, results)
     return results
+
+
+def refuse_tombstones(plan: BatchPlan, results: list[RangeResult]) -> None:
+    """Stop a batch that met a tombstone under `on_tombstone: fail`, before any commit.
+
+    Raises:
+        TombstoneRefused: Naming each partition, its first tombstone's offset, and the
+            setting that lets the batch finish.
+    """
+    refused = [r for r in results if r.refused]
+    if not refused:
+        return
+    names = "; ".join(
+        f"partition {r.partition} of `{r.topic}`: {r.refused} tombstone"
+        f"{'s' if r.refused > 1 else ''} (null values), the first at offset {r.first_refused}"
+        for r in refused
+    )
+    raise TombstoneRefused(
+        f"batch {plan.batch}: {names}; on_tombstone is `fail`, so nothing was committed. "
+        "Set on_tombstone to `skip` (count them and go on) or `quarantine` (keep them in "
+        "the quarantine table) in the pipeline's configuration and run again: the batch "
+        "finishes with the same offsets."
+    )
 
 
 def planned_results(plan: BatchPlan, stored: list[RangeResult]) -> list[RangeResult]:
@@ -181,7 +217,9 @@ def reconcile_files(
         where = f"partition {r.partition} of `{r.topic}` [{r.start}, {r.end})"
         problems += [
             f"{where}: {p}"
-            for p in span_problems(r.end - r.start, r.messages, r.gaps, r.rows, r.quarantined)
+            for p in span_problems(
+                r.end - r.start, r.messages, r.gaps, r.rows, r.quarantined, r.skipped
+            )
         ]
         for name, counted in in_files.items():
             rows, _ = counted.get(key, (0, 0))
@@ -194,7 +232,7 @@ def reconcile_files(
         if "raw" in sums and sums["raw"] != r.offset_sum:
             problems.append(f"{where}: the raw files hold other offsets than were read")
         if {"table", "quarantine"} <= sums.keys() and (
-            sums["table"] + sums["quarantine"] != r.offset_sum
+            sums["table"] + sums["quarantine"] + r.skipped_offset_sum != r.offset_sum
         ):
             problems.append(
                 f"{where}: the data and quarantine files hold other offsets than were read"
@@ -245,7 +283,7 @@ def reconcile_resumed(
             if r.messages:
                 problems.append(f"partition {r.partition} of `{r.topic}`: not in that commit")
             continue
-        for field_name in ("messages", "gaps", "rows", "quarantined", "offset_sum"):
+        for field_name in ("messages", "gaps", "rows", "quarantined", "skipped", "offset_sum"):
             was, now = earlier.get(field_name), getattr(r, field_name)
             # Commits made before a counter existed carry none of it.
             if was is not None and was != now:

@@ -114,6 +114,12 @@ class RangeResult:
         gap_runs_verified: Of those, the runs the broker confirmed hold no message
             (at most `strata.batch.read.GAP_RUNS_VERIFIED` per range; 0 when read from the
             raw copy, which has no broker).
+        skipped: Tombstones left out of the data and quarantine tables and counted
+            (`on_tombstone: skip`); the raw copy keeps them.
+        skipped_offset_sum: Sum of their offsets, for the files' offset check.
+        refused: Tombstones met under `on_tombstone: fail`: the batch stops before
+            anything is committed.
+        first_refused: The lowest offset of those, for the stop's message.
     """
 
     topic: str
@@ -133,6 +139,10 @@ class RangeResult:
     redelivered: int = 0
     gap_runs: int = 0
     gap_runs_verified: int = 0
+    skipped: int = 0
+    skipped_offset_sum: int = 0
+    refused: int = 0
+    first_refused: int | None = None
 
 
 @dataclass
@@ -255,7 +265,7 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
             with stages.timed("write_raw"):
                 writers["raw"].write(raw)
         with stages.timed("decode"):
-            decoded = decode_chunk(raw, rules, chunk.rejected)
+            decoded = decode_chunk(raw, rules, chunk.rejected, spec.decoding.tombstones)
         # Decoded rows are copies: the raw chunk can go before they are written.
         del raw, chunk
         if "table" in writers:
@@ -268,6 +278,7 @@ def _process(job: SplitJob, shuffle_rows: bool) -> Iterator[pa.Table | SplitResu
                 writers["quarantine"].write(decoded.quarantine)
         with stages.timed("statistics"):
             _tally(decoded, rules, by_partition)
+            _tally_tombstones(decoded.tombstones, spec.decoding.tombstones, by_partition)
 
     for key, p in progress.items():
         res = results[key]
@@ -316,6 +327,31 @@ def _tally(
             q.column("_topic").to_pylist(), q.column("_partition").to_pylist(), strict=True
         ):
             by_partition[(topic, partition)].quarantined += 1
+
+
+def _tally_tombstones(
+    tombstones: pa.Table, rule: str, by_partition: dict[tuple[str, int], RangeResult]
+) -> None:
+    """Count the tombstones a chunk handed back: skipped, or refused (`on_tombstone: fail`).
+
+    A refused tombstone does not fail the task: Spark would retry it, and every retry
+    would fail the same way. The driver stops the batch, naming the first one.
+    """
+    if not tombstones.num_rows:
+        return
+    for topic, partition, offset in zip(
+        tombstones.column("_topic").to_pylist(),
+        tombstones.column("_partition").to_pylist(),
+        tombstones.column("_offset").to_pylist(),
+        strict=True,
+    ):
+        res = by_partition[(topic, partition)]
+        if rule == "fail":
+            res.refused += 1
+            res.first_refused = _min(res.first_refused, offset)
+        else:
+            res.skipped += 1
+            res.skipped_offset_sum += offset
 
 
 def run_split(job: SplitJob) -> SplitResult:

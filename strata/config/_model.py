@@ -113,6 +113,13 @@ class PipelineConfig(_Strict):
             Partitions added later to a topic already read start at their log start.
         on_data_loss: `fail` (default) stops before reading when retention deleted
             unread offsets; `accept` goes on and records the loss in the ledger.
+        on_tombstone: What a tombstone (a message with a null value, which a compacted
+            topic's producer sends to delete a key) does in an append pipeline:
+            `quarantine` (default) puts it in the quarantine table with its key;
+            `skip` leaves it out of every table but the raw copy and counts it, per
+            partition, in the ledger and the run summary; `fail` stops the batch before
+            anything is committed, naming the partition and offset. Changing it is
+            allowed on a batch that committed nothing yet.
         kafka: Broker connection.
         limits: Batch bounds.
         spark: Spark session settings.
@@ -164,6 +171,7 @@ class PipelineConfig(_Strict):
     lock_lease: Duration = "2m"
     starting_offsets: str = "earliest"
     on_data_loss: Literal["fail", "accept"] = "fail"
+    on_tombstone: Literal["quarantine", "skip", "fail"] = "quarantine"
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
@@ -239,6 +247,7 @@ class PipelineConfig(_Strict):
             self.schema_registry,
             self.schema_file,
             self.reads_schema_file,
+            self.on_tombstone,
         )
 
     def source(self) -> KafkaSource:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from strata.config._checks import starting_point, topic_pattern
 from strata.config._sections import (
@@ -120,6 +121,10 @@ class Decoding:
         reads_schema_file: Whether `schemas` holds `schema_file`'s schema as loaded;
             only then are messages written with `schema_id` read without asking the
             registry (`PipelineConfig.reads_schema_file`).
+        tombstones: What a null value does (`on_tombstone`): `quarantine`, `skip` or
+            `fail`. Not part of the plan's fingerprint: a batch that committed nothing
+            may finish under another rule, and one partly committed is held to the
+            counts its commits recorded (`strata.batch.reconcile.reconcile_resumed`).
     """
 
     schemas: SchemaSpec
@@ -128,6 +133,7 @@ class Decoding:
     registry: SchemaRegistryConfig
     schema_file: str = ""
     reads_schema_file: bool = True
+    tombstones: Literal["quarantine", "skip", "fail"] = "quarantine"
 
     def reading(self, text: str) -> Decoding:
         """These settings reading with another Avro schema (`PipelineConfig.with_schema_text`).

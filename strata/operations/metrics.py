@@ -49,6 +49,17 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
         "Messages behind the partition's high watermark (after the run, for a run).",
         _PARTITION,
     ),
+    "strata_held_back_messages": (
+        "Messages between the partition's last stable offset and its high watermark, which "
+        "a transaction still open holds back from every read_committed reader; 0 when none "
+        "is open.",
+        _PARTITION,
+    ),
+    "strata_open_transaction_start_timestamp_seconds": (
+        "When the transaction holding the partition back began (the Kafka timestamp of its "
+        "first message, at the first unstable offset), Unix time; absent when none is open.",
+        _PARTITION,
+    ),
     "strata_oldest_unread_age_seconds": (
         "Age of the partition's first unread message, by its Kafka timestamp.",
         _PARTITION,
@@ -68,6 +79,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "strata_run_quarantined": ("Messages of the partition the run quarantined.", _PARTITION),
     "strata_run_gaps": (
         "Offsets of the partition the run found empty (transaction markers, compaction).",
+        _PARTITION,
+    ),
+    "strata_run_skipped_tombstones": (
+        "Tombstones (null values) of the partition the run skipped and counted "
+        "(on_tombstone: skip).",
         _PARTITION,
     ),
     "strata_run_bytes": ("Key and value bytes the run read from the partition.", _PARTITION),
@@ -142,6 +158,12 @@ def _view_metrics(gauges: _Gauges, view: dict[str, Any]) -> None:
         ):
             if p.get(key) is not None:
                 gauges.set(name, p[key], **where)
+        if "lag" in p:
+            gauges.set("strata_held_back_messages", p.get("held_back", 0), **where)
+        since = p.get("unstable_since")
+        if since is not None:
+            at = datetime.fromisoformat(since).timestamp()
+            gauges.set("strata_open_transaction_start_timestamp_seconds", at, **where)
     gauges.set("strata_lag_growth_runs", view.get("lag_growth_runs", 0), pipeline=pipeline)
     mark = view.get("watermark")
     if mark is not None:
@@ -213,6 +235,7 @@ def run_metrics(
         gauges.set("strata_run_rows", r.rows if r else 0, **where)
         gauges.set("strata_run_quarantined", r.quarantined if r else 0, **where)
         gauges.set("strata_run_gaps", r.gaps if r else 0, **where)
+        gauges.set("strata_run_skipped_tombstones", r.skipped if r else 0, **where)
         gauges.set("strata_run_bytes", r.bytes if r else 0, **where)
     for table, files in sorted(outcome.files.items()):
         gauges.set("strata_run_files", files, pipeline=pipeline, table=table)

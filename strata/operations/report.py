@@ -29,6 +29,7 @@ def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
         "rows": sum(r.rows for r in outcome.ranges),
         "quarantined": sum(r.quarantined for r in outcome.ranges),
         "gaps": sum(r.gaps for r in outcome.ranges),
+        "skipped": sum(r.skipped for r in outcome.ranges),
         "late_rows": sum(r.late_rows for r in outcome.ranges),
         "max_lateness_ms": max((r.max_lateness_ms for r in outcome.ranges), default=0),
         "bytes": total_bytes,
@@ -51,6 +52,7 @@ def summary_dict(outcome: RunOutcome) -> dict[str, Any]:
                 "rows": r.rows,
                 "quarantined": r.quarantined,
                 "gaps": r.gaps,
+                "skipped": r.skipped,
                 "bytes": r.bytes,
                 "late_rows": r.late_rows,
                 "max_lateness_ms": r.max_lateness_ms,
@@ -73,8 +75,13 @@ def render_summary(outcome: RunOutcome) -> str:
     s = summary_dict(outcome)
     if outcome.status == "idle":
         lag = sum(outcome.lag.values())
+        states = outcome.seen.states if outcome.seen is not None else None
+        held = sum(s.held_back for s in states or [])
+        # Lag a run cannot read is not lag it left: say what holds it (the warning says more).
+        why = f", {held:,} of them held back by an open transaction" if held else ""
         lines = [
-            f"pipeline {outcome.pipeline}: nothing new to read (lag {lag:,} messages); no batch run"
+            f"pipeline {outcome.pipeline}: nothing new to read (lag {lag:,} messages{why}); "
+            "no batch run"
         ]
         lines.extend(f"warning: {w}" for w in s["warnings"])
         if s["registered"]:
@@ -83,7 +90,9 @@ def render_summary(outcome: RunOutcome) -> str:
     head = (
         f"pipeline {outcome.pipeline}: batch {outcome.batch} {outcome.status}: "
         f"{s['messages']:,} messages, {s['rows']:,} rows, {s['quarantined']:,} quarantined, "
-        f"{s['gaps']:,} gaps, {s['bytes'] / 1e6:,.1f} MB in {outcome.seconds:.1f}s "
+        f"{s['gaps']:,} gaps, "
+        + (f"{s['skipped']:,} tombstones skipped, " if s["skipped"] else "")
+        + f"{s['bytes'] / 1e6:,.1f} MB in {outcome.seconds:.1f}s "
         f"(Spark start {outcome.spark_seconds:.1f}s; {s['mb_per_s']} MB/s, "
         f"{s['msgs_per_s']:,} msgs/s while reading)"
     )

@@ -10,12 +10,13 @@ import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from strata.batch.kafka import oldest_unread_ms, partition_states, retention_limits
+from strata.batch.kafka import first_messages_ms, partition_states, retention_limits
 from strata.batch.plan import PartitionState, PlanStore, vanished_topics
 from strata.catalog.completeness import watermark_now
 from strata.config import CompletenessConfig, KafkaSource
@@ -196,9 +197,14 @@ def _view(
             position = committed if committed is not None else s.low
             lag[(s.topic, s.partition)] = {
                 "low": s.low,
-                "high": s.high,
-                "lag": max(s.high - position, 0),
+                "stable": s.high,
+                "high": s.high_watermark,
+                "lag": max(s.high_watermark - position, 0),
             }
+            if s.held_back:
+                lag[(s.topic, s.partition)].update(_held_back(s, out["warnings"]))
+            # What a reader can read now: a message behind an open transaction would be
+            # waited for in vain.
             if s.high > position:
                 unread[(s.topic, s.partition)] = max(position, s.low)
         # Sizes and rates matter only where something is unread; a caught-up pipeline
@@ -233,6 +239,51 @@ def _view(
             "the pipeline reads less than arrives. Run it more often, raise "
             "limits.max_offsets_per_partition, or give it more Spark cores"
         )
+    return out
+
+
+TRANSACTIONS_TOOL = "kafka-transactions.sh --bootstrap-server BROKERS"
+"""Kafka's own tool for transactions (`org.apache.kafka.tools.TransactionsCommand`)."""
+
+
+OPEN_TRANSACTION_WARNING_S = 60
+"""A transaction open longer than this (a Kafka producer's default `transaction.timeout.ms`)
+is warned of; a transactional producer's transactions are open for moments all the time."""
+
+
+def _held_back(s: PartitionState, warnings: list[str]) -> dict[str, Any]:
+    """What a transaction left open holds back in a partition: figures, and a warning once
+    it has been open longer than `OPEN_TRANSACTION_WARNING_S` (or since when is unknown).
+
+    Args:
+        s: The partition, held back (`PartitionState.held_back`).
+        warnings: Where its warning goes.
+
+    Returns:
+        The status's `held_back` (messages between the last stable offset and the high
+        watermark), `unstable_offset` (the open transaction's first offset) and, when
+        the brokers gave its message's timestamp, `unstable_since` and
+        `unstable_age_s`.
+    """
+    out: dict[str, Any] = {"held_back": s.held_back, "unstable_offset": s.high}
+    since = ""
+    if s.unstable_since_ms is not None:
+        at = datetime.fromtimestamp(s.unstable_since_ms / 1000, tz=UTC)
+        out["unstable_since"] = at.isoformat(timespec="seconds")
+        age_ms = max(int(time.time() * 1000) - s.unstable_since_ms, 0)
+        out["unstable_age_s"] = age_ms // 1000
+        if out["unstable_age_s"] < OPEN_TRANSACTION_WARNING_S:
+            return out
+        since = f" since {out['unstable_since']} ({human_duration(age_ms)} ago)"
+    warnings.append(
+        f"partition {s.partition} of `{s.topic}`: {s.held_back:,} messages are held back by a "
+        f"transaction open{since} at offset {s.high} (the last stable offset; the high "
+        f"watermark is {s.high_watermark}): no read_committed reader gets past it until it "
+        "commits, aborts or times out. If its producer is gone, find it with "
+        f"`{TRANSACTIONS_TOOL} find-hanging --topic {s.topic} --partition {s.partition}` "
+        f"and abort it with `{TRANSACTIONS_TOOL} abort --topic {s.topic} --partition "
+        f"{s.partition} --start-offset {s.high}`; the next run then reads on"
+    )
     return out
 
 
@@ -399,7 +450,7 @@ def _retention(
     """
     # The topics status listed already: a pattern's are not asked of the brokers again.
     limits = retention_limits(source, {topic for topic, _ in lag})
-    oldest = oldest_unread_ms(source, unread) if unread else {}
+    oldest = first_messages_ms(source, unread) if unread else {}
     now_ms = int(time.time() * 1000)
     for (topic, partition), info in lag.items():
         keep_ms = limits.get(topic, {}).get("ms")
@@ -461,6 +512,7 @@ def _history(rows: pa.Table, limit: int) -> list[dict[str, Any]]:
             ("rows", "sum"),
             ("quarantined", "sum"),
             ("gaps", "sum"),
+            ("skipped", "sum"),
             ("bytes", "sum"),
             ("late_rows", "sum"),
             ("committed_at", "max"),
@@ -477,6 +529,7 @@ def _history(rows: pa.Table, limit: int) -> list[dict[str, Any]]:
                 "rows": rec["rows_sum"],
                 "quarantined": rec["quarantined_sum"],
                 "gaps": rec["gaps_sum"],
+                "skipped": rec["skipped_sum"] or 0,
                 "bytes": rec["bytes_sum"],
                 "late_rows": rec["late_rows_sum"],
                 "committed_at": rec["committed_at_max"].isoformat(timespec="seconds"),
@@ -496,8 +549,8 @@ def render_status(status: dict[str, Any]) -> str:
     for problem in status.get("table_problems", []):
         lines.append(f"TABLE {problem['problem'].upper()}: {problem['text']}")
     lines.append(
-        f"{'topic':>16} {'part':>4} {'committed':>12} {'high':>12} {'lag':>10} "
-        f"{'oldest unread':>14} {'to retention':>13} {'by':<15}"
+        f"{'topic':>16} {'part':>4} {'committed':>12} {'stable':>12} {'high':>12} {'lag':>10} "
+        f"{'held back':>10} {'oldest unread':>14} {'to retention':>13} {'by':<15}"
     )
     for p in status["partitions"]:
         committed = "-" if p["committed"] is None else str(p["committed"])
@@ -505,7 +558,8 @@ def render_status(status: dict[str, Any]) -> str:
         left = p.get("time_to_retention_s")
         lines.append(
             f"{p['topic']:>16} {p['partition']:>4} {committed:>12} "
-            f"{p.get('high', '?')!s:>12} {p.get('lag', '?')!s:>10} "
+            f"{p.get('stable', '?')!s:>12} {p.get('high', '?')!s:>12} {p.get('lag', '?')!s:>10} "
+            f"{p.get('held_back', 0):>10} "
             f"{'-' if age is None else human_duration(age * 1000):>14} "
             f"{'-' if left is None else human_duration(max(left, 0) * 1000):>13} "
             f"{p.get('retention_basis', '-'):<15}"
@@ -557,6 +611,8 @@ def render_status(status: dict[str, Any]) -> str:
             lines.append(
                 f"  batch {b['batch']:>5} {b['kind']:<8} {b['messages']:>10,} msgs "
                 f"{b['rows']:>10,} rows {b['quarantined']:>6,} quarantined "
-                f"{b['gaps']:>6,} gaps  {b['committed_at']}"
+                f"{b['gaps']:>6,} gaps "
+                + (f"{b['skipped']:,} tombstones skipped " if b["skipped"] else "")
+                + f" {b['committed_at']}"
             )
     return "\n".join(lines)

@@ -231,7 +231,9 @@ def reconcile_checks(
     spans, bad_ranges = [], 0
     for r in rows:
         t, p, lo, hi = r["topic"], r["partition"], r["start_offset"], r["end_offset"]
-        broken = span_problems(hi - lo, r["messages"], r["gaps"], r["rows"], r["quarantined"])
+        broken = span_problems(
+            hi - lo, r["messages"], r["gaps"], r["rows"], r["quarantined"], r.get("skipped") or 0
+        )
         spans += [f"partition {p} of `{t}` [{lo}, {hi}): {problem}" for problem in broken]
         bad_ranges += bool(broken)
     checks = [

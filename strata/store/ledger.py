@@ -86,8 +86,15 @@ LEDGER_SCHEMA = pa.schema(
         pa.field("high_watermark", pa.int64()),
         pa.field("committed_at", pa.timestamp("us", tz="UTC"), nullable=False),
         pa.field("note", pa.string()),
+        # Added after the first release: a ledger made before holds it from its next
+        # batch on (`_evolve`), and its older rows read it as null.
+        pa.field("skipped", pa.int64()),
     ]
 )
+"""The ledger's columns. A column added to it goes last, nullable, in `ADDED_COLUMNS` too."""
+
+ADDED_COLUMNS = ("skipped",)
+"""Columns the ledger gained after its first release: a ledger made before gains them."""
 
 
 RUN_COLUMNS = [
@@ -331,9 +338,19 @@ def lag_after(rows: list[dict[str, Any]]) -> int | None:
     return sum(max(int(r["high_watermark"]) - int(r["end_offset"]), 0) for r in known)
 
 
-FIGURES = ("messages", "rows", "quarantined", "gaps", "bytes", "late_rows", "max_lateness_ms")
+FIGURES = (
+    "messages",
+    "rows",
+    "quarantined",
+    "gaps",
+    "skipped",
+    "bytes",
+    "late_rows",
+    "max_lateness_ms",
+)
 """A range's counts, as the ledger's columns, a batch's results (`RangeResult`) and the run
-summary name them: every row holds offsets = rows + quarantined + gaps."""
+summary name them: every row holds offsets = rows + quarantined + skipped + gaps (skipped:
+tombstones counted and left out, `on_tombstone: skip`)."""
 
 
 class RangeFigures(Protocol):
@@ -516,6 +533,7 @@ def commit_ledger(
             metadata(None),
         )
     if table is not None:
+        _evolve(table)
         committed = commit_files(
             table, LEDGER_SCHEMA, [], files, places.pipeline, batch, metadata(table)
         )
@@ -525,6 +543,33 @@ def commit_ledger(
         return None
     # Through JSON, as the commit info is read back (`batch_state`).
     return LedgerCommit(LedgerState.from_record(json.loads(json.dumps(made[-1]))), data)
+
+
+def _evolve(table: DeltaTable) -> None:
+    """Add the columns a ledger made by an earlier release lacks (`ADDED_COLUMNS`).
+
+    Delta's schema evolution: a commit of the new nullable columns alone, before the
+    batch's own, so every reader of the table (Spark, Trino, delta-rs) sees them and
+    reads them as null in the files written before. Two runners may race to add them:
+    the one that loses finds them added.
+    """
+    from deltalake import Field
+
+    def missing() -> list[pa.Field]:
+        have = {f.name for f in table.schema().fields}
+        return [LEDGER_SCHEMA.field(name) for name in ADDED_COLUMNS if name not in have]
+
+    wanted = missing()
+    if not wanted:
+        return
+    try:
+        table.alter.add_columns([Field.from_arrow(f) for f in wanted])
+    except Exception:
+        # Another runner added them first (delta-rs refuses a column that exists, or the
+        # commit that raced it); anything else stays an error.
+        table.update_incremental()
+        if missing():
+            raise
 
 
 def ledger_file_prefix(batch: int) -> str:
