@@ -323,11 +323,12 @@ def test_the_brokers_are_asked_once_for_all_tables_and_a_missing_topic_fails_its
     argv = ["--pipeline", p.name, "--conf-dir", str(p.conf_dir)]
     asked = _count_requests(monkeypatch)
 
-    # Each table's plan, lag and status need its topics' partitions, watermarks, ids and
-    # retention: asked once for all five tables, before the run and after it.
+    # Each table's plan, lag and status need its topics' partitions, watermarks (log
+    # start, last stable offset, high watermark: one request each), ids and retention:
+    # asked once for all five tables, before the run and after it.
     assert main(["run", *argv]) == 0
     assert asked["consumer.list_topics"] == 2, asked
-    assert asked["consumer.offsets_for_times"] == 4, asked
+    assert asked["consumer.offsets_for_times"] == 6, asked
     assert asked["admin.describe_topics"] == 2, asked
     assert asked["admin.describe_configs"] == 1, asked
     for topic in topics:
@@ -339,7 +340,7 @@ def test_the_brokers_are_asked_once_for_all_tables_and_a_missing_topic_fails_its
     assert {t: s["last_batch"] for t, s in status.items()} == dict.fromkeys(
         (cfg.table_for(t) for t in topics), 1
     )
-    assert asked["consumer.list_topics"] == 1 and asked["consumer.offsets_for_times"] == 2, asked
+    assert asked["consumer.list_topics"] == 1 and asked["consumer.offsets_for_times"] == 3, asked
     # An idle run sends the group no offset it holds already.
     asked.clear()
     assert main(["run", *argv]) == 0
