@@ -453,13 +453,13 @@ def main() -> int:
         print(e, file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="strata-bench-"))
-    table: list[str] = []
-    after: list[str] = []
     figures: dict[str, Any] = {}
     took: dict[str, float] = {}
     try:
         with local_kafka(work) as broker:
             print(f"sections: {' '.join(chosen)}", flush=True)
+            # Each section's lines are printed as it ends: a section that fails later
+            # (a cluster that does not start, say) leaves the figures already measured.
             if "1m" in chosen:
                 began = time.monotonic()
                 seed(broker, "bench1m", 1_000_000)
@@ -467,11 +467,12 @@ def main() -> int:
                 took["1m"] = time.monotonic() - began
                 runs = strata_runs(broker, work, chosen, took)
                 figures |= table_figures(refs, runs)
-                table = [*table_lines(refs, runs), *summary_lines(figures), *where_time(runs)]
+                lines = [*table_lines(refs, runs), *summary_lines(figures), *where_time(runs)]
+                print("\n".join(lines), flush=True)
             if "where" in chosen:
                 began = time.monotonic()
                 value_bytes = refs["bare"]["result"]["bytes"]
-                after += placements(broker, work, runs["1M"], value_bytes)
+                print("\n".join(placements(broker, work, runs["1M"], value_bytes)), flush=True)
                 took["where"] = time.monotonic() - began
             for name, section in (
                 ("maintenance", maintenance),
@@ -484,10 +485,10 @@ def main() -> int:
                     began = time.monotonic()
                     lines, found = section(broker, work)
                     took[name] = time.monotonic() - began
-                    after += lines
+                    print("\n".join(lines), flush=True)
                     figures |= found
         timing = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in took.items())
-        print("\n".join([*table, json.dumps(figures), *after, "", f"sections took: {timing}"]))
+        print("\n".join(["", json.dumps(figures), f"sections took: {timing}"]))
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)
