@@ -15,7 +15,6 @@ Run it alone with `python -m bench.formats`.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,25 +30,21 @@ from bench.harness import (
     seed,
     strata_project,
 )
-from strata.local.broker import LocalBroker
 from strata.local.events import click_events, produce
+from strata.local.kafka import LocalKafka
 from strata.local.metastore import LocalMetastore
 
 EVENTS = 1_000_000
 # The next batch's events, landing onto the tables the first batch created.
 NEXT = 50_000
 FORMATS = ("delta", "parquet", "iceberg")
-# The seal that marks every partition's end again after the next batch's events.
-SEAL = json.dumps(
-    {"event_id": "seal", "user_id": 0, "page": "/", "device": "desktop", "ts": START_MS}
-).encode()
 
 
-def formats(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
+def formats(broker: LocalKafka, work: Path) -> tuple[list[str], dict[str, Any]]:
     """Run the section on `broker`, in `work`; its printed lines and its figures.
 
     Args:
-        broker: The local broker; a topic of its own is created.
+        broker: The local Kafka; a topic of its own is created.
         work: A scratch directory; the pipelines' projects and the metastore go under it.
 
     Returns:
@@ -73,7 +68,6 @@ def formats(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]
             if into is again:
                 # A batch onto tables that exist: the commit a schedule makes every hour.
                 produce(broker.bootstrap, topic, PARTITIONS, click_events(NEXT, START_MS, 24))
-                broker.seal(topic, list(range(PARTITIONS)), SEAL, timestamp_ms=START_MS)
             for fmt, conf in confs.items():
                 command = [strata, "run", "--pipeline", "bench", "--conf-dir", str(conf)]
                 m = measure([*command, "--json"], clean_env())

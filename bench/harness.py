@@ -16,7 +16,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ import pyarrow as pa
 import yaml
 from deltalake import DeltaTable
 
-from strata.local.broker import LocalBroker
-from strata.local.events import HOUR_MS, click_events, produce
+from strata.local.events import click_events, produce
+from strata.local.kafka import LocalKafka
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,6 +44,30 @@ S3_OPTIONS = {
 
 
 START_MS = 1_763_805_600_000
+"""The load's first event time (2025-11-22T10:00:00Z): fixed, so every run lands the same
+files, and in the past, which Kafka accepts (it refuses timestamps more than an hour
+ahead of its clock)."""
+
+# Every topic keeps what the bench produces: its event times are fixed and long past,
+# and Kafka's retention (7 days by default, by message timestamp) would delete them.
+TOPIC_CONFIG = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
+@contextmanager
+def local_kafka(work: Path) -> Iterator[LocalKafka]:
+    """Apache Kafka (one KRaft node on loopback) with its log under `work`, for a run.
+
+    Its high watermark is the log end: what a section produces is exactly what a
+    program reads. The broker runs outside every measured process tree.
+    """
+    with LocalKafka(work / "kafka") as broker:
+        print(f"Apache Kafka on {broker.bootstrap}", flush=True)
+        yield broker
+
+
+def create_topic(broker: LocalKafka, topic: str, partitions: int) -> None:
+    """Create a bench topic that keeps every message (`TOPIC_CONFIG`)."""
+    broker.create_topic(topic, partitions, TOPIC_CONFIG)
 
 
 def measure(
@@ -128,14 +153,15 @@ def measure(
     }
 
 
-def seed(broker: LocalBroker, topic: str, count: int, hours: int = 24) -> int:
-    """Produce clean click events over `hours` event hours; returns the count produced."""
-    broker.create_topic(topic, PARTITIONS)
+def seed(broker: LocalKafka, topic: str, count: int, hours: int = 24) -> int:
+    """Create `topic` and produce clean click events over `hours` event hours into it.
+
+    Returns:
+        The count produced: every message of the topic.
+    """
+    create_topic(broker, topic, PARTITIONS)
     began = time.monotonic()
     produce(broker.bootstrap, topic, PARTITIONS, click_events(count, START_MS, hours, seed=11))
-    last = START_MS + hours * HOUR_MS - 1
-    seal = {"event_id": "seal", "user_id": 0, "page": "/", "device": "desktop", "ts": last}
-    broker.seal(topic, list(range(PARTITIONS)), json.dumps(seal).encode(), timestamp_ms=last)
     print(
         f"  produced {count:,} events to `{topic}` in {time.monotonic() - began:.1f}s", flush=True
     )
@@ -201,7 +227,7 @@ def clean_env() -> dict[str, str]:
 
 
 def run_alone(
-    prefix: str, section: Callable[[LocalBroker, Path], tuple[list[str], dict[str, Any]]]
+    prefix: str, section: Callable[[LocalKafka, Path], tuple[list[str], dict[str, Any]]]
 ) -> int:
     """Run one section of the benchmark by itself, on a broker and a scratch directory.
 
@@ -214,8 +240,7 @@ def run_alone(
     """
     work = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        with LocalBroker() as broker:
-            print(f"local broker on {broker.bootstrap}", flush=True)
+        with local_kafka(work) as broker:
             lines, figures = section(broker, work)
         print("\n".join([*lines, json.dumps(figures)]))
         return 0

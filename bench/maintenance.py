@@ -1,6 +1,6 @@
 """The table-maintenance section of `make bench`: what 200 small batches cost, and undo.
 
-Hourly runs commit many small batches. This section measures, on the local broker:
+Hourly runs commit many small batches. This section measures, on the local Kafka:
 
 1. A no-op `strata run` (nothing new, so no JVM) on a pipeline whose ledger holds 2
    batches and on one holding 200, then on the latter after `strata compact` and
@@ -40,7 +40,7 @@ from bench.harness import (
     strata_project,
 )
 from strata.config import load_pipeline
-from strata.local.broker import LocalBroker
+from strata.local.kafka import LocalKafka
 from strata.run import run_batch
 from strata.spark.session import build_session
 
@@ -154,11 +154,11 @@ def compaction_totals(report: dict[str, Any]) -> dict[str, dict[str, int]]:
     return totals
 
 
-def maintenance(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
+def maintenance(broker: LocalKafka, work: Path) -> tuple[list[str], dict[str, Any]]:
     """Run the section on `broker`, in `work`; its printed lines and its figures.
 
     Args:
-        broker: The local broker; two topics of its own are created.
+        broker: The local Kafka; two topics of its own are created.
         work: A scratch directory; the pipelines' projects go under it.
 
     Returns:
@@ -170,9 +170,8 @@ def maintenance(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, A
     confs = {}
     for batches in (FEW, MANY):
         topic = f"maint{batches}"
-        # `seed` ends each partition with a seal message, read like any other: the load
-        # leaves it the last slot, so exactly `batches` batches drain the topic.
-        seed(broker, topic, batches * PARTITIONS * PER_BATCH - PARTITIONS)
+        # Exactly `batches` batches drain the topic.
+        seed(broker, topic, batches * PARTITIONS * PER_BATCH)
         # One task per batch, as a small hourly run has: at most one file per event hour.
         confs[batches] = strata_project(
             work / f"maint-{batches}", topic, broker.bootstrap, "per_task", tasks=1

@@ -1,7 +1,7 @@
 """`make profile`: where `strata run` spends its Python time, sampled by py-spy.
 
 Seeds the bench's load (1,000,000 JSON events by default, `PROFILE_EVENTS` to change)
-into a local broker, runs `strata run` under `py-spy record --subprocesses`, which
+into a local Apache Kafka, runs `strata run` under `py-spy record --subprocesses`, which
 follows the driver and every Spark Python worker it forks, and prints, per kind of
 process, the functions the samples were in (their own time) and the share of the
 stages the task code is built of (time inside them, callees included). py-spy samples
@@ -20,8 +20,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from bench.harness import seed, strata_project
-from strata.local.broker import LocalBroker
+from bench.harness import local_kafka, seed, strata_project
 
 # The stages of a task, by the function that does each (inclusive time).
 STAGES = {
@@ -93,7 +92,7 @@ def main() -> int:
     strata, spy = str(python.parent / "strata"), str(python.parent / "py-spy")
     work = Path(tempfile.mkdtemp(prefix="strata-profile-"))
     try:
-        with LocalBroker() as broker:
+        with local_kafka(work) as broker:
             seed(broker, "profile", events)
             conf = strata_project(work / "strata", "profile", broker.bootstrap, "per_task")
             out = work / "samples.txt"

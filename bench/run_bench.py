@@ -1,4 +1,4 @@
-"""`make bench`: a known load into the local broker, the real job, and its references.
+"""`make bench`: a known load into Apache Kafka, the real job, and its references.
 
 Produces 1,000,000 JSON click events (about 190 MB, 4 partitions), then measures in
 the same run, on the same data: the bare consume loop, the naive one-process peer
@@ -15,7 +15,12 @@ and from 4,096, and from one topic and from 200 topics routed to 200 tables, a f
 run and a no-op run of each; and history (bench/history.py): a no-op run and a small
 batch after 10,000 committed batches, against a fresh pipeline.
 
-CPU is measured for each program's whole process tree, never the broker's.
+All of it on one local Apache Kafka (`strata.local.kafka.LocalKafka`, a KRaft node on
+loopback), whose high watermark is the log end: every program reads exactly what was
+produced. CPU is measured for each program's whole process tree, never the broker's.
+
+`BENCH_SECTIONS` (names from `SECTIONS`, separated by spaces or commas) runs only some
+sections; unset or empty, all of them.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from bench.harness import (
     PARTITIONS,
     ROOT,
     files_per_hour,
+    local_kafka,
     measure,
     seed,
     strata_project,
@@ -46,9 +52,27 @@ from bench.harness import (
 from bench.history import history
 from bench.maintenance import maintenance
 from bench.scale import partitions, topics
-from strata.local.broker import LocalBroker
 from strata.local.cluster import LocalSparkCluster, submit_command, submit_env
+from strata.local.kafka import LocalKafka
 from strata.local.service import free_port, port_open
+
+# The sections, in the order they run, and what each measures.
+SECTIONS: dict[str, str] = {
+    "1m": "the references (bare loop, naive peer, naive peer + raw copy) and strata 1M",
+    "shuffle": "strata 1M with the shuffle layout",
+    "3m": "strata 3M",
+    "10m": "strata 10M",
+    "hours": "strata 1M over 6 and over 5,000 event hours",
+    "where": "the 1M load on local[1], on S3 and on a standalone cluster",
+    "maintenance": "no-op runs after 2 and 200 batches, compaction, checkpoint",
+    "partitions": "4,096 partitions against 8",
+    "topics": "200 routed topics against one",
+    "history": "10,000 committed batches against none",
+    "formats": "Delta, plain Parquet and Iceberg",
+}
+# Every row of the main table and the placements compare with the references and
+# strata 1M: choosing any of them runs `1m` too.
+NEEDS_1M = frozenset({"shuffle", "3m", "10m", "hours", "where"})
 
 
 @contextmanager
@@ -110,7 +134,7 @@ def executor_processes(cluster: LocalSparkCluster) -> list[psutil.Process]:
 
 
 def placements(
-    broker: LocalBroker, work: Path, one_m: dict[str, Any], value_bytes: int
+    broker: LocalKafka, work: Path, one_m: dict[str, Any], value_bytes: int
 ) -> list[str]:
     """The 1M load with local[1], local[2] (disk and S3) and a standalone cluster on S3.
 
@@ -160,6 +184,30 @@ def placements(
     return lines
 
 
+def chosen_sections(text: str | None) -> list[str]:
+    """The sections `BENCH_SECTIONS` names, in running order, with what they need.
+
+    Args:
+        text: Section names separated by spaces or commas; None or blank for all.
+
+    Returns:
+        The names, in `SECTIONS` order, `1m` added where another needs it.
+
+    Raises:
+        ValueError: If a name is not a section's; the message lists them.
+    """
+    names = set((text or "").replace(",", " ").split())
+    if not names:
+        return list(SECTIONS)
+    unknown = sorted(names - SECTIONS.keys())
+    if unknown:
+        known = ", ".join(f"{n} ({what})" for n, what in SECTIONS.items())
+        raise ValueError(f"BENCH_SECTIONS names no section {', '.join(unknown)}; they are: {known}")
+    if names & NEEDS_1M:
+        names.add("1m")
+    return [n for n in SECTIONS if n in names]
+
+
 def row(
     name: str, messages: int, nbytes: int, seconds: float, cpu: float, peak: int, files: str
 ) -> str:
@@ -196,216 +244,251 @@ def _cpu_per_gb(run: dict[str, Any], load_bytes: int, load_messages: int) -> flo
     return float(run["cpu"]) / (landed / 1e9)
 
 
-def main() -> int:
-    """Run the benchmark and print the comparison."""
-    python = sys.executable
-    strata = str(Path(python).parent / "strata")
-    work = Path(tempfile.mkdtemp(prefix="strata-bench-"))
-    lines: list[str] = []
-    figures: dict[str, Any] = {}
-    try:
-        with LocalBroker() as broker:
-            print(f"local broker on {broker.bootstrap}; seeding", flush=True)
-            seed(broker, "bench1m", 1_000_000)
+# The main table's strata runs: (label, section, topic, events to seed (None: `bench1m`,
+# seeded with the references), event hours, layout).
+CASES = (
+    ("1M", "1m", "bench1m", None, 24, "per_task"),
+    ("1M shuffle", "shuffle", "bench1m", None, 24, "shuffle"),
+    ("3M", "3m", "bench3m", 3_000_000, 24, "per_task"),
+    ("10M", "10m", "bench10m", 10_000_000, 24, "per_task"),
+    # A batch touching thousands of event hours (a file per hour, table and task),
+    # against six: its CPU per GB should stay within 2x.
+    ("1M 6h", "hours", "bench6h", 1_000_000, 6, "per_task"),
+    ("1M 5000h", "hours", "bench5000h", 1_000_000, 5_000, "per_task"),
+)
 
-            refs = {}
-            for kind in ("bare", "naive", "naive_raw"):
-                out = work / f"{kind}-out"
-                m = measure(
-                    [
-                        python,
-                        "-m",
-                        "bench.references",
-                        kind,
-                        broker.bootstrap,
-                        "bench1m",
-                        str(PARTITIONS),
-                        str(out),
-                    ]
-                )
-                refs[kind] = m
-                print(
-                    f"  {kind}: {m['result']['messages']:,} msgs in {m['result']['seconds']:.1f}s",
-                    flush=True,
-                )
 
-            runs = {}
-            # (label, topic, events to seed (None: already seeded), event hours, layout)
-            cases = (
-                ("1M", "bench1m", None, 24, "per_task"),
-                ("1M shuffle", "bench1m", None, 24, "shuffle"),
-                ("3M", "bench3m", 3_000_000, 24, "per_task"),
-                ("10M", "bench10m", 10_000_000, 24, "per_task"),
-                # A batch touching thousands of event hours (a file per hour, table and
-                # task), against six: its CPU per GB should stay within 2x.
-                ("1M 6h", "bench6h", 1_000_000, 6, "per_task"),
-                ("1M 5000h", "bench5000h", 1_000_000, 5_000, "per_task"),
-            )
-            for label, topic, count, hours, layout in cases:
-                if count:
-                    seed(broker, topic, count, hours)
-                conf = strata_project(
-                    work / f"strata-{label.replace(' ', '-')}", topic, broker.bootstrap, layout
-                )
-                env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
-                m = measure(
-                    [strata, "run", "--pipeline", "bench", "--conf-dir", str(conf), "--json"], env
-                )
-                files, hours, worst = files_per_hour(
-                    str(work / f"strata-{label.replace(' ', '-')}" / "warehouse" / "bench")
-                )
-                m["files"] = (files, hours, worst)
-                runs[label] = m
-                r = m["result"]
-                print(
-                    f"  strata {label}: {r['messages']:,} msgs, {r['seconds']:.1f}s "
-                    f"(Spark start {r['spark_start_seconds']:.1f}s)",
-                    flush=True,
-                )
+def references(broker: LocalKafka, work: Path) -> dict[str, dict[str, Any]]:
+    """The bare loop, the naive peer and the naive peer + raw copy over `bench1m`."""
+    refs = {}
+    for kind in ("bare", "naive", "naive_raw"):
+        out = work / f"{kind}-out"
+        m = measure(
+            [sys.executable, "-m", "bench.references", kind, broker.bootstrap, "bench1m",
+             str(PARTITIONS), str(out)]
+        )  # fmt: skip
+        refs[kind] = m
+        print(
+            f"  {kind}: {m['result']['messages']:,} msgs in {m['result']['seconds']:.1f}s",
+            flush=True,
+        )
+    return refs
 
-            where = placements(broker, work, runs["1M"], refs["bare"]["result"]["bytes"])
-            upkeep_lines, upkeep = maintenance(broker, work)
-            scale_lines, scale = partitions(broker, work)
-            routed_lines, routed = topics(broker, work)
-            history_lines, aged = history(broker, work)
-            format_lines, by_format = formats(broker, work)
 
-        bare, naive = refs["bare"], refs["naive"]
-        n, b = bare["result"]["messages"], bare["result"]["bytes"]
-        header = f"{'':<34} {'msgs/s':>10} {'MB/s':>8} {'CPU s/GB':>10} {'peak MB':>9}  files"
-        lines += [
-            "",
-            f"Strata benchmark: {n:,} JSON events, {b / 1e6:,.0f} MB, {PARTITIONS} partitions, "
-            f"24 event hours; broker on the same {os.cpu_count()}-core machine",
-            header,
-            row(
-                "bare consume loop",
-                n,
-                b,
-                bare["result"]["seconds"],
-                bare["cpu"],
-                bare["peak_rss"],
-                "-",
-            ),
-            row(
-                "naive peer (1 process)",
-                n,
-                b,
-                naive["result"]["seconds"],
-                naive["cpu"],
-                naive["peak_rss"],
-                f"{naive['result']['files']} ({naive['result']['files'] / 24:.1f}/hour)",
-            ),
-            row(
-                "naive peer + raw copy",
-                n,
-                b,
-                refs["naive_raw"]["result"]["seconds"],
-                refs["naive_raw"]["cpu"],
-                refs["naive_raw"]["peak_rss"],
-                f"{refs['naive_raw']['result']['files']} with raw",
-            ),
-        ]
-        for label, m in runs.items():
-            r = m["result"]
-            files, hours, worst = m["files"]
-            per_hour = (
-                f"{files} data ({files / hours:.1f}/hour, max {worst}) + {r['files']['raw']} raw"
-            )
-            # MB/s counts message values, as the references do (the load is the same data).
-            load = b * r["messages"] / n
-            lines.append(
-                row(
-                    f"strata {label}, whole process",
-                    r["messages"],
-                    load,
-                    m["wall"],
-                    m["cpu"],
-                    m["peak_rss"],
-                    per_hour,
-                )
-            )
-            lines.append(
-                row(
-                    f"strata {label}, tasks (steady state)",
-                    r["messages"],
-                    load,
-                    r["read_seconds"],
-                    m["cpu"],
-                    m["peak_rss"],
-                    "",
-                )
-            )
-        one = runs["1M"]["result"]
-        steady = b / one["read_seconds"]
-        whole = b / runs["1M"]["wall"]
-        peer = naive["result"]["bytes"] / naive["result"]["seconds"]
-        limit = bare["result"]["bytes"] / bare["result"]["seconds"]
+def strata_runs(
+    broker: LocalKafka, work: Path, chosen: list[str], took: dict[str, float]
+) -> dict[str, dict[str, Any]]:
+    """The main table's `strata run`s of the chosen sections, as real processes.
+
+    Each section's seconds (seeding included) are added to `took`.
+    """
+    strata = str(Path(sys.executable).parent / "strata")
+    runs = {}
+    for label, section, topic, count, hours, layout in CASES:
+        if section not in chosen:
+            continue
+        began = time.monotonic()
+        if count:
+            seed(broker, topic, count, hours)
+        project = work / f"strata-{label.replace(' ', '-')}"
+        conf = strata_project(project, topic, broker.bootstrap, layout)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STRATA_")}
+        m = measure([strata, "run", "--pipeline", "bench", "--conf-dir", str(conf), "--json"], env)
+        m["files"] = files_per_hour(str(project / "warehouse" / "bench"))
+        runs[label] = m
+        took[section] = took.get(section, 0.0) + time.monotonic() - began
+        r = m["result"]
+        print(
+            f"  strata {label}: {r['messages']:,} msgs, {r['seconds']:.1f}s "
+            f"(Spark start {r['spark_start_seconds']:.1f}s)",
+            flush=True,
+        )
+    return runs
+
+
+def table_lines(refs: dict[str, dict[str, Any]], runs: dict[str, dict[str, Any]]) -> list[str]:
+    """The main table: the references' rows, then each strata run's two."""
+    bare, naive = refs["bare"], refs["naive"]
+    n, b = bare["result"]["messages"], bare["result"]["bytes"]
+    header = f"{'':<34} {'msgs/s':>10} {'MB/s':>8} {'CPU s/GB':>10} {'peak MB':>9}  files"
+    lines = [
+        "",
+        f"Strata benchmark: {n:,} JSON events, {b / 1e6:,.0f} MB, {PARTITIONS} partitions, "
+        f"24 event hours; Apache Kafka on the same {os.cpu_count()}-core machine",
+        header,
+    ]
+    for name, ref, files in (
+        ("bare consume loop", bare, "-"),
+        (
+            "naive peer (1 process)",
+            naive,
+            f"{naive['result']['files']} ({naive['result']['files'] / 24:.1f}/hour)",
+        ),
+        (
+            "naive peer + raw copy",
+            refs["naive_raw"],
+            f"{refs['naive_raw']['result']['files']} with raw",
+        ),
+    ):
+        r = ref["result"]
+        lines.append(row(name, n, b, r["seconds"], ref["cpu"], ref["peak_rss"], files))
+    for label, m in runs.items():
+        r = m["result"]
+        files, hours, worst = m["files"]
+        per_hour = f"{files} data ({files / hours:.1f}/hour, max {worst}) + {r['files']['raw']} raw"
+        # MB/s counts message values, as the references do (the load is the same data).
+        load = b * r["messages"] / n
+        lines.append(
+            row(f"strata {label}, whole process", r["messages"], load, m["wall"], m["cpu"],
+                m["peak_rss"], per_hour)
+        )  # fmt: skip
+        lines.append(
+            row(f"strata {label}, tasks (steady state)", r["messages"], load, r["read_seconds"],
+                m["cpu"], m["peak_rss"], "")
+        )  # fmt: skip
+    return lines
+
+
+def table_figures(
+    refs: dict[str, dict[str, Any]], runs: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The main table's ratios and peaks, for the runs that were made."""
+    bare, naive = refs["bare"], refs["naive"]
+    n, b = bare["result"]["messages"], bare["result"]["bytes"]
+    one = runs["1M"]["result"]
+    peer = naive["result"]["bytes"] / naive["result"]["seconds"]
+    naive_cpu_gb = naive["cpu"] / (b / 1e9)
+    figures: dict[str, Any] = {
+        "steady_vs_naive": round(b / one["read_seconds"] / peer, 2),
+        "whole_vs_naive": round(b / runs["1M"]["wall"] / peer, 2),
+        "steady_vs_bare": round(
+            b / one["read_seconds"] / (bare["result"]["bytes"] / bare["result"]["seconds"]), 2
+        ),
+        "cpu_per_gb_1m_vs_naive": round(_cpu_per_gb(runs["1M"], b, n) / naive_cpu_gb, 2),
+        "cpu_per_gb_naive_raw_vs_naive": round(
+            refs["naive_raw"]["cpu"] / (b / 1e9) / naive_cpu_gb, 2
+        ),
+        "spark_start_s": one["spark_start_seconds"],
+        "peak_mb_1m": round(runs["1M"]["peak_rss"] / 2**20),
+    }
+    if "3M" in runs:
         three = runs["3M"]
         three_bytes = b * three["result"]["messages"] / n
-        naive_cpu_gb = naive["cpu"] / (b / 1e9)
-        figures = {
-            "steady_vs_naive": round(steady / peer, 2),
-            "whole_vs_naive": round(whole / peer, 2),
-            "steady_vs_bare": round(steady / limit, 2),
-            "steady_3m_vs_naive": round(three_bytes / three["result"]["read_seconds"] / peer, 2),
-            "cpu_per_gb_3m_vs_naive": round(three["cpu"] / (three_bytes / 1e9) / naive_cpu_gb, 2),
-            "cpu_per_gb_naive_raw_vs_naive": round(
-                refs["naive_raw"]["cpu"] / (b / 1e9) / naive_cpu_gb, 2
-            ),
-            "peak_mb_1m": round(runs["1M"]["peak_rss"] / 2**20),
-            "peak_mb_3m": round(runs["3M"]["peak_rss"] / 2**20),
-            "peak_mb_10m": round(runs["10M"]["peak_rss"] / 2**20),
-            "peak_mb_1m_5000h": round(runs["1M 5000h"]["peak_rss"] / 2**20),
-            "cpu_per_gb_5000h_vs_6h": round(
-                _cpu_per_gb(runs["1M 5000h"], b, n) / _cpu_per_gb(runs["1M 6h"], b, n), 2
-            ),
-            "cpu_per_gb_10m_vs_naive": round(
-                runs["10M"]["cpu"]
-                / (b * runs["10M"]["result"]["messages"] / n / 1e9)
-                / naive_cpu_gb,
-                2,
-            ),
-            "spark_start_s": one["spark_start_seconds"],
-            "shuffle_vs_per_task": round(
-                one["read_seconds"] / runs["1M shuffle"]["result"]["read_seconds"], 2
-            ),
-            **upkeep,
-            **scale,
-            **routed,
-            **aged,
-            **by_format,
-        }
-        lines += [
-            "",
-            f"tasks: {PARTITIONS} partitions split over 2 Spark tasks (local[2]); each task's "
-            "consumer is assigned 2 partitions. The references use one consumer for all 4.",
-            f"steady state vs naive peer: {figures['steady_vs_naive']}x at 1M, "
-            f"{figures['steady_3m_vs_naive']}x at 3M (target >= 1.5x at 3M); "
-            f"whole process vs naive peer: {figures['whole_vs_naive']}x at 1M (target >= 1x); "
-            f"steady vs bare loop: {figures['steady_vs_bare']}x",
-            f"CPU per GB vs naive peer: strata 3M whole tree "
-            f"{figures['cpu_per_gb_3m_vs_naive']}x (target <= 1.5x), 10M "
-            f"{figures['cpu_per_gb_10m_vs_naive']}x; naive + raw copy "
-            f"{figures['cpu_per_gb_naive_raw_vs_naive']}x",
-            *where_time(runs),
-            f"peak memory (process tree): {figures['peak_mb_1m']} MB at 1M, "
-            f"{figures['peak_mb_3m']} MB at 3M, {figures['peak_mb_10m']} MB at 10M, "
-            f"{figures['peak_mb_1m_5000h']} MB at 1M over 5,000 event hours (target: flat)",
-            f"CPU per GB over 5,000 event hours vs 6: {figures['cpu_per_gb_5000h_vs_6h']}x "
-            "(target <= 2x)",
-            f"Spark start-up: {figures['spark_start_s']:.1f}s",
-            f"shuffle layout vs per-task layout, steady state: {figures['shuffle_vs_per_task']}x "
-            "(fewer files per hour, rows moved once more)",
-            json.dumps(figures),
-            *where,
-            *upkeep_lines,
-            *scale_lines,
-            *routed_lines,
-            *history_lines,
-            *format_lines,
-        ]
-        print("\n".join(lines))
+        figures["steady_3m_vs_naive"] = round(
+            three_bytes / three["result"]["read_seconds"] / peer, 2
+        )
+        figures["whole_3m_vs_naive"] = round(three_bytes / three["wall"] / peer, 2)
+        figures["cpu_per_gb_3m_vs_naive"] = round(_cpu_per_gb(three, b, n) / naive_cpu_gb, 2)
+    if "10M" in runs:
+        figures["cpu_per_gb_10m_vs_naive"] = round(_cpu_per_gb(runs["10M"], b, n) / naive_cpu_gb, 2)
+    for label in ("3M", "10M", "1M 5000h"):
+        if label in runs:
+            key = "peak_mb_" + label.lower().replace(" ", "_")
+            figures[key] = round(runs[label]["peak_rss"] / 2**20)
+    if "1M 5000h" in runs:
+        figures["cpu_per_gb_5000h_vs_6h"] = round(
+            _cpu_per_gb(runs["1M 5000h"], b, n) / _cpu_per_gb(runs["1M 6h"], b, n), 2
+        )
+    if "1M shuffle" in runs:
+        figures["shuffle_vs_per_task"] = round(
+            one["read_seconds"] / runs["1M shuffle"]["result"]["read_seconds"], 2
+        )
+    return figures
+
+
+def summary_lines(figures: dict[str, Any]) -> list[str]:
+    """The main table's ratios in words, for the figures there are."""
+    f = figures
+    lines = [
+        "",
+        f"tasks: {PARTITIONS} partitions split over 2 Spark tasks (local[2]); each task's "
+        "consumer is assigned 2 partitions. The references use one consumer for all 4.",
+        f"steady state vs naive peer: {f['steady_vs_naive']}x at 1M"
+        + (
+            f", {f['steady_3m_vs_naive']}x at 3M (target >= 1.5x at 3M)"
+            if "steady_3m_vs_naive" in f
+            else ""
+        )
+        + f"; whole process vs naive peer: {f['whole_vs_naive']}x at 1M (target >= 1x)"
+        + (f", {f['whole_3m_vs_naive']}x at 3M" if "whole_3m_vs_naive" in f else "")
+        + f"; steady vs bare loop: {f['steady_vs_bare']}x",
+        f"CPU per GB vs naive peer: strata 1M whole tree {f['cpu_per_gb_1m_vs_naive']}x"
+        + (
+            f", 3M {f['cpu_per_gb_3m_vs_naive']}x (target <= 1.5x)"
+            if "cpu_per_gb_3m_vs_naive" in f
+            else ""
+        )
+        + (f", 10M {f['cpu_per_gb_10m_vs_naive']}x" if "cpu_per_gb_10m_vs_naive" in f else "")
+        + f"; naive + raw copy {f['cpu_per_gb_naive_raw_vs_naive']}x",
+    ]
+    peaks = [
+        f"{f[key]} MB at {what}"
+        for key, what in (
+            ("peak_mb_1m", "1M"),
+            ("peak_mb_3m", "3M"),
+            ("peak_mb_10m", "10M"),
+            ("peak_mb_1m_5000h", "1M over 5,000 event hours"),
+        )
+        if key in f
+    ]
+    lines.append(f"peak memory (process tree): {', '.join(peaks)} (target: flat)")
+    if "cpu_per_gb_5000h_vs_6h" in f:
+        lines.append(
+            f"CPU per GB over 5,000 event hours vs 6: {f['cpu_per_gb_5000h_vs_6h']}x (target <= 2x)"
+        )
+    lines.append(f"Spark start-up: {f['spark_start_s']:.1f}s")
+    if "shuffle_vs_per_task" in f:
+        lines.append(
+            f"shuffle layout vs per-task layout, steady state: {f['shuffle_vs_per_task']}x "
+            "(fewer files per hour, rows moved once more)"
+        )
+    return lines
+
+
+def main() -> int:
+    """Run the chosen sections (`BENCH_SECTIONS`, all by default) and print the comparison."""
+    try:
+        chosen = chosen_sections(os.environ.get("BENCH_SECTIONS"))
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="strata-bench-"))
+    figures: dict[str, Any] = {}
+    took: dict[str, float] = {}
+    try:
+        with local_kafka(work) as broker:
+            print(f"sections: {' '.join(chosen)}", flush=True)
+            # Each section's lines are printed as it ends: a section that fails later
+            # (a cluster that does not start, say) leaves the figures already measured.
+            if "1m" in chosen:
+                began = time.monotonic()
+                seed(broker, "bench1m", 1_000_000)
+                refs = references(broker, work)
+                took["1m"] = time.monotonic() - began
+                runs = strata_runs(broker, work, chosen, took)
+                figures |= table_figures(refs, runs)
+                lines = [*table_lines(refs, runs), *summary_lines(figures), *where_time(runs)]
+                print("\n".join(lines), flush=True)
+            if "where" in chosen:
+                began = time.monotonic()
+                value_bytes = refs["bare"]["result"]["bytes"]
+                print("\n".join(placements(broker, work, runs["1M"], value_bytes)), flush=True)
+                took["where"] = time.monotonic() - began
+            for name, section in (
+                ("maintenance", maintenance),
+                ("partitions", partitions),
+                ("topics", topics),
+                ("history", history),
+                ("formats", formats),
+            ):
+                if name in chosen:
+                    began = time.monotonic()
+                    lines, found = section(broker, work)
+                    took[name] = time.monotonic() - began
+                    print("\n".join(lines), flush=True)
+                    figures |= found
+        timing = ", ".join(f"{name} {seconds:.0f}s" for name, seconds in took.items())
+        print("\n".join(["", json.dumps(figures), f"sections took: {timing}"]))
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -19,8 +19,8 @@ Run them alone with `python -m bench.scale` (both), or `python -m bench.scale to
 
 from __future__ import annotations
 
-import json
 import sys
+import time
 from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
@@ -32,12 +32,13 @@ from bench.harness import (
     PARTITIONS,
     START_MS,
     clean_env,
+    create_topic,
     measure,
     run_alone,
     strata_project,
 )
-from strata.local.broker import LocalBroker
 from strata.local.events import click_events, produce
+from strata.local.kafka import LocalKafka
 
 EVENTS = 81_920
 FEW = 8
@@ -46,17 +47,14 @@ MANY = 4_096
 TOPICS = 200
 PER_TOPIC = 2_000
 
-Section = Callable[[LocalBroker, Path], tuple[list[str], dict[str, Any]]]
-
-# One seal event for every partition's end (see `LocalBroker.seal`).
-_SEAL = {"event_id": "seal", "user_id": 0, "page": "/", "device": "desktop", "ts": START_MS}
+Section = Callable[[LocalKafka, Path], tuple[list[str], dict[str, Any]]]
 
 
-def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
+def partitions(broker: LocalKafka, work: Path) -> tuple[list[str], dict[str, Any]]:
     """Run the section on `broker`, in `work`; its printed lines and its figures.
 
     Args:
-        broker: The local broker; two topics of its own are created.
+        broker: The local Kafka; two topics of its own are created.
         work: A scratch directory; the pipelines' projects go under it.
 
     Returns:
@@ -67,13 +65,15 @@ def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, An
     runs: dict[int, dict[str, dict[str, Any]]] = {}
     for count in (FEW, MANY):
         topic = f"parts{count}"
-        broker.create_topic(topic, count)
-        # Each partition ends with a seal, so both topics hold EVENTS messages in all.
-        events = click_events(EVENTS - count, START_MS, 6, seed=5)
-        produce(broker.bootstrap, topic, count, events)
-        # The local broker's high watermark is its last record batch's base offset: a
-        # one-message batch at each partition's end makes it cover every event.
-        broker.seal(topic, list(range(count)), json.dumps(_SEAL).encode(), timestamp_ms=START_MS)
+        began = time.monotonic()
+        create_topic(broker, topic, count)
+        created = time.monotonic() - began
+        produce(broker.bootstrap, topic, count, click_events(EVENTS, START_MS, 6, seed=5))
+        print(
+            f"  {count:,} partitions: topic created in {created:.1f}s, "
+            f"{EVENTS:,} events produced in {time.monotonic() - began - created:.1f}s",
+            flush=True,
+        )
         # The broker's own cost of serving this many partitions: the bare consume loop.
         bare = measure(
             [sys.executable, "-m", "bench.references", "bare", broker.bootstrap, topic,
@@ -116,6 +116,14 @@ def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, An
         f"bare consume loop (the broker serving them): {figures['parts_bare_8_s']:.2f}s at "
         f"{FEW} partitions, {figures['parts_bare_4096_s']:.2f}s at {MANY:,}"
     )
+    # Where a run's wall time went that its CPU does not account for: the driver's stages.
+    for kind in ("first", "noop"):
+        stages = many[kind]["result"].get("stages", {}).get("driver", {})
+        what = "first run" if kind == "first" else "no-op run"
+        lines.append(
+            f"  {what} at {MANY:,}, driver (wall/CPU s): "
+            + ", ".join(f"{name} {s['wall']:.1f}/{s['cpu']:.1f}" for name, s in stages.items())
+        )
     lines.append(
         f"first run, {MANY:,} vs {FEW} partitions: {figures['parts_first_ratio']:.2f}x "
         f"(target <= 1.5x); no-op run at {MANY:,}: {figures['parts_noop_4096_s']:.2f}s "
@@ -124,14 +132,14 @@ def partitions(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, An
     return lines, figures
 
 
-def topics(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
+def topics(broker: LocalKafka, work: Path) -> tuple[list[str], dict[str, Any]]:
     """Run the section on `broker`, in `work`; its printed lines and its figures.
 
     200 topics of one partition each, routed to 200 tables, against one topic of
     `PARTITIONS` partitions holding the same events, landing in one table.
 
     Args:
-        broker: The local broker; 201 topics of its own are created.
+        broker: The local Kafka; 201 topics of its own are created.
         work: A scratch directory; the pipelines' projects go under it.
 
     Returns:
@@ -140,21 +148,15 @@ def topics(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
     strata = str(Path(sys.executable).parent / "strata")
     env = clean_env()
     events = TOPICS * PER_TOPIC
-    seal = json.dumps(_SEAL).encode()
-    # Both sides hold `events` messages: click events over 6 event hours, and a seal at
-    # each partition's end (one per routed topic).
+    # Both sides hold the same `events` click events over 6 event hours.
     one = "topics_one"
-    broker.create_topic(one, PARTITIONS)
-    produce(
-        broker.bootstrap, one, PARTITIONS, click_events(events - PARTITIONS, START_MS, 6, seed=9)
-    )
-    broker.seal(one, list(range(PARTITIONS)), seal, timestamp_ms=START_MS)
+    create_topic(broker, one, PARTITIONS)
+    produce(broker.bootstrap, one, PARTITIONS, click_events(events, START_MS, 6, seed=9))
     names = [f"routed_{i:03}" for i in range(TOPICS)]
-    stream = click_events(events - TOPICS, START_MS, 6, seed=9)
+    stream = click_events(events, START_MS, 6, seed=9)
     for name in names:
-        broker.create_topic(name, 1)
-        produce(broker.bootstrap, name, 1, islice(stream, PER_TOPIC - 1))
-        broker.seal(name, [0], seal, timestamp_ms=START_MS)
+        create_topic(broker, name, 1)
+        produce(broker.bootstrap, name, 1, islice(stream, PER_TOPIC))
     print(f"  produced {events:,} events to 1 topic and to {TOPICS} topics", flush=True)
 
     conf = strata_project(work / "topics-one", one, broker.bootstrap, "per_task")
@@ -230,7 +232,7 @@ def _landed(result: dict[str, Any]) -> dict[str, tuple[int, str]]:
     return {t: (b.get("messages") or 0, b.get("status", "?")) for t, b in bodies.items()}
 
 
-def scale(broker: LocalBroker, work: Path) -> tuple[list[str], dict[str, Any]]:
+def scale(broker: LocalKafka, work: Path) -> tuple[list[str], dict[str, Any]]:
     """Both sections, one after the other: their lines and their figures together."""
     lines, figures = partitions(broker, work)
     more, also = topics(broker, work)
