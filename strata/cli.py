@@ -296,6 +296,7 @@ def _sql(cfg: PipelineConfig, args: argparse.Namespace) -> tuple[str, dict[str, 
         trino.delta_catalog,
         trino.hive_catalog,
         trino.iceberg_catalog,
+        register_tables=trino.register_delta_tables,
     )
     return ddl.rstrip("\n"), {"pipeline": cfg.name, "ddl": ddl}
 

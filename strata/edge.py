@@ -425,6 +425,7 @@ def answer_query(
         render_answer,
         run_embedded,
         statement_for,
+        table_catalogs,
     )
     from strata.errors import QueryError
 
@@ -434,7 +435,8 @@ def answer_query(
             f"pipeline {cfg.name} routes its topics to tables of their own, and a ready query "
             f"reads one table's: name it as --pipeline {cfg.name}:TABLE"
         )
-    statement, _ = statement_for(name, file_text, execute, cfg.name, database)
+    catalogs = table_catalogs(cfg.table_format, cfg.trino.catalog_for)
+    statement, _ = statement_for(name, file_text, execute, cfg.name, database, catalogs)
     # Refused before anything is opened or sent, whichever engine would run it.
     only_query(statement)
     use_trino = engine == "trino" or (engine is None and cfg.trino.url is not None)
@@ -455,7 +457,7 @@ def answer_query(
         tables = [as_evolved(cfg)] if not cfg.routed else _query_routes(cfg)
         found = [t for table in tables for t in query_tables(table.places(), table.schemas())]
         catalog = cfg.trino.catalog_for(cfg.table_format)
-        answer = run_embedded(found, catalog, database, statement)
+        answer = run_embedded(found, catalog, database, statement, cfg.trino.catalog_for)
     body = {
         "pipeline": cfg.name,
         "engine": "trino" if use_trino else "embedded",

@@ -406,7 +406,9 @@ def trino(tmp_path_factory, metastore, s3_endpoint):
     from strata.local.trino import LocalTrino, ObjectStore
 
     store = ObjectStore(s3_endpoint, "test", "test", "us-east-1")
-    with LocalTrino(tmp_path_factory.mktemp("trino"), metastore.uri, store=store) as service:
+    directory = tmp_path_factory.mktemp("trino")
+    # `elsewhere`: catalogs on a metastore of Trino's own too, where tables are registered.
+    with LocalTrino(directory, metastore.uri, store=store, elsewhere=True) as service:
         yield service
 
 

@@ -152,3 +152,11 @@ class DeltaSpark(Supervised):
             if child.is_alive():
                 child.kill()
                 child.join()
+
+
+def run_statement(session: Any, statement: str) -> int:  # noqa: ANN401 - a SparkSession
+    """Run a statement whose answer Arrow cannot hold (OPTIMIZE's metrics); its row count.
+
+    For `DeltaSpark.call`, in the child's session.
+    """
+    return len(session.sql(statement).collect())

@@ -18,7 +18,7 @@ A statement is refused, too, where reading it would reach a limit: Trino's lengt
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from sqlglot import exp
@@ -164,17 +164,19 @@ def reading_statement() -> Iterator[None]:
         _SQLGLOT.removeFilter(held)
 
 
-def check_reads(tree: exp.Expr, names: Collection[str], catalog: str, database: str) -> None:
+def check_reads(tree: exp.Expr, tables: Mapping[str, str], catalog: str, database: str) -> None:
     """Refuse a query that reads anything but the tables, or calls DuckDB's own functions.
 
-    Each table the query names must be one of `names`, unqualified or in `database`
-    (`clicks`, `strata.clicks`, `delta.strata.clicks`), or a WITH query in scope. Names
-    are compared as Trino compares them, whatever their case.
+    Each table the query names must be one of `tables`, in its catalog and `database`,
+    or a WITH query in scope; a name without a catalog is in the session's, and one
+    without a schema in `database` (`clicks`, `strata.clicks`, `delta.strata.clicks`).
+    Names are compared as Trino compares them, whatever their case.
 
     Args:
         tree: The query, parsed as Trino SQL.
-        names: The tables it may read, by their metastore names.
-        catalog: The Trino catalog they are in (`delta`, `hive`).
+        tables: The tables it may read, by their metastore names, and the Trino catalog
+            each is in.
+        catalog: The session's catalog.
         database: Their metastore database: the schema they are in.
 
     Raises:
@@ -183,7 +185,7 @@ def check_reads(tree: exp.Expr, names: Collection[str], catalog: str, database: 
     _check_depth(tree)
     tree = normalize_identifiers(tree.copy(), dialect="trino")
     # In the order given (the data table first), each once.
-    known = list(dict.fromkeys(n.lower() for n in names))
+    known = {name.lower(): where.lower() for name, where in tables.items()}
     catalog, database = catalog.lower(), database.lower()
     # A table named as a WITH query in its scope is that query (sqlglot resolves the
     # scopes as Trino and DuckDB do); every other table, wherever it stands, is a table.
@@ -201,13 +203,19 @@ def check_reads(tree: exp.Expr, names: Collection[str], catalog: str, database: 
         ):
             raise QueryError(_not_a_table(_named(node.this), known, catalog, database))
         elif isinstance(node, exp.Table) and id(node) not in with_queries:
-            if not (
-                isinstance(node.this, exp.Identifier)
-                and node.name in known
-                and node.db in ("", database)
-                and node.catalog in ("", catalog)
-            ):
-                raise QueryError(_not_a_table(_named(node), known, catalog, database))
+            named = isinstance(node.this, exp.Identifier) and node.name in known
+            if named and node.db in ("", database):
+                if (node.catalog or catalog) == known[node.name]:
+                    continue
+                if not node.catalog:
+                    # One of the tables, in another catalog than the session's: as in Trino,
+                    # it is not found there.
+                    raise QueryError(
+                        f"{quoted(_named(node))} is in catalog {known[node.name]}, not in "
+                        f"{catalog}, the session's: name it "
+                        f"{known[node.name]}.{database}.{node.name}, as Trino reads it"
+                    )
+            raise QueryError(_not_a_table(_named(node), known, catalog, database))
 
 
 def _check_depth(tree: exp.Expr) -> None:
@@ -257,16 +265,15 @@ def _named(node: exp.Expr) -> str:
     return node.sql("trino")
 
 
-def _not_a_table(named: str, known: Collection[str], catalog: str, database: str) -> str:
+def _not_a_table(named: str, known: Mapping[str, str], catalog: str, database: str) -> str:
     """Why a table (or what stands in FROM) is refused, listing a few of the tables."""
     tables = list(known)
-    listed = ", ".join(f"{database}.{t}" for t in tables[:5])
+    listed = ", ".join(f"{known[t]}.{database}.{t}" for t in tables[:5])
     if len(tables) > 5:
         listed += f" and {len(tables) - 5} more"
     return (
         f"{quoted(named)} is not one of the pipeline's tables, which are all the embedded "
-        f"engine reads: {listed or 'none'} (in catalog {catalog}; unqualified names are "
-        f"in {database})"
+        f"engine reads: {listed or 'none'} (unqualified names are in {catalog}.{database})"
     )
 
 

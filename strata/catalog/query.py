@@ -15,11 +15,19 @@ own, removed after.
 
 Each table is a view under its metastore name, in a schema named after the
 metastore database, as Trino addresses it (`strata.clicks`, `strata.clicks_ledger`),
-inside a catalog named after the Trino catalog that would serve it (`delta`, or
-`hive` for plain Parquet), so `delta.strata.clicks` reads too. That catalog and schema
-are the session's, as in a Trino session with `--schema strata`: `clicks` alone is
-`strata.clicks`. A table that nothing has been committed to yet is there, empty, with
-its schema.
+inside a catalog named after the Trino catalog that serves it (`delta`, `iceberg`, or
+`hive` for plain Parquet), so `delta.strata.clicks` reads too. The pipeline's format's
+catalog and the database are the session's, as in a Trino session with `--catalog delta
+--schema strata`: `clicks` alone is `delta.strata.clicks`. An Iceberg pipeline's ledger
+and quality table are Delta tables, in the Delta catalog, there as in Trino (whose
+Iceberg connector does not read them): `delta.strata.clicks_ledger`. A table that
+nothing has been committed to yet is there, empty, with its schema.
+
+Each view gives its columns with the types the Trino connector that reads the table
+gives them (timestamps at its precision), and a comparison Trino refuses is refused
+(`strata.catalog._trino_types`): where the embedded engine cannot answer as Trino does,
+it refuses; it never answers otherwise. Trino's `approx_distinct` is an estimate (a
+standard error of 2.3%) and the embedded engine counts exactly, within it.
 
 The ready queries (`queries/*.sql` beside this module, package data; `sql/queries`
 in a checkout points here) are written for the demo pipeline's tables
@@ -30,7 +38,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -49,9 +57,10 @@ from strata.catalog._reads import (
     one_line,
     reading_statement,
 )
+from strata.catalog._trino_types import ReadAs, check_comparisons, view_select
 from strata.errors import QueryError
 from strata.log import get_logger
-from strata.store.places import NAME_SUFFIXES, Places, TableRef
+from strata.store.places import NAME_SUFFIXES, Places, Role, TableRef
 
 if TYPE_CHECKING:
     import duckdb
@@ -72,6 +81,7 @@ __all__ = [
     "render_answer",
     "run_embedded",
     "statement_for",
+    "table_catalogs",
     "to_duckdb",
 ]
 
@@ -81,6 +91,9 @@ DEMO_PIPELINE = "clicks"
 """The pipeline whose table names the ready queries are written with."""
 DEMO_DATABASE = "strata"
 """The metastore database the ready queries name (the default `metastore.database`)."""
+
+# Trino's catalogs as `trino.*_catalog` names them by default (`TrinoConfig.catalog_for`).
+_DEFAULT_CATALOGS: dict[str, str] = {"delta": "delta", "iceberg": "iceberg", "parquet": "hive"}
 
 _QUERIES = "queries"
 
@@ -211,7 +224,9 @@ def _statement_kind(node: exp.Expr) -> str:
     return node.key.upper().replace("TRUNCATETABLE", "TRUNCATE")
 
 
-def on_pipeline(tree: exp.Expr, pipeline: str, database: str) -> exp.Expr:
+def on_pipeline(
+    tree: exp.Expr, pipeline: str, database: str, catalogs: Mapping[Role, str] | None = None
+) -> exp.Expr:
     """A ready query's tree, its tables renamed from the demo pipeline's to a pipeline's.
 
     `strata.clicks`, `strata.clicks_ledger`... become `<database>.<pipeline>`,
@@ -221,21 +236,40 @@ def on_pipeline(tree: exp.Expr, pipeline: str, database: str) -> exp.Expr:
         tree: The query's tree, parsed as Trino SQL.
         pipeline: The pipeline (or routed table) to query.
         database: Its metastore database.
+        catalogs: Each table's Trino catalog (`table_catalogs`): given, every renamed
+            table is named in its own (an Iceberg pipeline's ledger is in the Delta one).
     """
-    renames = {DEMO_PIPELINE + suffix: pipeline + suffix for suffix in NAME_SUFFIXES.values()}
+    roles = {DEMO_PIPELINE + suffix: role for role, suffix in NAME_SUFFIXES.items()}
 
     def rename(node: exp.Expr) -> exp.Expr:
         if (
             isinstance(node, exp.Table)
-            and node.name in renames
+            and node.name in roles
             and node.db in ("", DEMO_DATABASE)
             and not node.catalog
         ):
-            renamed = exp.table_(renames[node.name], db=database, alias=node.alias or None)
-            return renamed
+            role = roles[node.name]
+            return exp.table_(
+                pipeline + NAME_SUFFIXES[role],
+                db=database,
+                catalog=None if catalogs is None else catalogs[role],
+                alias=node.alias or None,
+            )
         return node
 
     return tree.transform(rename)
+
+
+def table_catalogs(table_format: str, catalog_for: Callable[[str], str]) -> dict[Role, str]:
+    """The Trino catalog of each of a pipeline's tables, as the metastore records them.
+
+    Args:
+        table_format: The pipeline's `table_format`.
+        catalog_for: The catalog that reads a table of a format (`TrinoConfig.catalog_for`).
+    """
+    from strata.catalog.register import registered_as
+
+    return {role: catalog_for(registered_as(table_format, role)) for role in NAME_SUFFIXES}
 
 
 def to_duckdb(tree: exp.Expr) -> str:
@@ -397,11 +431,14 @@ class QueryTable:
         ref: Where it is and its format.
         schema: Its columns: what an empty table shows, and what a plain Parquet
             table's files are read with.
+        read_as: How the metastore records it, so which of Trino's connectors reads it
+            (`strata.catalog.register.registered_as`): its catalog, and its types.
     """
 
     name: str
     ref: TableRef
     schema: pa.Schema
+    read_as: ReadAs
 
 
 def query_tables(places: Places, schemas: SchemaSpec) -> list[QueryTable]:
@@ -414,34 +451,50 @@ def query_tables(places: Places, schemas: SchemaSpec) -> list[QueryTable]:
         schemas: What its tables' columns are made from (`PipelineConfig.schemas`),
             with the schema its table evolved to.
     """
+    from strata.catalog.register import registered_as
     from strata.quality.checks import QUALITY_SCHEMA
     from strata.quality.table import quality_table_location
     from strata.schema.avro import table_layout
     from strata.store.ledger import LEDGER_SCHEMA
 
+    def read_as(role: Role) -> ReadAs:
+        return registered_as(places.format, role)
+
     out = [
-        QueryTable(places.table(which).name, places.table(which), table_layout(schemas, which)[0])
+        QueryTable(
+            places.table(which).name,
+            places.table(which),
+            table_layout(schemas, which)[0],
+            read_as(which),
+        )
         for which in ("table", "raw", "quarantine")
     ]
-    out.append(QueryTable(places.ledger.name, places.ledger, LEDGER_SCHEMA))
+    out.append(QueryTable(places.ledger.name, places.ledger, LEDGER_SCHEMA, read_as("ledger")))
     quality = places.table("quality")
     # The quality table is Delta whatever the pipeline's format (`strata.quality.table`).
     checks = TableRef(quality_table_location(quality), "delta", quality.options, quality.name)
-    out.append(QueryTable(quality.name, checks, QUALITY_SCHEMA))
+    out.append(QueryTable(quality.name, checks, QUALITY_SCHEMA, read_as("quality")))
     return out
 
 
 def run_embedded(
-    tables: Iterable[QueryTable], catalog: str, database: str, statement: str
+    tables: Iterable[QueryTable],
+    catalog: str,
+    database: str,
+    statement: str,
+    catalog_for: Callable[[str], str] | None = None,
 ) -> QueryAnswer:
     """Run one Trino query on DuckDB over the tables, and over nothing else.
 
     Args:
         tables: The tables the query may name.
-        catalog: The Trino catalog they would be read from (`delta` or `hive`).
+        catalog: The session's Trino catalog: the one of the pipeline's format (`delta`,
+            `iceberg` or `hive`), where a table named without a catalog is looked for.
         database: Their metastore database: the schema they are in, and the session's,
             so that a table named alone (`clicks`) is found there.
         statement: The query, in Trino's dialect.
+        catalog_for: The catalog that reads a table of a format
+            (`TrinoConfig.catalog_for`); None: the catalogs' default names.
 
     Returns:
         The answer: its columns and rows.
@@ -449,19 +502,23 @@ def run_embedded(
     Raises:
         QueryError: In one short line, if the statement is not one query, names anything
             but the tables, calls DuckDB's own functions of files, settings or the
-            machine, nests too deeply, or DuckDB refuses it (an unknown column, a
-            function it lacks).
+            machine, compares what Trino does not compare, nests too deeply, or DuckDB
+            refuses it (an unknown column, a function it lacks).
     """
     import duckdb
 
-    tables = list(tables)
+    where = catalog_for or _DEFAULT_CATALOGS.__getitem__
+    placed = [(where(t.read_as), t) for t in tables]
     tree = only_query(statement)
     with reading_statement():
-        check_reads(tree, [t.name for t in tables], catalog, database)
+        check_reads(tree, {t.name: c for c, t in placed}, catalog, database)
+        check_comparisons(
+            tree, {(c, database, t.name): t.schema for c, t in placed}, catalog, database
+        )
         sql = to_duckdb(tree)
     logger.debug("the query as DuckDB reads it: %.2000s", sql)
     started = time.perf_counter()
-    with reading_statement(), _connection(tables, catalog, database) as con:
+    with reading_statement(), _connection(placed, catalog, database) as con:
         opened = time.perf_counter()
         try:
             found = con.sql(sql)
@@ -491,9 +548,15 @@ def _answer(found: duckdb.DuckDBPyRelation) -> QueryAnswer:
 
 @contextmanager
 def _connection(
-    tables: Iterable[QueryTable], catalog: str, database: str
+    tables: Iterable[tuple[str, QueryTable]], catalog: str, database: str
 ) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB connection holding each table as a view, that can read nothing else.
+    """A DuckDB connection holding each table as a view in its catalog, that can read
+    nothing else.
+
+    Args:
+        tables: Each table and the Trino catalog it is in.
+        catalog: The session's catalog.
+        database: The schema of every table, and the session's.
 
     Its home and temporary directory are a fresh directory of this process's own
     (mode 700: no other user may enter it), removed with the connection: DuckDB's default
@@ -519,25 +582,26 @@ def _connection(
             # variables of the calling code.
             "python_enable_replacements": False,
         }
+        placed = list(tables)
         with duckdb.connect(config=config) as con:
-            con.execute(f"ATTACH ':memory:' AS {quote_identifier(catalog)}")
-            con.execute(f"USE {quote_identifier(catalog)}")
-            con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(database)}")
+            for name in dict.fromkeys([catalog, *(c for c, _ in placed)]):
+                con.execute(f"ATTACH ':memory:' AS {quote_identifier(name)}")
+                where = f"{quote_identifier(name)}.{quote_identifier(database)}"
+                con.execute(f"CREATE SCHEMA IF NOT EXISTS {where}")
             # Trino shows timestamps with time zone in the session's zone; Strata's are UTC.
             con.execute("SET TimeZone = 'UTC'")
             # Trino divides integers to an integer, truncated (7 / 2 is 3): DuckDB's `/`
             # would give 3.5, and `latency_ms / 100 * 100` would no longer bucket.
             con.execute("SET integer_division = true")
-            for at, table in enumerate(tables):
+            for at, (in_catalog, table) in enumerate(placed):
                 schema = table.schema if table.ref.format != "delta" else None
                 found = dataset(table.ref, schema=schema)
                 source: Any = table.schema.empty_table() if found is None else found
                 hidden = f"_strata_table_{at}"
                 con.register(hidden, source)
-                con.execute(
-                    f"CREATE VIEW {quote_identifier(database)}.{quote_identifier(table.name)} "
-                    f"AS SELECT * FROM {hidden}"
-                )
+                view = ".".join(quote_identifier(n) for n in (in_catalog, database, table.name))
+                columns = view_select(source.schema, table.read_as)
+                con.execute(f"CREATE VIEW {view} AS SELECT {columns} FROM {hidden}")
             # The session's catalog and schema, as Trino's CLI takes them: `clicks` alone
             # is `<database>.clicks`.
             con.execute(f"USE {quote_identifier(catalog)}.{quote_identifier(database)}")
@@ -549,7 +613,12 @@ def _connection(
 
 
 def statement_for(
-    name: str | None, file_text: str | None, execute: str | None, pipeline: str, database: str
+    name: str | None,
+    file_text: str | None,
+    execute: str | None,
+    pipeline: str,
+    database: str,
+    catalogs: Mapping[Role, str] | None = None,
 ) -> tuple[str, bool]:
     """The statement to run: a ready query on the pipeline's tables, a file's or a given one.
 
@@ -559,6 +628,8 @@ def statement_for(
         execute: A statement given on the command line.
         pipeline: The pipeline the ready query is for.
         database: Its metastore database.
+        catalogs: Each of its tables' Trino catalog (`table_catalogs`), which a ready
+            query names them in; None: the session's.
 
     Returns:
         The statement in Trino's dialect, and whether it is a ready query (rewritten).
@@ -575,5 +646,5 @@ def statement_for(
         )
     if name is None:
         return given[0], False
-    tree = on_pipeline(only_query(ready_query(name)), pipeline, database)
+    tree = on_pipeline(only_query(ready_query(name)), pipeline, database, catalogs)
     return tree.sql("trino", pretty=True), True

@@ -25,6 +25,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pyarrow as pa
 from pymetastore.hive_metastore.ttypes import (
@@ -65,9 +66,28 @@ from strata.store.iceberg import set_properties
 from strata.store.ledger import LEDGER_SCHEMA, ledger_state
 from strata.store.locations import place, read_markers
 from strata.store.parquet import partition_path
-from strata.store.places import DATABASE_DESCRIPTION, Places, TableRef
+from strata.store.places import DATABASE_DESCRIPTION, Places, Role, TableRef
 
 DELTA_PROVIDER = "delta"
+
+
+def registered_as(table_format: str, role: Role) -> Literal["delta", "iceberg", "parquet"]:
+    """How the metastore records one of a pipeline's tables, so which Trino connector reads it.
+
+    A plain Parquet pipeline's tables are all plain Parquet tables, read by listing
+    their directories (its ledger and quality table, Delta on disk, too: each file they
+    hold stands). Otherwise the ledger and the quality table are Delta tables, and the
+    others are of the pipeline's format.
+
+    Args:
+        table_format: The pipeline's `table_format`.
+        role: Which of its tables.
+    """
+    if table_format == "parquet":
+        return "parquet"
+    if role in ("ledger", "quality") or table_format == "delta":
+        return "delta"
+    return "iceberg"
 
 
 @dataclass(frozen=True)
@@ -453,7 +473,7 @@ def register_tables(registration: Registration, *, full: bool = False) -> Regist
             "thrift://host:port"
         )
     report = RegistrationReport(ms.database, full=full)
-    parquet = places.format == "parquet"
+    parquet = registered_as(places.format, "table") == "parquet"
     found, marks = None, {}
     if registration.completeness.enabled:
         try:
@@ -471,7 +491,8 @@ def register_tables(registration: Registration, *, full: bool = False) -> Regist
         for which, suffix in TABLE_SUFFIXES.items():
             name = f"{places.pipeline}{suffix}"
             location = places.table(which).uri
-            if places.table(which).format == "iceberg":
+            kind = registered_as(places.format, which)
+            if kind == "iceberg":
                 # Its catalog entry is the table's own pointer to its metadata, kept by
                 # each commit (`strata.store.iceberg`): never redefined from here. The
                 # data table's completeness marks are Iceberg table properties (which
@@ -479,7 +500,7 @@ def register_tables(registration: Registration, *, full: bool = False) -> Regist
                 changed = which == "table" and set_properties(places.table(which), marks)
                 getattr(report, "updated" if changed else "unchanged").append(name)
                 continue
-            if parquet:
+            if kind == "parquet":
                 schema, partition_by = (
                     (LEDGER_SCHEMA, [])
                     if which == "ledger"

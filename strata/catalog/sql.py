@@ -1,8 +1,16 @@
-"""Trino DDL for a pipeline's tables, as `strata sql ddl` prints it.
+"""Trino DDL for a pipeline's tables, as `strata sql ddl` prints it, and Trino told of them.
 
 Every identifier is quoted and every literal escaped, and names that reach SQL were
 already validated by the config (pipeline, database, topics) or by the Avro schema
 (field names), so nothing from config or data can change a statement's meaning.
+
+A Trino whose catalogs read the metastore Strata registers in (`metastore.uri`) needs
+no statement for a Delta or Iceberg table: the metastore's entry is what its Delta Lake
+and Iceberg connectors read, and their `register_table` answers `ALREADY_EXISTS`
+there. So `register_table` is sent, and printed to run, only for a Trino whose catalogs
+use another metastore (`trino.register_delta_tables`); otherwise `strata sql ddl`
+prints the calls as comments, for review. A statement Trino answers `ALREADY_EXISTS`
+(a table registered before) is skipped with a note, never an error.
 """
 
 from __future__ import annotations
@@ -15,9 +23,16 @@ import pyarrow as pa
 from strata.catalog.types import quote_identifier, sql_type
 from strata.config import MetastoreConfig, SchemaSpec, TrinoConfig
 from strata.config.secrets import redact
+from strata.log import get_logger
 from strata.schema.avro import TABLE_SUFFIXES, table_layout
 from strata.store.ledger import LEDGER_SCHEMA
-from strata.store.places import Places
+from strata.store.places import NAME_SUFFIXES, Places, Role
+
+logger = get_logger(__name__)
+
+# Trino's name of the error a statement meets when what it creates or registers is
+# there already: a schema, a table, a table registered by `register_table`.
+_ALREADY_EXISTS = "ALREADY_EXISTS"
 
 
 def quote_literal(value: str) -> str:
@@ -26,12 +41,16 @@ def quote_literal(value: str) -> str:
 
 
 def trino_type(kind: pa.DataType) -> str:
-    """The Trino type of an Arrow type, as Trino reads it from Parquet (`sql_type`).
+    """The type of a column of Trino's Hive connector, for an Arrow type (`sql_type`).
+
+    Timestamps are `timestamp(3)`: the connector reads every timestamp at its one
+    precision (`hive.timestamp-precision`, milliseconds by default) and refuses a
+    table that declares another.
 
     Raises:
         ValueError: For a type Trino has no column type for.
     """
-    return sql_type(kind, "trino")
+    return sql_type(kind, "trino_hive")
 
 
 def _uri(location: str) -> str:
@@ -44,9 +63,10 @@ def trino_statements(
     """What to run in Trino after registering, for `trino.url`.
 
     Parquet tables: `sync_partition_metadata`, so Trino's Hive catalog sees partitions
-    added since its metastore cache was filled. Delta tables: nothing, since the
-    metastore entry is all Trino's Delta catalog needs, unless that catalog uses
-    another metastore (`trino.register_delta_tables`): then `register_table`.
+    added since its metastore cache was filled. Delta and Iceberg tables: nothing,
+    since the metastore entry is all Trino's Delta Lake and Iceberg catalogs need,
+    unless those catalogs use another metastore (`trino.register_delta_tables`): then
+    `register_table` for each table, the quality table once a check has written it.
 
     Args:
         places: The pipeline's tables: their names, locations and format.
@@ -54,34 +74,53 @@ def trino_statements(
         settings: The `trino` settings (the catalogs).
     """
     database = quote_literal(metastore.database)
-    if places.format == "iceberg":
-        # Trino's Iceberg catalog on this metastore reads each table's entry, which
-        # every commit keeps; on another metastore, the tables are registered there.
-        if not settings.register_delta_tables:
-            return []
-        return _register(places, metastore, settings.delta_catalog, settings.iceberg_catalog)
     if places.format == "parquet":
         catalog = quote_identifier(settings.hive_catalog)
         args = f"{database}, {quote_literal(places.pipeline)}, 'ADD'"
         return [f"CALL {catalog}.system.sync_partition_metadata({args})"]
     if not settings.register_delta_tables:
         return []
-    return _register(places, metastore, settings.delta_catalog, settings.delta_catalog)
+    table_catalog = (
+        settings.iceberg_catalog if places.format == "iceberg" else settings.delta_catalog
+    )
+    return _register(
+        places, metastore, settings.delta_catalog, table_catalog, quality_written(places)
+    )
+
+
+def quality_written(places: Places) -> bool:
+    """Whether a quality check has written the pipeline's quality table (its log is there)."""
+    from strata.quality.table import quality_table_location
+    from strata.store.delta import open_table
+
+    quality = places.table("quality")
+    return open_table(quality_table_location(quality), quality.options) is not None
 
 
 def _register(
-    places: Places, metastore: MetastoreConfig, delta_catalog: str, table_catalog: str
+    places: Places,
+    metastore: MetastoreConfig,
+    delta_catalog: str,
+    table_catalog: str,
+    quality: bool,
 ) -> list[str]:
-    """`register_table` of each table: the ledger in the Delta catalog, the others in
-    the catalog of the pipeline's format (Delta or Iceberg), both procedures alike."""
+    """`register_table` of each table: the ledger and the quality table (Delta) in the
+    Delta catalog, the others in the catalog of the pipeline's format (Delta or
+    Iceberg), both procedures alike."""
+    from strata.quality.table import quality_table_location
+
+    tables: list[tuple[Role, str]] = [(which, places.table(which).uri) for which in TABLE_SUFFIXES]
+    if quality:
+        tables.append(("quality", quality_table_location(places.table("quality"))))
     out = []
-    for which, suffix in TABLE_SUFFIXES.items():
-        catalog = quote_identifier(delta_catalog if which == "ledger" else table_catalog)
+    for which, location in tables:
+        delta = which in ("ledger", "quality")
+        catalog = quote_identifier(delta_catalog if delta else table_catalog)
         args = ", ".join(
             [
                 f"schema_name => {quote_literal(metastore.database)}",
-                f"table_name => {quote_literal(places.pipeline + suffix)}",
-                f"table_location => {quote_literal(_uri(places.table(which).uri))}",
+                f"table_name => {quote_literal(places.pipeline + NAME_SUFFIXES[which])}",
+                f"table_location => {quote_literal(_uri(location))}",
             ]
         )
         out.append(f"CALL {catalog}.system.register_table({args})")
@@ -136,13 +175,34 @@ def query_in_trino(
         with _connector(settings, catalog, schema)() as conn:
             cursor = conn.cursor()
             cursor.execute(statement.strip().rstrip(";"))
-            rows = [tuple(r) for r in cursor.fetchall()]
+            rows = [tuple(_named_rows(v) for v in r) for r in cursor.fetchall()]
             columns = [d[0] for d in cursor.description or []]
     except TrinoUserError as exc:
         raise QueryError(redact(f"{where} refused the query: {exc.message}")) from None
     except Exception as exc:  # noqa: BLE001 - the client raises requests' errors too
         raise MetastoreError(redact(f"{where}: {type(exc).__name__}: {exc}")) from None
     return columns, rows
+
+
+def _named_rows(value: Any) -> Any:  # noqa: ANN401 - any value Trino answers
+    """A value with each ROW whose fields all have names as a mapping of them.
+
+    Trino's client gives a ROW as a tuple with the names aside; DuckDB gives a STRUCT
+    as a mapping, and an answer's text (JSON's objects) is then the same in both.
+    """
+    from trino.types import NamedRowTuple
+
+    if isinstance(value, NamedRowTuple):
+        names = value.__annotations__["names"]
+        fields = [_named_rows(v) for v in value]
+        if None not in names and len(set(names)) == len(names):
+            return dict(zip(names, fields, strict=True))
+        return tuple(fields)
+    if isinstance(value, list):
+        return [_named_rows(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _named_rows(v) for k, v in value.items()}
+    return value
 
 
 def _connector(
@@ -230,7 +290,12 @@ def run_through_connection(conn_id: str, statements: list[str]) -> list[str]:
 
 
 def _run_statements(connect: Callable[[], Any], where: str, statements: list[str]) -> list[str]:
-    """Run statements on a Trino DB-API connection; `ALREADY_EXISTS` is not an error."""
+    """Run statements on a Trino DB-API connection; `ALREADY_EXISTS` is not an error.
+
+    A table registered already (by this statement before, or in the metastore Trino's
+    catalog reads, where Strata registered it) is what the statement was for: it is
+    skipped, with a note.
+    """
     from trino.exceptions import TrinoQueryError
 
     from strata.errors import MetastoreError
@@ -244,8 +309,14 @@ def _run_statements(connect: Callable[[], Any], where: str, statements: list[str
                     cursor.execute(statement)
                     cursor.fetchall()
                 except TrinoQueryError as exc:
-                    if exc.error_name != "ALREADY_EXISTS":
+                    if exc.error_name != _ALREADY_EXISTS:
                         raise
+                    logger.info(
+                        "%s: skipped, there already (%s): %.300s",
+                        where,
+                        redact(exc.message or exc.error_name),
+                        statement,
+                    )
                 ran.append(statement)
     except (TrinoQueryError, OSError) as exc:
         raise MetastoreError(redact(f"{where}: {exc}")) from None
@@ -261,22 +332,62 @@ def pipeline_ddl(
     delta_catalog: str = "delta",
     hive_catalog: str = "hive",
     iceberg_catalog: str = "iceberg",
+    register_tables: bool = False,
 ) -> str:
     """Trino statements that make a pipeline's tables queryable, as a script.
 
-    See `ddl_statements`.
+    See `ddl_statements`. The quality table is among them whether a check has written it
+    yet or not; its statement runs once one has.
+
+    Args:
+        places: The pipeline's tables: their names, locations and format.
+        schemas: What the Parquet tables' columns are made from.
+        metastore: The metastore settings (the database, Trino's schema).
+        delta_catalog: Name of Trino's Delta Lake catalog.
+        hive_catalog: Name of Trino's Hive catalog.
+        iceberg_catalog: Name of Trino's Iceberg catalog.
+        register_tables: `trino.register_delta_tables`: Trino's Delta Lake and Iceberg
+            catalogs use another metastore than `metastore.uri`, and the `register_table`
+            calls are printed to run; otherwise they are printed as comments, since such
+            a catalog on the same metastore reads the tables already (and answers the
+            calls `ALREADY_EXISTS`).
 
     Returns:
         Semicolon-terminated statements, one per paragraph.
     """
     out = [f"-- Tables of pipeline {places.pipeline} ({places.format})"]
+    statements = ddl_statements(
+        places, schemas, metastore, delta_catalog, hive_catalog, iceberg_catalog, quality=True
+    )
+    if places.format == "parquet":
+        return "\n\n".join(out + [f"{s};" for s in statements]) + "\n"
     if places.format == "iceberg":
         out.append(iceberg_catalog_note(metastore, iceberg_catalog))
-    statements = ddl_statements(
-        places, schemas, metastore, delta_catalog, hive_catalog, iceberg_catalog
-    )
-    out += [f"{s};" for s in statements]
+    calls = [s for s in statements if s.startswith("CALL ")]
+    out += [f"{s};" for s in statements if s not in calls]
+    if register_tables:
+        out.append("-- Trino's catalogs use another metastore (trino.register_delta_tables):")
+        out += [f"{s};" for s in calls]
+    else:
+        out.append(_same_metastore_note(metastore))
+        out += ["\n".join(f"-- {line}" for line in f"{s};".splitlines()) for s in calls]
     return "\n\n".join(out) + "\n"
+
+
+def _same_metastore_note(metastore: MetastoreConfig) -> str:
+    """Why the `register_table` calls are printed as comments."""
+    uri = redact(metastore.uri) if metastore.uri else "metastore.uri"
+    return "\n".join(
+        [
+            "-- Trino's Delta Lake and Iceberg catalogs on the metastore Strata registers in",
+            f"-- ({uri}) read these tables with no statement: `strata register` and every",
+            "-- run record them there, and register_table would answer ALREADY_EXISTS.",
+            "-- For catalogs on another metastore, set trino.register_delta_tables: true and",
+            "-- these calls are printed to run (the procedure must be enabled there:",
+            "-- delta.register-table-procedure.enabled=true, and for Iceberg tables",
+            "-- iceberg.register-table-procedure.enabled=true):",
+        ]
+    )
 
 
 def iceberg_catalog_note(metastore: MetastoreConfig, catalog: str) -> str:
@@ -289,8 +400,8 @@ def iceberg_catalog_note(metastore: MetastoreConfig, catalog: str) -> str:
             "--   connector.name=iceberg",
             "--   iceberg.catalog.type=hive_metastore",
             f"--   hive.metastore.uri={uri}",
-            "-- On a Trino whose catalogs use another metastore, register them (the",
-            "-- procedure needs iceberg.register-table-procedure.enabled=true):",
+            "-- Its ledger and quality table are Delta tables: query them in the Delta Lake",
+            "-- catalog (delta.<database>.<pipeline>_ledger).",
         ]
     )
 
@@ -302,15 +413,21 @@ def ddl_statements(
     delta_catalog: str,
     hive_catalog: str,
     iceberg_catalog: str = "iceberg",
+    quality: bool | None = None,
 ) -> list[str]:
     """Trino statements that make a pipeline's tables queryable, one by one.
 
     Delta tables are registered in the Delta Lake catalog, Iceberg tables in the
-    Iceberg catalog (the ledger, Delta, in the Delta Lake catalog); plain Parquet tables
-    are created in the Hive catalog, and their partitions synchronised from storage.
-    `strata register` does the same through the metastore; these statements are for
-    a Trino whose catalogs point at another metastore, or for review. Each can run
-    again: a table there already is not created twice.
+    Iceberg catalog (the ledger and the quality table, Delta, in the Delta Lake
+    catalog); plain Parquet tables are created in the Hive catalog (the ledger and the
+    quality table too, as `strata register` records them), and their partitions
+    synchronised from storage. `strata register` does the same through the metastore;
+    these statements are for a Trino whose catalogs point at another metastore, or for
+    review. Each can run again: a table there already is not created twice.
+
+    Plain Parquet tables belong with Trino's Hive catalog on the metastore Strata
+    registers in: compaction moves a partition there (`strata.store.locations`), and
+    `sync_partition_metadata` on another metastore would keep it at its first directory.
 
     Args:
         places: The pipeline's tables: their names, locations and format.
@@ -319,10 +436,16 @@ def ddl_statements(
         delta_catalog: Name of Trino's Delta Lake catalog.
         hive_catalog: Name of Trino's Hive catalog.
         iceberg_catalog: Name of Trino's Iceberg catalog.
+        quality: Include the quality table; None: if a check has written it (its table
+            is looked for), since a statement on a table not there yet fails.
 
     Returns:
         The statements, without terminating semicolons.
     """
+    from strata.quality.checks import QUALITY_SCHEMA
+    from strata.quality.table import quality_table_location
+
+    with_quality = quality_written(places) if quality is None else quality
     schema = quote_identifier(metastore.database)
     out = []
     if places.format in ("delta", "iceberg"):
@@ -330,17 +453,26 @@ def ddl_statements(
         for catalog in sorted(catalogs):
             out.append(f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(catalog)}.{schema}")
         table_catalog = delta_catalog if places.format == "delta" else iceberg_catalog
-        return out + _register(places, metastore, delta_catalog, table_catalog)
+        return out + _register(places, metastore, delta_catalog, table_catalog, with_quality)
     catalog = quote_identifier(hive_catalog)
     out.append(f"CREATE SCHEMA IF NOT EXISTS {catalog}.{schema}")
-    for which, suffix in TABLE_SUFFIXES.items():
+    tables: list[tuple[Role, pa.Schema, list[str], str]] = []
+    for metastore_table in TABLE_SUFFIXES:
         arrow, partition_by = (
-            (LEDGER_SCHEMA, []) if which == "ledger" else table_layout(schemas, which)
+            (LEDGER_SCHEMA, [])
+            if metastore_table == "ledger"
+            else table_layout(schemas, metastore_table)
         )
-        name = f"{catalog}.{schema}.{quote_identifier(places.pipeline + suffix)}"
+        location = places.table(metastore_table).uri
+        tables.append((metastore_table, arrow, partition_by, location))
+    if with_quality:
+        location = quality_table_location(places.table("quality"))
+        tables.append(("quality", QUALITY_SCHEMA, [], location))
+    for which, arrow, partition_by, location in tables:
+        name = f"{catalog}.{schema}.{quote_identifier(places.pipeline + NAME_SUFFIXES[which])}"
         columns = ",\n".join(f"  {quote_identifier(f.name)} {trino_type(f.type)}" for f in arrow)
         props = [
-            f"external_location = {quote_literal(_uri(places.table(which).uri))}",
+            f"external_location = {quote_literal(_uri(location))}",
             "format = 'PARQUET'",
         ]
         if partition_by:

@@ -2,17 +2,20 @@
 
 The metastore's Parquet tables declare Hive types; the DDL Strata prints for Trino
 declares Trino's. Both readers map Parquet's types the same way, so one walk over the
-Arrow type decides for both, and only the spelling differs.
+Arrow type decides for both, and only the spelling differs. Trino's Hive connector
+(`trino_hive`) spells Trino's types but for timestamps: it reads each at the one
+precision it is configured with (`hive.timestamp-precision`, milliseconds by default)
+and refuses a table declaring another.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import pyarrow as pa
 
-Dialect = Literal["hive", "trino"]
+Dialect = Literal["hive", "trino", "trino_hive"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ _SPELLINGS: dict[Dialect, _Spelling] = {
         separator=", ",
     ),
 }
+_NAMES: dict[Dialect, str] = {"hive": "Hive", "trino": "Trino", "trino_hive": "Trino"}
+_SPELLINGS["trino_hive"] = replace(_SPELLINGS["trino"], timestamp_us="timestamp(3)")
 
 
 def sql_type(kind: pa.DataType, dialect: Dialect) -> str:
@@ -92,7 +97,8 @@ def sql_type(kind: pa.DataType, dialect: Dialect) -> str:
 
     Args:
         kind: The Arrow type.
-        dialect: `hive` (the metastore's tables) or `trino` (its DDL).
+        dialect: `hive` (the metastore's tables), `trino`, or `trino_hive` (Trino's
+            Hive connector: the DDL of plain Parquet tables).
 
     Returns:
         The type as the dialect writes it.
@@ -108,7 +114,7 @@ def sql_type(kind: pa.DataType, dialect: Dialect) -> str:
         return spell.timestamp_us if kind.unit in ("us", "ns") else spell.timestamp_ms
     if pa.types.is_decimal(kind):
         if kind.precision > 38:
-            name = dialect.capitalize()
+            name = _NAMES[dialect]
             raise ValueError(f"no {name} type for {kind}: {name} decimals hold at most 38 digits")
         return spell.decimal.format(precision=kind.precision, scale=kind.scale)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
@@ -126,4 +132,4 @@ def sql_type(kind: pa.DataType, dialect: Dialect) -> str:
             for i in range(kind.num_fields)
         )
         return spell.struct.format(fields=fields)
-    raise ValueError(f"no {dialect.capitalize()} type for Arrow type {kind}")
+    raise ValueError(f"no {_NAMES[dialect]} type for Arrow type {kind}")

@@ -2,6 +2,9 @@
 
 It answers HiveServer2 clients (PyHive, beeline, JDBC) with Spark SQL over the tables
 the metastore lists: what a Presto/Hive-style client sees of what Strata committed.
+It runs with delta-spark (`strata.local.delta_spark`, the jars `make setup` fetched), so
+a Delta table the metastore lists is read through Delta's log, at its current snapshot,
+as Spark users read it, not as the directory of every Parquet file it ever held.
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ class LocalThriftServer(LocalService):
         self.metastore_uri = metastore_uri
 
     def start(self, timeout: float = 180.0) -> LocalThriftServer:
-        """Start the server and wait until it accepts connections."""
+        """Start the server and wait until it accepts connections.
+
+        Raises:
+            DeltaSparkMissing: If `make setup` has not fetched the delta-spark jars.
+        """
+        from strata.local.delta_spark import session_settings
+
         self.directory.mkdir(parents=True, exist_ok=True)
         submit = Path(sys.executable).parent / "spark-submit"
         settings = {
@@ -43,6 +52,8 @@ class LocalThriftServer(LocalService):
             # Timestamps as Trino over the same tables shows them: Strata's partitions are
             # UTC hours, and the machine's own zone would shift every timestamp shown.
             "spark.sql.session.timeZone": "UTC",
+            # Delta's extension and session catalog: the metastore's Delta tables as Delta.
+            **session_settings(),
         }
         hive = {
             "hive.server2.thrift.port": str(self.port),

@@ -10,8 +10,11 @@ given (`strata.local.metastore.LocalMetastore` in the tests and the playground):
   table to the catalog above that reads it, where by itself it would refuse it.
 
 The Delta and Iceberg catalogs have their `register_table` procedure enabled, as
-`strata sql ddl` prints it for a Trino on another metastore. Every catalog reads local
-files (`file:` locations) and, when asked (`ObjectStore`), one S3 endpoint.
+`strata sql ddl` prints it for a Trino on another metastore. Asked for (`elsewhere`),
+three more catalogs are such a Trino's: `delta_elsewhere`, `hive_elsewhere` and
+`iceberg_elsewhere` keep their tables in a metastore of Trino's own (a file metastore
+in its directory), which Strata never registers in. Every catalog reads local files
+(`file:` locations) and, when asked (`ObjectStore`), one S3 endpoint.
 
 The server (`io.trino:trino-server`, pinned in `jvm/trino/pom.xml`) is fetched once by
 `make setup` into the user's cache (`trino_home`), its checksum checked, with only the
@@ -58,6 +61,8 @@ LOOPBACK = "127.0.0.1"
 USER = "strata"
 # The catalogs' names, as `trino.*_catalog` defaults to them (strata.config).
 DELTA, HIVE, ICEBERG = "delta", "hive", "iceberg"
+# What the catalogs on a metastore of Trino's own are named: each of the above and this.
+ELSEWHERE = "_elsewhere"
 # Trino's data directory and its JVM's heap: a small one, for small tables on a laptop.
 HEAP = "1G"
 
@@ -80,6 +85,9 @@ JVM_OPTIONS = (
     "-Djdk.nio.maxCachedBufferSize=2000000",
     "-Dfile.encoding=UTF-8",
     "-Djava.net.preferIPv4Stack=true",
+    # A session's zone is the server's unless the client names one: UTC, the zone of
+    # Strata's timestamps and of the embedded engine's sessions, whatever the machine's.
+    "-Duser.timezone=UTC",
     # JNA (Trino's system information) loads native code; without this the JVM warns.
     "--enable-native-access=ALL-UNNAMED",
 )
@@ -203,41 +211,65 @@ def trino_java() -> str:
     return str(best[1])
 
 
-def catalogs(metastore_uri: str, store: ObjectStore | None = None) -> dict[str, dict[str, str]]:
+def catalogs(
+    metastore_uri: str, store: ObjectStore | None = None, elsewhere: Path | None = None
+) -> dict[str, dict[str, str]]:
     """Each catalog's properties (`etc/catalog/NAME.properties`), on one metastore.
 
     Args:
         metastore_uri: `thrift://host:port` of the Hive Metastore.
         store: An S3 endpoint the catalogs read too; local files only if None.
+        elsewhere: A directory for a metastore of Trino's own: with it, the catalogs
+            `delta_elsewhere`, `hive_elsewhere` and `iceberg_elsewhere` keep their
+            tables there, as a Trino whose catalogs use another metastore than Strata's.
     """
-    shared = {
-        "hive.metastore.uri": metastore_uri,
-        # Local files, `file:` locations as the metastore records them, from the root.
-        "fs.native-local.enabled": "true",
-        "local.location": "/",
-        **(store.properties() if store is not None else {}),
-    }
-    return {
-        DELTA: {
-            "connector.name": "delta_lake",
-            **shared,
-            "delta.register-table-procedure.enabled": "true",
-        },
+    files = store.properties() if store is not None else {}
+    # Trino's own local file system reads `file:` locations, but lists a directory's
+    # files as `local:` ones, which the Hive connector then finds outside the partition
+    # and skips: a plain Parquet table would read as empty. Hadoop's lists them as they
+    # are; the Delta and Iceberg connectors read the files their logs name, never a
+    # listing, and keep Trino's own.
+    native = {"fs.native-local.enabled": "true", "local.location": "/", **files}
+    hadoop = {"fs.hadoop.enabled": "true", **files}
+    shared = {"hive.metastore.uri": metastore_uri}
+    delta = {"connector.name": "delta_lake", "delta.register-table-procedure.enabled": "true"}
+    hive = {"connector.name": "hive"}
+    iceberg = {"connector.name": "iceberg", "iceberg.register-table-procedure.enabled": "true"}
+    out = {
+        DELTA: {**delta, **shared, **native},
+        # A Delta or Iceberg table the Hive connector would refuse ("Cannot query Delta
+        # Lake table") is read through the catalog of its format instead.
         HIVE: {
-            "connector.name": "hive",
+            **hive,
             **shared,
-            # A Delta or Iceberg table the Hive connector would refuse ("Cannot query
-            # Delta Lake table") is read through the catalog of its format instead.
+            **hadoop,
             "hive.delta-lake-catalog-name": DELTA,
             "hive.iceberg-catalog-name": ICEBERG,
         },
-        ICEBERG: {
-            "connector.name": "iceberg",
-            "iceberg.catalog.type": "hive_metastore",
-            **shared,
-            "iceberg.register-table-procedure.enabled": "true",
-        },
+        ICEBERG: {**iceberg, "iceberg.catalog.type": "hive_metastore", **shared, **native},
     }
+    if elsewhere is None:
+        return out
+    # Trino's file metastore (one folder per schema and table), which the Iceberg
+    # connector calls its testing one: a metastore no Strata run writes to.
+    folder = elsewhere.resolve()
+    own = {"hive.metastore": "file", "hive.metastore.catalog.dir": f"local://{folder}"}
+    out[DELTA + ELSEWHERE] = {**delta, **own, **native}
+    out[HIVE + ELSEWHERE] = {
+        **hive,
+        **own,
+        "hive.metastore.catalog.dir": f"file://{folder}",
+        **hadoop,
+        "hive.delta-lake-catalog-name": DELTA + ELSEWHERE,
+        "hive.iceberg-catalog-name": ICEBERG + ELSEWHERE,
+    }
+    out[ICEBERG + ELSEWHERE] = {
+        **iceberg,
+        "iceberg.catalog.type": "TESTING_FILE_METASTORE",
+        "hive.metastore.catalog.dir": f"local://{folder}",
+        **native,
+    }
+    return out
 
 
 def server_properties(port: int, directory: Path, server: Path) -> dict[str, str]:
@@ -277,6 +309,7 @@ class LocalTrino(LocalService):
         port: int | None = None,
         store: ObjectStore | None = None,
         heap: str = HEAP,
+        elsewhere: bool = False,
     ) -> None:
         """Choose the server's directory, its metastore, its port and its heap.
 
@@ -286,12 +319,15 @@ class LocalTrino(LocalService):
             port: The HTTP port clients use; a free one if None.
             store: An S3 endpoint the catalogs read too; local files only if None.
             heap: The JVM's maximum heap (`-Xmx`), such as `1G`.
+            elsewhere: Add the catalogs of a Trino on another metastore (`catalogs`),
+                whose metastore is `metastore/` in `directory`.
         """
         self.directory = directory.resolve()
         super().__init__(port, self.directory / "server.log")
         self.metastore_uri = metastore_uri
         self.store = store
         self.heap = heap
+        self.elsewhere = self.directory / "metastore" if elsewhere else None
         self.url = f"http://{LOOPBACK}:{self.port}"
 
     def configure(self, server: Path) -> list[str]:
@@ -306,7 +342,9 @@ class LocalTrino(LocalService):
         levels.write_text(LOG_LEVELS)
         for stale in catalog_dir.glob("*.properties"):
             stale.unlink()
-        for name, settings in catalogs(self.metastore_uri, self.store).items():
+        if self.elsewhere is not None:
+            self.elsewhere.mkdir(parents=True, exist_ok=True)
+        for name, settings in catalogs(self.metastore_uri, self.store, self.elsewhere).items():
             path = catalog_dir / f"{name}.properties"
             path.write_text(_properties(settings))
             # It may hold the object store's secret key.

@@ -156,7 +156,12 @@ class OpenFile:
         # local file that is a hundred system calls for a small file, most of what a
         # file of a few hundred rows costs beyond its encoding.
         self.stream = fs.open_output_stream(self.target, buffer_size=_WRITE_BUFFER)
-        self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
+        # Every timestamp at microseconds, which every reader takes, where a Kafka
+        # timestamp or a `timestamp-millis` field would be milliseconds: Iceberg's spec
+        # stores timestamps so, and Trino's Iceberg connector refuses a file that does not.
+        self.writer = pq.ParquetWriter(
+            self.stream, schema, compression="snappy", coerce_timestamps="us"
+        )
         self.layout = StatsLayout(schema) if layout is None else layout
         self.rows = 0
         names = set(schema.names)
@@ -486,7 +491,8 @@ def _raw_read(kind: pa.DataType) -> str | None:
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return "utf8"
     if pa.types.is_timestamp(kind) and kind.unit in ("ms", "us"):
-        return str(kind.unit)
+        # Stored at microseconds, whatever the unit (`OpenFile`).
+        return "us"
     if pa.types.is_date32(kind):
         return "days"
     return None

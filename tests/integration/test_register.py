@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from strata.catalog.metastore import MetastoreClient
@@ -13,7 +14,6 @@ from strata.local.service import free_port
 from strata.run import run_batch
 from strata.schema.avro import TABLE_SUFFIXES
 from tests.conftest import START_MS, produce_clicks
-from tests.fake_trino import FakeTrino
 
 
 def tables(service, database: str, pipeline: str) -> dict:
@@ -225,50 +225,70 @@ def test_a_field_partition_is_registered_after_the_local_hours_and_strays_are_no
     }
 
 
+def _sent(trino, user: str) -> list[str]:
+    """The statements Trino ran for a user, oldest first (its own record of queries)."""
+    rows = trino.query(
+        f"SELECT query FROM system.runtime.queries WHERE \"user\" = '{user}' ORDER BY created"
+    )
+    return [r[0] for r in rows]
+
+
 def test_a_configured_trino_is_told_to_sync_partitions_after_publishing(
-    make_pipeline, broker, spark, metastore
+    make_pipeline, broker, spark, metastore, trino
 ):
-    fake = FakeTrino()
+    user = "etl_" + uuid.uuid4().hex[:6]
     p = make_pipeline(
         partitions=1,
         overrides={
             "table_format": "parquet",
             "metastore": {"uri": metastore.uri},
-            "trino": {"url": fake.url, "user": "etl"},
+            "trino": {"url": trino.url, "user": user},
         },
     )
     produce_clicks(broker, p.topic, 1, 100)
     outcome = run_batch(p.cfg(), session=lambda _: spark)
-    fake.server.shutdown()
     assert outcome.register_error is None, outcome.register_error
-    assert fake.statements == [
-        ("etl", f"""CALL "hive".system.sync_partition_metadata('strata', '{p.name}', 'ADD')""")
+    assert _sent(trino, user) == [
+        f"""CALL "hive".system.sync_partition_metadata('strata', '{p.name}', 'ADD')"""
     ]
     assert "1 statement(s) run in Trino" in outcome.registered
+    rows = p.table_rows("table").num_rows
+    assert trino.query(f"SELECT count(*) FROM hive.strata.{p.name}") == [(rows,)]
 
 
 def test_delta_tables_are_registered_in_a_trino_on_another_metastore(
-    make_pipeline, broker, spark, metastore
+    make_pipeline, broker, spark, metastore, trino
 ):
-    fake = FakeTrino()
+    # `delta_elsewhere`: the local Trino's Delta catalog on a metastore of its own.
+    user = "etl_" + uuid.uuid4().hex[:6]
     p = make_pipeline(
         partitions=1,
         overrides={
-            "metastore": {"uri": metastore.uri},
-            "trino": {"url": fake.url, "register_delta_tables": True},
+            "metastore": {"uri": metastore.uri, "database": "reg_" + uuid.uuid4().hex[:6]},
+            "trino": {
+                "url": trino.url,
+                "user": user,
+                "delta_catalog": "delta_elsewhere",
+                "register_delta_tables": True,
+            },
         },
     )
-    produce_clicks(broker, p.topic, 1, 50)
-    outcome = run_batch(p.cfg(), session=lambda _: spark)
-    fake.server.shutdown()
-    assert outcome.register_error is None, outcome.register_error
-    calls = [sql for _, sql in fake.statements]
-    assert len(calls) == 4 and all(
-        c.startswith('CALL "delta".system.register_table(') for c in calls
+    database = p.cfg().metastore.database
+    trino.query(f"CREATE SCHEMA delta_elsewhere.{database}")
+    for seed in (1, 2):
+        produce_clicks(broker, p.topic, 1, 50, seed=seed, malformed=2)
+        outcome = run_batch(p.cfg(), session=lambda _: spark)
+        # The second run's calls find the tables registered: skipped, not an error.
+        assert outcome.register_error is None, outcome.register_error
+    calls = _sent(trino, user)
+    assert len(calls) == 8 and all(
+        c.startswith('CALL "delta_elsewhere".system.register_table(') for c in calls
     )
-    assert (
-        f"table_location => 'file://{p.cfg().location('raw')}'" in calls[1]
-    )  # already there: not an error
+    assert f"table_location => 'file://{p.cfg().location('raw')}'" in calls[1]
+    for which, suffix in TABLE_SUFFIXES.items():
+        rows = p.table_rows(which).num_rows
+        found = trino.query(f"SELECT count(*) FROM delta_elsewhere.{database}.{p.name}{suffix}")
+        assert found == [(rows,)] and rows > 0, which
 
 
 def test_a_runs_registration_reads_back_only_the_partitions_changed_since_the_last(

@@ -162,14 +162,16 @@ def test_a_map_field_is_refused_for_json_but_read_from_avro(tmp_path):
     assert pa.types.is_map(topic.arrow.field("ctx").type.field("attrs").type)
 
 
+# The Trino types are those of a plain Parquet table's DDL, for Trino's Hive connector,
+# which reads every timestamp at milliseconds (its default `hive.timestamp-precision`).
 SQL_TYPES = [
     (pa.decimal128(10, 2), "decimal(10,2)", "decimal(10, 2)"),
     (pa.decimal128(38, 0), "decimal(38,0)", "decimal(38, 0)"),
     (pa.date32(), "date", "date"),
     (pa.timestamp("ms", tz="UTC"), "timestamp", "timestamp(3)"),
-    (pa.timestamp("us", tz="UTC"), "timestamp", "timestamp(6)"),
+    (pa.timestamp("us", tz="UTC"), "timestamp", "timestamp(3)"),
     (pa.timestamp("ms"), "timestamp", "timestamp(3)"),
-    (pa.timestamp("us"), "timestamp", "timestamp(6)"),
+    (pa.timestamp("us"), "timestamp", "timestamp(3)"),
     (pa.int32(), "int", "integer"),  # time-millis
     (pa.int64(), "bigint", "bigint"),  # time-micros
     (pa.string(), "string", "varchar"),  # uuid

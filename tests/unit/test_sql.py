@@ -77,6 +77,7 @@ def test_parquet_ddl_creates_partitioned_external_tables(monkeypatch):
         "clicks_raw",
         "clicks_quarantine",
         "clicks_ledger",
+        "clicks_quality",
     ]
     data = creates[0].sql("trino")
     assert "PARTITIONED_BY=ARRAY['dt', 'hr']" in data and "'s3://b/w/clicks'" in data
@@ -204,16 +205,20 @@ def test_iceberg_ddl_registers_in_the_iceberg_catalog_and_names_the_catalog_file
         "metastore": {"uri": "thrift://hms.example:9083", "database": "lake"},
     }
     cfg = PipelineConfig.model_validate(body)
-    ddl = pipeline_ddl(cfg.places(), cfg.schemas(), cfg.metastore, "dl", "hv", "ice")
+    ddl = pipeline_ddl(
+        cfg.places(), cfg.schemas(), cfg.metastore, "dl", "hv", "ice", register_tables=True
+    )
     assert "connector.name=iceberg" in ddl and "iceberg.catalog.type=hive_metastore" in ddl
     assert "hive.metastore.uri=thrift://hms.example:9083" in ddl
     parsed = statements(ddl)
     calls = [s.sql() for s in parsed if "register_table" in s.sql()]
-    # The three Iceberg tables in the Iceberg catalog; the ledger, Delta, in Delta's.
+    # The three Iceberg tables in the Iceberg catalog; the ledger and the quality
+    # table, Delta, in Delta's.
     assert [c.split(".system")[0].rsplit(" ", 1)[-1] for c in calls] == [
         '"ice"',
         '"ice"',
         '"ice"',
+        '"dl"',
         '"dl"',
     ]
     assert "'s3://b/w/clicks_raw'" in calls[1] and "table_name => 'clicks_ledger'" in calls[3]

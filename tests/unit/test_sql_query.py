@@ -648,7 +648,9 @@ def test_with_trino_url_the_statement_goes_to_trino_as_written(tmp_path, capsys)
     assert "trino-pw-Zk3" not in out.out + out.err + refused.err
     # The refused statement never reached Trino.
     assert len(fake.requests) == 2
-    assert "FROM strata.clicks" in fake.requests[1][2] and "count(" in fake.requests[1][2].lower()
+    # Each table in its own catalog: an Iceberg pipeline's ledger is in the Delta one.
+    sent = fake.requests[1][2]
+    assert "FROM delta.strata.clicks" in sent and "count(" in sent.lower()
     assert not (tmp_path / "warehouse").exists()
 
 

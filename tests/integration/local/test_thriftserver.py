@@ -1,25 +1,23 @@
 """What a HiveServer2/Presto-style client sees: the Spark Thrift Server on the same metastore.
 
-And the same Trino statements answered alike by `strata sql query`'s embedded engine.
+The embedded engine's answers are compared with Trino's own in
+tests/integration/test_trino_answers.py.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import timedelta
 from functools import partial
 
+import pytest
 from pyhive import hive
-from sqlglot import exp
 
-from strata.catalog._answers import json_value
 from strata.catalog.metastore import MetastoreClient
 from strata.catalog.query import on_pipeline, only_query, ready_query
 from strata.catalog.register import location_uri, register_tables
-from strata.edge import answer_query, registration
-from strata.local.events import HOUR_MS
+from strata.edge import registration
 from strata.maintenance.compact import Compaction, compact
 from strata.maintenance.vacuum import sweep_moved, vacuum
 from strata.run import run_batch
@@ -36,133 +34,7 @@ def spark_sql(name: str, pipeline: str) -> str:
     return on_pipeline(only_query(ready_query(name)), pipeline, "strata").sql("spark")
 
 
-def trino_to_spark(statement: str) -> str:
-    """A Trino statement in Spark's dialect, as sqlglot writes it.
-
-    But for `format_datetime`, which sqlglot leaves as it is and Spark lacks: Spark's
-    `date_format` takes the same pattern letters (java.time's, Joda-Time's for those
-    the tests use).
-    """
-
-    def spark_name(node: exp.Expr) -> exp.Expr:
-        if isinstance(node, exp.Anonymous) and node.name.lower() == "format_datetime":
-            return exp.Anonymous(this="date_format", expressions=node.expressions)
-        return node
-
-    return only_query(statement).transform(spark_name).sql("spark")
-
-
-def _iso(ms: int, hours: float) -> str:
-    """An instant in ISO-8601, written with an offset of some hours from UTC."""
-    return datetime.fromtimestamp(ms / 1000, timezone(timedelta(hours=hours))).isoformat()
-
-
-def _same_answers_embedded_and_in_spark(cfg, cursor, pipeline: str) -> None:
-    """Trino statements with functions DuckDB spells differently answer alike in both.
-
-    Each runs as `strata sql query` runs it embedded (DuckDB) and, transpiled to
-    Spark's dialect by sqlglot, in the Thrift Server. Both sessions are in UTC, the
-    zone of Strata's partitions and of Trino reading them. The rows are compared as
-    the command's JSON writes them, sorted.
-    """
-    cursor.execute("SET spark.sql.session.timeZone")
-    # The server's own setting (`LocalThriftServer`), not the machine's zone.
-    assert cursor.fetchall()[0][1] == "UTC"
-
-    def in_spark(statement: str) -> tuple[list[str], list[tuple]]:
-        cursor.execute(trino_to_spark(statement))
-        names = [d[0] for d in cursor.description]
-        # pyhive gives timestamps as naive datetimes, in the session's zone (UTC).
-        rows = [
-            tuple(json_value(v.replace(tzinfo=UTC) if isinstance(v, datetime) else v) for v in row)
-            for row in cursor.fetchall()
-        ]
-        return names, sorted(rows, key=repr)
-
-    def embedded(statement: str) -> tuple[list[str], list[tuple]]:
-        text, body = answer_query(cfg, None, None, statement, "json", engine="embedded")
-        assert body["engine"] == "embedded"
-        rows = [tuple(r.values()) for r in json.loads(text)]
-        return body["columns"], sorted(rows, key=repr)
-
-    table, ledger = f"strata.{pipeline}", f"strata.{pipeline}_ledger"
-    third_hour = START_MS + 2 * HOUR_MS
-    # Both engines in the zone of Strata's partitions.
-    assert embedded("SELECT current_timezone() AS zone") == in_spark(
-        "SELECT current_timezone() AS zone"
-    )
-    assert in_spark("SELECT current_timezone() AS zone")[1] == [("UTC",)]
-
-    # Event hours from the third on, the bound written at +05:30: a zone's half hour
-    # must not move it. approx_distinct is compared three ways (see below).
-    per_hour = f"""
-        SELECT date_trunc('hour', _event_time) AS hour,
-               approx_distinct(device) AS devices,
-               approx_distinct(country) AS countries,
-               approx_distinct(user_id) AS users,
-               count(DISTINCT user_id) AS distinct_users,
-               count_if(regexp_like(page, '^/products/[0-9]+$')) AS product_views,
-               count(*) AS n
-        FROM {table}
-        WHERE _event_time >= from_iso8601_timestamp('{_iso(third_hour, 5.5)}')
-        GROUP BY 1
-    """
-    columns, ours = embedded(per_hour)
-    spark_columns, theirs = in_spark(per_hour)
-    assert columns == spark_columns
-    assert len(ours) == 4 and all(row[columns.index("product_views")] > 0 for row in ours)
-    users = columns.index("users")
-    exact = [row[:users] + row[users + 1 :] for row in ours]
-    # A handful of devices and countries: an approximate count is exact in both.
-    assert exact == [row[:users] + row[users + 1 :] for row in theirs]
-    # Hundreds of users an hour: the embedded count is exact (Trino's is within 2.3%),
-    # Spark's within its documented relative standard deviation, 5% (three of them).
-    assert [row[users] for row in ours] == [row[users + 1] for row in theirs]
-    assert all(
-        abs(spark[users] - row[users]) <= 3 * 0.05 * row[users]
-        for row, spark in zip(ours, theirs, strict=True)
-    )
-
-    statements = {
-        "pages": f"""
-            SELECT page,
-                   cardinality(split(page, '/')) AS parts,
-                   element_at(split(page, '/'), -1) AS last_part,
-                   split(page, '/')[2] AS section,
-                   regexp_like(page, '^/(cart|checkout)$') AS buying,
-                   count(*) AS n
-            FROM {table}
-            GROUP BY 1, 2, 3, 4, 5
-        """,
-        "formatted": f"""
-            SELECT date_format(_event_time, '%Y-%m-%d %H:%i') AS minute,
-                   format_datetime(_event_time, 'yyyy-MM-dd''T''HH EEE') AS hour_text,
-                   hour(_event_time) AS hour_of_day,
-                   date(_event_time) AS day,
-                   count(*) AS n
-            FROM {table}
-            WHERE _kafka_ts < from_iso8601_timestamp('{_iso(START_MS + 5 * HOUR_MS, -3)}')
-              AND regexp_like(page, 'c')
-            GROUP BY 1, 2, 3, 4
-        """,
-        "ledger": f"""
-            SELECT batch,
-                   date_trunc('hour', committed_at) AS committed_hour,
-                   format_datetime(committed_at, 'yyyy-MM-dd HH:mm:ss.SSS') AS committed,
-                   approx_distinct("partition") AS partitions,
-                   sum("rows") AS "rows",
-                   min(min_event_time) >= from_iso8601_timestamp('{_iso(third_hour, 1)}') AS later
-            FROM {ledger}
-            GROUP BY 1, 2, 3
-        """,
-    }
-    for name, statement in statements.items():
-        answer = embedded(statement)
-        assert answer == in_spark(statement), name
-        assert len(answer[1]) >= 2, name
-
-
-def test_the_thrift_server_sees_what_the_ledger_says_and_sql_query_answers_alike(
+def test_the_thrift_server_sees_what_the_ledger_says(
     make_pipeline, broker, spark, metastore, thriftserver
 ):
     p = make_pipeline(
@@ -229,9 +101,6 @@ def test_the_thrift_server_sees_what_the_ledger_says_and_sql_query_answers_alike
         (q, newest[q]["end_offset"], newest[q]["high_watermark"] - newest[q]["end_offset"])
         for q in sorted(newest)
     ]
-
-    # On the same tables, `strata sql query` answers what the Thrift Server does.
-    _same_answers_embedded_and_in_spark(p.cfg(), cursor, p.name)
 
 
 def test_compacting_plain_parquet_moves_partitions_and_no_query_sees_a_difference(
@@ -306,3 +175,58 @@ def test_compacting_plain_parquet_moves_partitions_and_no_query_sees_a_differenc
     query(f"REFRESH TABLE strata.{p.name}")
     assert query(every_row) == after_late
     assert set(p.landed().values()) == {1}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="delta-spark 4.3.1 is built on Spark 4.1: its DeltaCatalog, loading a metastore "
+    "table on this Spark 4.2, fails with NoSuchMethodError (CatalogStorageFormat.copy)",
+)
+def test_pyhive_reads_strata_delta_tables_through_deltas_log(
+    make_pipeline, broker, spark, metastore, thriftserver
+):
+    from deltalake import DeltaTable
+
+    p = make_pipeline(partitions=2, overrides={"metastore": {"uri": metastore.uri}})
+    for seed in (1, 2):
+        produce_clicks(broker, p.topic, 2, 300, seed=seed, malformed=2)
+        assert run_batch(p.cfg(), session=lambda _: spark).register_error is None
+    cfg = p.cfg()
+    settings = Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning)
+    report = compact(
+        cfg.places(),
+        settings,
+        lambda: spark,
+        partial(register_tables, registration(cfg)),
+        older_than="0s",
+    )
+    assert "compacted" in {e.outcome for e in report.partitions if e.table == "table"}
+    # The files compaction replaced are still on disk: read as a directory, each row
+    # that landed would count twice. Through Delta's log, once.
+    table = DeltaTable(cfg.location("table"))
+    assert len(table.file_uris()) < sum(1 for _ in filesystem_files(cfg.location("table")))
+
+    cursor = hive.connect("127.0.0.1", port=thriftserver.port, auth="NOSASL").cursor()
+    for which, suffix in (("table", ""), ("raw", "_raw"), ("quarantine", "_quarantine")):
+        rows = DeltaTable(cfg.location(which)).to_pyarrow_table(columns=["_partition", "_offset"])
+        cursor.execute(
+            f"SELECT _partition, _offset FROM strata.{p.name}{suffix} ORDER BY _partition, _offset"
+        )
+        expected = sorted(zip(*(rows.column(c).to_pylist() for c in rows.column_names)))
+        assert cursor.fetchall() == [tuple(r) for r in expected], which
+    cursor.execute(f"SELECT batch, count(*) FROM strata.{p.name}_ledger GROUP BY batch ORDER BY 1")
+    assert cursor.fetchall() == [(1, 2), (2, 2)]
+    # Delta's own SQL, through HiveServer2: each batch's commit and the compaction's.
+    cursor.execute(f"DESCRIBE HISTORY strata.{p.name}")
+    names = [d[0] for d in cursor.description]
+    history = [dict(zip(names, row)) for row in cursor.fetchall()]
+    # Every version of the log, newest first, as delta-rs lists them.
+    assert [h["version"] for h in history] == [h["version"] for h in table.history()]
+    assert len(history) == table.version() + 1 >= 3
+
+
+def filesystem_files(location: str):
+    """Every Parquet file under a table's directory, its log aside."""
+    from pathlib import Path
+
+    return (f for f in Path(location).rglob("*.parquet") if "_delta_log" not in f.parts)
