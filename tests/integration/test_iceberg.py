@@ -554,16 +554,16 @@ def test_the_ingest_replay_and_maintenance_dags_run_on_iceberg_tables(
         ingested = len(fake.requests)
         run = dags["strata_maintenance"].test()
     assert str(run.state) == "success", states(run)
-    # The ingest DAG's registration, then the maintenance DAG's DDL, each register the
-    # three Iceberg tables in the Iceberg catalog and the ledger in Delta's.
-    for requests in (fake.requests[:ingested], fake.requests[ingested:]):
+    # The ingest DAG's registration registers the three Iceberg tables in the Iceberg
+    # catalog and the ledger in Delta's; the maintenance DAG's DDL the same, and the
+    # quality table (a Delta table too) in Delta's.
+    ledger = ['"iceberg"', '"iceberg"', '"iceberg"', '"delta"']
+    for requests, catalogs in (
+        (fake.requests[:ingested], ledger),
+        (fake.requests[ingested:], [*ledger, '"delta"']),
+    ):
         registered = [s for _, _, s in requests if "register_table" in s]
-        assert [s.split(".system")[0].split()[-1] for s in registered] == [
-            '"iceberg"',
-            '"iceberg"',
-            '"iceberg"',
-            '"delta"',
-        ]
+        assert [s.split(".system")[0].split()[-1] for s in registered] == catalogs, registered
     assert p.landed() == expected_offsets(per)
 
 
