@@ -11,19 +11,16 @@ import json
 import re
 from collections import Counter
 from datetime import UTC, date, datetime, timedelta
-from functools import partial
 
 from deltalake import DeltaTable
 
 from strata.catalog.query import ready_query_names
-from strata.catalog.register import register_tables
 from strata.cli import main
-from strata.edge import registration
 from strata.local.events import HOUR_MS
-from strata.maintenance.compact import Compaction, compact
 from strata.run import run_batch
 from strata.store.ledger import read_ledger
 from tests.conftest import START_MS, produce_clicks
+from tests.maintenance_runs import compacted
 
 
 def _plain(value):
@@ -234,14 +231,7 @@ def test_plain_parquet_tables_are_read_where_compaction_moved_them(
     for seed in range(3):
         produce_clicks(broker, p.topic, 2, 150, seed=seed + 1, hours=2, malformed=1)
         assert run_batch(cfg, session=lambda _: spark).register_error is None
-    settings = Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning)
-    report = compact(
-        cfg.places(),
-        settings,
-        lambda: spark,
-        partial(register_tables, registration(cfg)),
-        older_than="0s",
-    )
+    report = compacted(cfg, spark, older_than="0s")
     assert {e.outcome for e in report.partitions if e.table == "table"} == {"compacted"}
     query = _querying(p, capsys)
     data = p.table_rows("table", ["dt", "hr"]).to_pylist()

@@ -14,24 +14,21 @@ import json
 import logging
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
-from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
 
 from strata.catalog.query import ready_query_names
-from strata.catalog.register import register_tables
 from strata.cli import main
-from strata.edge import registration
 from strata.local.events import HOUR_MS
 from strata.local.trino import ELSEWHERE, LocalTrino
-from strata.maintenance.compact import Compaction, compact
 from strata.maintenance.vacuum import vacuum
 from strata.quality.run import run_quality
 from strata.run import reprocess, run_batch
 from strata.store.ranges import OffsetRange
 from tests.conftest import START_MS, produce_clicks
+from tests.maintenance_runs import compacted
 
 FORMATS = ["delta", "parquet", "iceberg"]
 
@@ -303,14 +300,7 @@ def test_trino_answers_what_the_embedded_engine_answers_after_each_kind_of_write
     answers = {"ingest": _same_answers(p, database, capsys, "ingest")}
 
     cfg = p.cfg()
-    settings = Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning)
-    report = compact(
-        cfg.places(),
-        settings,
-        lambda: spark,
-        partial(register_tables, registration(cfg)),
-        older_than="0s",
-    )
+    report = compacted(cfg, spark, older_than="0s")
     assert "compacted" in {e.outcome for e in report.partitions if e.table == "table"}
     answers["compaction"] = _same_answers(p, database, capsys, "compaction")
     vacuum(cfg.places(), "0s", cfg.metastore)

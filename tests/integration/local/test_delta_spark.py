@@ -14,6 +14,7 @@ from deltalake import DeltaTable
 from strata.run import run_batch
 from tests.conftest import START_MS, produce_clicks
 from tests.delta_spark import run_statement
+from tests.maintenance_runs import compacted
 
 HOUR_MS = 3_600_000
 
@@ -73,11 +74,7 @@ def _same_rows_in_delta_spark(p, delta_spark, stage: str) -> None:
 def test_delta_spark_reads_every_delta_table_after_each_kind_of_write(
     make_pipeline, broker, spark, delta_spark
 ):
-    from functools import partial
 
-    from strata.catalog.register import register_tables
-    from strata.edge import registration
-    from strata.maintenance.compact import Compaction, compact
     from strata.maintenance.vacuum import checkpoint, vacuum
     from strata.quality.run import run_quality
     from strata.run import reprocess
@@ -91,14 +88,7 @@ def test_delta_spark_reads_every_delta_table_after_each_kind_of_write(
     run_quality(cfg.places(), cfg.quality, cfg.schemas(), cfg.metastore, cfg.warehouse)
     _same_rows_in_delta_spark(p, delta_spark, "ingest")
 
-    settings = Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning)
-    report = compact(
-        cfg.places(),
-        settings,
-        lambda: spark,
-        partial(register_tables, registration(cfg)),
-        older_than="0s",
-    )
+    report = compacted(cfg, spark, older_than="0s")
     assert "compacted" in {e.outcome for e in report.partitions if e.table == "table"}
     _same_rows_in_delta_spark(p, delta_spark, "compaction")
     assert "table" in checkpoint(cfg.places()).tables

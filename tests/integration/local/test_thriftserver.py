@@ -27,6 +27,7 @@ from strata.store.locations import current_files, current_locations, visible_fil
 from strata.store.lock import run_lock
 from strata.store.parquet import partition_path
 from tests.conftest import START_MS, produce_clicks
+from tests.maintenance_runs import compacted
 
 
 def spark_sql(name: str, pipeline: str) -> str:
@@ -192,14 +193,7 @@ def test_pyhive_reads_strata_delta_tables_through_deltas_log(
         produce_clicks(broker, p.topic, 2, 300, seed=seed, malformed=2)
         assert run_batch(p.cfg(), session=lambda _: spark).register_error is None
     cfg = p.cfg()
-    settings = Compaction.of(cfg.maintenance, cfg.limits, cfg.partitioning)
-    report = compact(
-        cfg.places(),
-        settings,
-        lambda: spark,
-        partial(register_tables, registration(cfg)),
-        older_than="0s",
-    )
+    report = compacted(cfg, spark, older_than="0s")
     assert "compacted" in {e.outcome for e in report.partitions if e.table == "table"}
     # The files compaction replaced are still on disk: read as a directory, each row
     # that landed would count twice. Through Delta's log, once.
