@@ -281,11 +281,28 @@ def ensure_definition(client: MetastoreClient, wanted: Table) -> tuple[str, Tabl
     if current is None:
         client.create_table(wanted)
         return "created", None
+    wanted.sd.cols = _in_place(current.sd.cols or [], wanted.sd.cols)
     if _same(current, wanted):
         return "unchanged", current
     wanted.createTime = current.createTime
     client.alter_table(wanted)
     return "updated", current
+
+
+def _in_place(current: list[FieldSchema], wanted: list[FieldSchema]) -> list[FieldSchema]:
+    """The wanted columns with those the metastore holds kept in their positions.
+
+    A field added to the schema comes before Strata's own `_` columns in the files, but
+    a Hive table's columns are matched by position: against its existing partitions
+    (Trino's Hive connector refuses a type that differs at a position) and by the
+    metastore itself, which refuses an `alter_table` that changes a column's type at its
+    position. New columns therefore go at the end, as Delta and Iceberg add them; the
+    Parquet readers match the files' columns by name.
+    """
+    by_name = {c.name: c for c in wanted}
+    kept = [by_name[c.name] for c in current if c.name in by_name]
+    held = {c.name for c in kept}
+    return kept + [c for c in wanted if c.name not in held]
 
 
 def _same(current: Table, wanted: Table) -> bool:
