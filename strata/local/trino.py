@@ -283,6 +283,10 @@ def server_properties(port: int, directory: Path, server: Path) -> dict[str, str
         "node.internal-address": LOOPBACK,
         "http-server.http.port": str(port),
         "discovery.uri": f"http://{LOOPBACK}:{port}",
+        # The heartbeat failure detector drops a node whose pings time out; with one node
+        # that empties the cluster ("No nodes available to run query") whenever a busy
+        # machine delays a few pings, and there is no other node to fail over to.
+        "failure-detector.enabled": "false",
         "http-server.log.path": str(directory / "data" / "var" / "log" / "http-request.log"),
         "plugin.dir": str(server / "plugin"),
         "catalog.config-dir": str(directory / "etc" / "catalog"),

@@ -99,3 +99,14 @@ def test_without_a_java_24_trino_says_what_to_install(tmp_path, monkeypatch):
     message = str(raised.value)
     assert "no Java 24 or newer found" in message and str(jvms) in message
     assert "temurin-25-jdk" in message and "STRATA_TRINO_JAVA_HOME" in message
+
+
+def test_the_one_node_server_listens_on_loopback_and_never_drops_itself(tmp_path):
+    server = LocalTrino(tmp_path / "trino", "thrift://127.0.0.1:9083", port=18080)
+    server.configure(tmp_path / "server")
+    written = (tmp_path / "trino" / "etc" / "config.properties").read_text().splitlines()
+    settings = dict(line.split("=", 1) for line in written)
+    assert settings["node.bind-ip"] == "127.0.0.1"
+    assert settings["discovery.uri"] == "http://127.0.0.1:18080"
+    # Its only node missing a few heartbeats on a busy machine must not empty the cluster.
+    assert settings["failure-detector.enabled"] == "false"
