@@ -1,11 +1,15 @@
-"""A stand-in for a Trino coordinator, over http or https.
+"""A failing-on-purpose HTTP peer for the unit tier, answering as Trino over http or https.
 
-Trino cannot be installed here, so this speaks just enough of its HTTP protocol
-(POST /v1/statement, one final answer) to record what the real client sends: the
-user, the Authorization header and the statement. A statement naming `clicks_raw`
-is answered ALREADY_EXISTS, as Trino answers a table registered twice; a SELECT is
-answered with `answer` (columns and rows as Trino's protocol sends them), and the
-session's catalog and schema are kept in `sessions`.
+The session's real Trino (`strata.local.trino`, the `trino` fixture) runs on plain http
+with no sign-in, and answers only what it really does; the unit tests need a peer they
+can set up to check what the client sends and to answer as they choose. This one speaks
+just enough of Trino's HTTP protocol (POST /v1/statement, one final answer) to record
+the user, the Authorization header and the statement of each request, over TLS with a
+certificate of its own when asked; it fails a statement on purpose: one naming
+`clicks_raw` is answered ALREADY_EXISTS, as Trino answers a table registered twice. A
+SELECT is answered with `answer` (columns and rows as Trino's protocol sends them), and
+the session's catalog and schema are kept in `sessions`. Integration tests use the real
+Trino.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +24,7 @@ from strata import faults
 from strata.catalog.metastore import MetastoreClient
 from strata.config import load_pipeline
 from strata.local.service import free_port
+from strata.local.trino import ELSEWHERE
 from strata.maintenance.vacuum import vacuum
 from strata.run import reprocess, run_batch
 from strata.store import iceberg
@@ -31,7 +33,6 @@ from strata.store.parquet import WrittenFile
 from strata.store.places import TableRef
 from strata.store.ranges import OffsetRange
 from tests.conftest import expected_offsets, iceberg_table, produce_clicks, s3_pipeline
-from tests.fake_trino import FakeTrino, self_signed_certificate
 from tests.faults import armed
 from tests.integration.test_airflow import load_dags, states
 from tests.integration.test_compaction import (
@@ -49,6 +50,14 @@ from tests.integration.test_runners import (
     run_once_the_lease_expires,
     second_host,
     wait_frozen,
+)
+from tests.trino_reads import (
+    airflow_connection,
+    queries_of,
+    registering_settings,
+    strata_counts,
+    trino_counts,
+    trino_rows,
 )
 
 
@@ -516,54 +525,68 @@ def test_topics_routed_to_iceberg_tables_land_each_in_its_own(make_pipeline, bro
 
 
 def test_the_ingest_replay_and_maintenance_dags_run_on_iceberg_tables(
-    make_pipeline, broker, metastore, spark, airflow_db, monkeypatch, tmp_path
+    make_pipeline, broker, metastore, trino, spark, airflow_db, monkeypatch
 ):
-    p = iceberg_pipeline(
-        make_pipeline,
-        metastore,
+    # Registration through the Airflow connection, in the session's Trino's catalogs on
+    # a metastore of its own, where each table must be registered to be read.
+    user = "airflow_" + uuid.uuid4().hex[:6]
+    p = make_pipeline(
         partitions=2,
-        airflow={"trino_conn_id": "strata_trino"},
-        trino={"register_delta_tables": True},
+        overrides={
+            "table_format": "iceberg",
+            "metastore": {"uri": metastore.uri, "database": user},
+            "airflow": {"trino_conn_id": "strata_trino"},
+            "trino": registering_settings("iceberg"),
+        },
     )
+    # A run's registration calls register_table alone: the schemas are made once, as
+    # `strata sql ddl` prints them, before the first run.
+    for catalog in ("delta", "iceberg"):
+        trino.query(f'CREATE SCHEMA IF NOT EXISTS "{catalog}{ELSEWHERE}"."{user}"')
     per = produce_clicks(broker, p.topic, 2, 300, malformed=2)
     monkeypatch.setenv("STRATA_CONF_DIR", str(p.conf_dir))
+    monkeypatch.setenv("AIRFLOW_CONN_STRATA_TRINO", airflow_connection(trino, user))
     dags = load_dags(p.conf_dir).dags
-    cert, key = self_signed_certificate(tmp_path)
-    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
-    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-    with FakeTrino((cert, key)) as fake:
-        connection = {
-            "conn_type": "trino",
-            "host": "127.0.0.1",
-            "port": fake.port,
-            "login": "airflow",
-            "password": "pw",
-            "extra": {"protocol": "https", "verify": str(cert)},
-        }
-        monkeypatch.setenv("AIRFLOW_CONN_STRATA_TRINO", json.dumps(connection))
-        run = dags[f"strata_ingest_{p.name}"].test()
-        assert str(run.state) == "success", states(run)
-        assert p.landed() == expected_offsets(per)
-        run = dags["strata_replay"].test(
-            run_conf={"pipeline": p.name, "from_batch": 1, "reason": "decoder fix"}
-        )
-        assert str(run.state) == "success", states(run)
-        assert p.landed() == expected_offsets(per)
-        rows = p.table_rows("table", ["_batch"]).column("_batch").to_pylist()
-        assert set(rows) == {2}
-        ingested = len(fake.requests)
-        run = dags["strata_maintenance"].test()
+    cfg = p.cfg()
+    batches = "SELECT _batch, count(*) FROM {table} GROUP BY _batch ORDER BY _batch"
+
+    run = dags[f"strata_ingest_{p.name}"].test()
     assert str(run.state) == "success", states(run)
+    assert p.landed() == expected_offsets(per)
+    ingested = queries_of(trino, user)
     # The ingest DAG's registration registers the three Iceberg tables in the Iceberg
-    # catalog and the ledger in Delta's; the maintenance DAG's DDL the same, and the
-    # quality table (a Delta table too) in Delta's.
-    ledger = ['"iceberg"', '"iceberg"', '"iceberg"', '"delta"']
-    for requests, catalogs in (
-        (fake.requests[:ingested], ledger),
-        (fake.requests[ingested:], [*ledger, '"delta"']),
-    ):
-        registered = [s for _, _, s in requests if "register_table" in s]
-        assert [s.split(".system")[0].split()[-1] for s in registered] == catalogs, registered
+    # catalog and the ledger in Delta's (the quality table is checked after it).
+    assert [(source, state) for source, state, _ in ingested] == [("airflow", "FINISHED")] * 4
+    calls = [s.split(".system.register_table(")[0].split()[-1] for _, _, s in ingested]
+    assert calls == ['"iceberg_elsewhere"'] * 3 + ['"delta_elsewhere"']
+    registered = ("table", "raw", "quarantine", "ledger")
+    counts = strata_counts(cfg, registered)
+    assert trino_counts(trino, cfg, registered) == counts and all(counts.values()), counts
+    assert trino_rows(trino, cfg, batches) == [(1, counts["table"])]
+
+    run = dags["strata_replay"].test(
+        run_conf={"pipeline": p.name, "from_batch": 1, "reason": "decoder fix"}
+    )
+    assert str(run.state) == "success", states(run)
+    assert p.landed() == expected_offsets(per)
+    rows = p.table_rows("table", ["_batch"]).column("_batch").to_pylist()
+    assert set(rows) == {2}
+    run = dags["strata_maintenance"].test()
+    assert str(run.state) == "success", states(run)
+    # The maintenance DAG's DDL: the two schemas, there already, the four tables, there
+    # already (Trino answers ALREADY_EXISTS, which is skipped), and the quality table, new.
+    maintained = queries_of(trino, user)[len(ingested) :]
+    assert [state for _, state, _ in maintained] == ["FINISHED"] * 2 + ["FAILED"] * 4 + ["FINISHED"]
+    assert {source for source, _, _ in maintained} == {"airflow"}
+    assert '"delta_elsewhere"' in maintained[-1][2] and f"{p.name}_quality" in maintained[-1][2]
+    # Every table answers in Trino with the rows Strata's readers read; the ledger (Delta,
+    # read from its log) with the replay's batch too. That the Iceberg tables answer the
+    # replayed rows themselves is tests/integration/test_trino_places.py's (not yet).
+    counts = strata_counts(cfg)
+    assert trino_counts(trino, cfg) == counts and all(counts.values()), counts
+    ledger = cfg.places().table("ledger").name
+    in_ledger = f'SELECT DISTINCT batch FROM "delta{ELSEWHERE}"."{user}"."{ledger}" ORDER BY 1'
+    assert trino.query(in_ledger) == [(1,), (2,)]
     assert p.landed() == expected_offsets(per)
 
 
