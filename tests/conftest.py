@@ -293,9 +293,9 @@ class Pipeline:
         )
 
 
-@pytest.fixture
-def make_pipeline(tmp_path: Path, broker: LocalKafka):
-    """Create a topic and a pipeline reading it; returns a factory taking config overrides."""
+def pipelines(directory: Path, broker: LocalKafka):
+    """A factory of pipelines in `directory`, each on a topic of its own on `broker`: what
+    `make_pipeline` gives a test, for a fixture of a wider scope than one test's."""
 
     def factory(
         partitions: int = 4, overrides: dict[str, Any] | None = None, create: bool = True
@@ -304,12 +304,12 @@ def make_pipeline(tmp_path: Path, broker: LocalKafka):
         topic = "t-" + name
         if create:
             broker.create_topic(topic, partitions)
-        conf = tmp_path / name / "conf"
+        conf = directory / name / "conf"
         (conf / "pipelines").mkdir(parents=True)
-        schemas = tmp_path / name / "schemas"
+        schemas = directory / name / "schemas"
         schemas.mkdir()
         shutil.copy(ROOT / "schemas" / "clicks.avsc", schemas / "clicks.avsc")
-        warehouse = tmp_path / name / "warehouse"
+        warehouse = directory / name / "warehouse"
         body: dict[str, Any] = {
             "topics": [topic],
             "format": "json",
@@ -329,6 +329,12 @@ def make_pipeline(tmp_path: Path, broker: LocalKafka):
         return Pipeline(name, topic, conf, warehouse, broker.bootstrap)
 
     return factory
+
+
+@pytest.fixture
+def make_pipeline(tmp_path: Path, broker: LocalKafka):
+    """Create a topic and a pipeline reading it; returns a factory taking config overrides."""
+    return pipelines(tmp_path, broker)
 
 
 def produce_clicks(
@@ -414,7 +420,7 @@ def trino(tmp_path_factory, metastore, s3_endpoint):
 
 @pytest.fixture(scope="session")
 def delta_spark(tmp_path_factory):
-    """delta-spark 4.3.1 (the jars `make setup` fetched) in a Spark session of its own,
+    """delta-spark 4.4.0 (the jars `make setup` fetched) in a Spark session of its own,
     in a child process (`tests.delta_spark`: the shared `spark` session cannot take it):
     `sql(statement)` answers an Arrow table, `call(fn, *args)` runs `fn(session, *args)`
     there."""

@@ -4,9 +4,11 @@ Strata's Delta tables as Spark users do (and as the tests' reference reader).
 Its two jars (`delta-spark_2.13` and `delta-storage`, pinned in
 `jvm/delta-spark/pom.xml`) are fetched once by `make setup` into the user's cache
 (`delta_spark_home`), checked against the committed checksums; nothing here fetches
-anything. Version 4.3.1 is built on Spark 4.1 and loads into the pyspark 4.2.0 the
-project pins; the 4.4.1 jar that PyPI's `delta-spark` 4.4.1 expects is not on Maven
-Central, so that package's `configure_spark_with_delta_pip` cannot be used.
+anything. Version 4.4.0 is built on Spark 4.2.0, the pyspark the project pins: Delta's
+catalog calls into Spark's own catalog classes, so a delta-spark built on an older
+Spark fails on metastore tables. The 4.4.1 jar that PyPI's `delta-spark` 4.4.1 expects
+is not on Maven Central, so that package's `configure_spark_with_delta_pip` cannot be
+used.
 
 The jars, the extension and the catalog are static settings of a session: they take
 effect only when its SparkContext starts, so a process whose session started without
@@ -21,7 +23,7 @@ from strata.errors import StrataError
 from strata.local.jvm_cache import fetched, jvm_cache
 
 # The version jvm/delta-spark/pom.xml pins (`delta.version`); a unit test holds them equal.
-DELTA_VERSION = "4.3.1"
+DELTA_VERSION = "4.4.0"
 JARS = (f"delta-spark_2.13-{DELTA_VERSION}.jar", f"delta-storage-{DELTA_VERSION}.jar")
 
 

@@ -11,7 +11,6 @@ from collections import Counter
 from datetime import timedelta
 from functools import partial
 
-import pytest
 from pyhive import hive
 
 from strata.catalog.metastore import MetastoreClient
@@ -178,11 +177,6 @@ def test_compacting_plain_parquet_moves_partitions_and_no_query_sees_a_differenc
     assert set(p.landed().values()) == {1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="delta-spark 4.3.1 is built on Spark 4.1: its DeltaCatalog, loading a metastore "
-    "table on this Spark 4.2, fails with NoSuchMethodError (CatalogStorageFormat.copy)",
-)
 def test_pyhive_reads_strata_delta_tables_through_deltas_log(
     make_pipeline, broker, spark, metastore, thriftserver
 ):
