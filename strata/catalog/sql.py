@@ -11,6 +11,12 @@ there. So `register_table` is sent, and printed to run, only for a Trino whose c
 use another metastore (`trino.register_delta_tables`); otherwise `strata sql ddl`
 prints the calls as comments, for review. A statement Trino answers `ALREADY_EXISTS`
 (a table registered before) is skipped with a note, never an error.
+
+Such a Trino keeps, for an Iceberg table, the metadata file it was registered at: its
+metastore, not Strata's, holds the table's current snapshot. So a run re-points it at
+the newest one, `unregister_table` then `register_table` (Trino has no call that moves
+a registered table), and a query in between finds no table for that moment. A Delta
+table needs no such step: the Delta Lake connector reads the table's log each time.
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ logger = get_logger(__name__)
 # Trino's name of the error a statement meets when what it creates or registers is
 # there already: a schema, a table, a table registered by `register_table`.
 _ALREADY_EXISTS = "ALREADY_EXISTS"
+# And when the table `unregister_table` removes is not there (not registered yet): Trino
+# 476 answers NOT_FOUND; TABLE_NOT_FOUND is the name of Trino's narrower error for it.
+_NOT_FOUND = ("NOT_FOUND", "TABLE_NOT_FOUND")
+_UNREGISTER = ".system.unregister_table("
 
 
 def quote_literal(value: str) -> str:
@@ -66,7 +76,8 @@ def trino_statements(
     added since its metastore cache was filled. Delta and Iceberg tables: nothing,
     since the metastore entry is all Trino's Delta Lake and Iceberg catalogs need,
     unless those catalogs use another metastore (`trino.register_delta_tables`): then
-    `register_table` for each table, the quality table once a check has written it.
+    `register_table` for each table, the quality table once a check has written it,
+    each Iceberg table unregistered first, so that it answers its newest snapshot.
 
     Args:
         places: The pipeline's tables: their names, locations and format.
@@ -84,7 +95,12 @@ def trino_statements(
         settings.iceberg_catalog if places.format == "iceberg" else settings.delta_catalog
     )
     return _register(
-        places, metastore, settings.delta_catalog, table_catalog, quality_written(places)
+        places,
+        metastore,
+        settings.delta_catalog,
+        table_catalog,
+        quality_written(places),
+        refresh=places.format == "iceberg",
     )
 
 
@@ -103,10 +119,12 @@ def _register(
     delta_catalog: str,
     table_catalog: str,
     quality: bool,
+    refresh: bool = False,
 ) -> list[str]:
     """`register_table` of each table: the ledger and the quality table (Delta) in the
     Delta catalog, the others in the catalog of the pipeline's format (Delta or
-    Iceberg), both procedures alike."""
+    Iceberg), both procedures alike; with `refresh`, `unregister_table` before each of
+    the others (Iceberg's), which a Trino keeps at the snapshot it registered."""
     from strata.quality.table import quality_table_location
 
     tables: list[tuple[Role, str]] = [(which, places.table(which).uri) for which in TABLE_SUFFIXES]
@@ -116,13 +134,13 @@ def _register(
     for which, location in tables:
         delta = which in ("ledger", "quality")
         catalog = quote_identifier(delta_catalog if delta else table_catalog)
-        args = ", ".join(
-            [
-                f"schema_name => {quote_literal(metastore.database)}",
-                f"table_name => {quote_literal(places.pipeline + NAME_SUFFIXES[which])}",
-                f"table_location => {quote_literal(_uri(location))}",
-            ]
-        )
+        names = [
+            f"schema_name => {quote_literal(metastore.database)}",
+            f"table_name => {quote_literal(places.pipeline + NAME_SUFFIXES[which])}",
+        ]
+        if refresh and not delta:
+            out.append(f"CALL {catalog}{_UNREGISTER}{', '.join(names)})")
+        args = ", ".join([*names, f"table_location => {quote_literal(_uri(location))}"])
         out.append(f"CALL {catalog}.system.register_table({args})")
     return out
 
@@ -294,7 +312,8 @@ def _run_statements(connect: Callable[[], Any], where: str, statements: list[str
 
     A table registered already (by this statement before, or in the metastore Trino's
     catalog reads, where Strata registered it) is what the statement was for: it is
-    skipped, with a note.
+    skipped, with a note. So is a table `unregister_table` finds not registered (the
+    first run, or one stopped between the two calls): the next call registers it.
     """
     from trino.exceptions import TrinoQueryError
 
@@ -309,12 +328,15 @@ def _run_statements(connect: Callable[[], Any], where: str, statements: list[str
                     cursor.execute(statement)
                     cursor.fetchall()
                 except TrinoQueryError as exc:
-                    if exc.error_name != _ALREADY_EXISTS:
+                    name = exc.error_name or ""
+                    gone = name in _NOT_FOUND and _UNREGISTER in statement
+                    if name != _ALREADY_EXISTS and not gone:
                         raise
                     logger.info(
-                        "%s: skipped, there already (%s): %.300s",
+                        "%s: skipped, %s (%s): %.300s",
                         where,
-                        redact(exc.message or exc.error_name),
+                        "not registered" if gone else "there already",
+                        redact(exc.message or name),
                         statement,
                     )
                 ran.append(statement)

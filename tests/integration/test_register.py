@@ -14,6 +14,7 @@ from strata.local.service import free_port
 from strata.run import run_batch
 from strata.schema.avro import TABLE_SUFFIXES
 from tests.conftest import START_MS, produce_clicks
+from tests.trino_reads import queries_of
 
 
 def tables(service, database: str, pipeline: str) -> dict:
@@ -227,10 +228,7 @@ def test_a_field_partition_is_registered_after_the_local_hours_and_strays_are_no
 
 def _sent(trino, user: str) -> list[str]:
     """The statements Trino ran for a user, oldest first (its own record of queries)."""
-    rows = trino.query(
-        f"SELECT query FROM system.runtime.queries WHERE \"user\" = '{user}' ORDER BY created"
-    )
-    return [r[0] for r in rows]
+    return [statement for _, _, statement in queries_of(trino, user)]
 
 
 def test_a_configured_trino_is_told_to_sync_partitions_after_publishing(

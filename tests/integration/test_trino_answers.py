@@ -19,16 +19,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strata.catalog.query import ready_query_names
+from strata.catalog.query import ready_query_names, table_catalogs
 from strata.cli import main
+from strata.config import TrinoConfig
 from strata.local.events import HOUR_MS
-from strata.local.trino import ELSEWHERE, LocalTrino
+from strata.local.trino import LocalTrino
 from strata.maintenance.vacuum import vacuum
 from strata.quality.run import run_quality
 from strata.run import reprocess, run_batch
+from strata.store.places import Role
 from strata.store.ranges import OffsetRange
 from tests.conftest import START_MS, produce_clicks
 from tests.maintenance_runs import compacted
+from tests.trino_reads import registering_settings, strata_counts, trino_counts
 
 FORMATS = ["delta", "parquet", "iceberg"]
 
@@ -70,33 +73,9 @@ def _ddl(p, capsys) -> str:
     return capsys.readouterr().out
 
 
-def _counts(p) -> dict[str, int]:
-    """Each of the pipeline's tables' rows, read as Strata's own readers read them."""
-    from deltalake import DeltaTable
-
-    from strata.quality.table import quality_table_location
-
-    out = {which: p.table_rows(which).num_rows for which in ("table", "raw", "quarantine")}
-    out["ledger"] = p.table_rows("ledger").num_rows
-    quality = p.cfg().places().table("quality")
-    out["quality"] = DeltaTable(quality_table_location(quality)).to_pyarrow_table().num_rows
-    return out
-
-
-SUFFIXES = {"table": "", "raw": "_raw", "quarantine": "_quarantine", "ledger": "_ledger"}
-SUFFIXES["quality"] = "_quality"
-
-
-def _catalog(table_format: str, which: str, elsewhere: bool = False) -> str:
-    """The Trino catalog a table is in: the ledger and quality table are Delta but for a
-    plain Parquet pipeline's, whose tables are all the Hive catalog's."""
-    if table_format == "parquet":
-        name = "hive"
-    elif which in ("ledger", "quality"):
-        name = "delta"
-    else:
-        name = table_format
-    return name + ELSEWHERE if elsewhere else name
+def _catalog(table_format: str, which: Role) -> str:
+    """The Trino catalog a table is in, on the local Trino's defaults."""
+    return table_catalogs(table_format, TrinoConfig().catalog_for)[which]
 
 
 @pytest.mark.parametrize("table_format", FORMATS)
@@ -113,17 +92,12 @@ def test_every_table_reads_in_trino_after_a_run_and_what_sql_ddl_prints_runs_the
     # A second batch: a run tells Trino again (a plain Parquet table's new partitions
     # synchronised), which skips what it found there already.
     _land(p, broker, spark, seed=2, start_ms=START_MS + 3 * HOUR_MS)
-    counts = _counts(p)
+    counts = strata_counts(cfg)
     assert all(counts.values()), counts
 
     def in_trino(elsewhere: bool = False) -> dict[str, int]:
-        return {
-            which: trino.query(
-                f'SELECT count(*) FROM "{database}"."{p.name}{SUFFIXES[which]}"',
-                catalog=_catalog(table_format, which, elsewhere),
-            )[0][0]
-            for which in counts
-        }
+        settings = TrinoConfig(**registering_settings("delta")) if elsewhere else TrinoConfig()
+        return trino_counts(trino, cfg, settings=settings)
 
     # The metastore's entries, as the runs and the quality check left them: no statement.
     assert in_trino() == counts
@@ -137,13 +111,9 @@ def test_every_table_reads_in_trino_after_a_run_and_what_sql_ddl_prints_runs_the
         assert "-- CALL" in script and "register_table" not in "".join(_statements(script))
     assert in_trino() == counts
 
-    # Trino's catalogs on another metastore: the calls print to run, and run there.
-    settings = {
-        "delta_catalog": "delta" + ELSEWHERE,
-        "hive_catalog": "hive" + ELSEWHERE,
-        "iceberg_catalog": "iceberg" + ELSEWHERE,
-        "register_delta_tables": True,
-    }
+    # Trino's catalogs on another metastore: the calls print to run, and run there (a
+    # plain Parquet pipeline's tables are created in the Hive catalog there).
+    settings = registering_settings("delta")
     path = p.conf_dir / "pipelines" / f"{p.name}.yaml"
     path.write_text(
         yaml.safe_dump(

@@ -140,21 +140,7 @@ def test_tables_on_s3_answer_in_trino_through_its_s3_settings(
     assert trino_counts(trino, cfg, settings=TrinoConfig()) == counts
 
 
-@pytest.mark.parametrize(
-    "table_format",
-    [
-        "delta",
-        pytest.param(
-            "iceberg",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="an Iceberg table registered in a Trino on another metastore stays at "
-                "the snapshot it was registered at: Trino's metastore keeps that metadata file, "
-                "and a later run's register_table, answered ALREADY_EXISTS, is skipped",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
 def test_a_table_registered_in_a_trino_on_another_metastore_answers_each_new_batch(
     table_format, trino, make_pipeline, broker, metastore, spark
 ):

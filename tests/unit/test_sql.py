@@ -11,8 +11,8 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from strata.catalog.sql import pipeline_ddl, quote_identifier, quote_literal
-from strata.config import PipelineConfig, load_pipeline
+from strata.catalog.sql import pipeline_ddl, quote_identifier, quote_literal, trino_statements
+from strata.config import PipelineConfig, TrinoConfig, load_pipeline
 from tests.conftest import ROOT
 
 # The ready queries are package data (strata/catalog/queries); sql/queries links to them.
@@ -224,6 +224,38 @@ def test_iceberg_ddl_registers_in_the_iceberg_catalog_and_names_the_catalog_file
     assert "'s3://b/w/clicks_raw'" in calls[1] and "table_name => 'clicks_ledger'" in calls[3]
     schemas = [s.sql() for s in parsed if isinstance(s, exp.Create) and s.kind == "SCHEMA"]
     assert len(schemas) == 2
+
+
+@pytest.mark.parametrize("table_format", ["delta", "iceberg"])
+def test_a_run_re_points_only_iceberg_tables_in_a_trino_on_another_metastore(
+    table_format, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("STRATA_WAREHOUSE", str(tmp_path))
+    delta = load_pipeline("clicks", ROOT / "conf")
+    body = {
+        **delta.model_dump(),
+        "table_format": table_format,
+        "metastore": {"uri": "thrift://hms.example:9083", "database": "lake"},
+    }
+    cfg = PipelineConfig.model_validate(body)
+    settings = TrinoConfig(url="http://trino.example:8080", register_delta_tables=True)
+    calls = [
+        (s.split(".system.")[1].split("(")[0], s.split("table_name => '")[1].split("'")[0])
+        for s in trino_statements(cfg.places(), cfg.metastore, settings)
+    ]
+    # An Iceberg table registered there stays at the metadata file it was registered at:
+    # each run unregisters it first. Delta tables (the ledger always) read their log.
+    tables = [("register_table", f"clicks{suffix}") for suffix in ("", "_raw", "_quarantine")]
+    if table_format == "iceberg":
+        tables = [
+            c
+            for (_, name) in tables
+            for c in (("unregister_table", name), ("register_table", name))
+        ]
+    assert calls == [*tables, ("register_table", "clicks_ledger")]
+    # On the metastore Strata registers in, nothing to run.
+    same = TrinoConfig(url="http://trino.example:8080")
+    assert trino_statements(cfg.places(), cfg.metastore, same) == []
 
 
 def test_iceberg_needs_a_metastore_and_says_which_key():
