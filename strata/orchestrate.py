@@ -135,21 +135,21 @@ def _register_one(cfg: PipelineConfig, ddl: bool = False) -> dict[str, Any]:
         # where the pipeline says Trino's Delta catalog uses another metastore.
         whole = ddl and (cfg.table_format == "parquet" or cfg.trino.register_delta_tables)
         places = cfg.places()
-        if not whole:
-            statements = trino_statements(places, cfg.metastore, cfg.trino)
-        else:
-            statements = ddl_statements(
+        statements = (
+            ddl_statements(
                 places,
                 cfg.schemas(),
                 cfg.metastore,
                 cfg.trino.delta_catalog,
                 cfg.trino.hive_catalog,
                 cfg.trino.iceberg_catalog,
+                # As after a run: an Iceberg table Trino holds at an older snapshot (one
+                # the maintenance may just have expired) is re-pointed at the current one.
+                repoint=cfg.table_format == "iceberg",
             )
-            if cfg.table_format == "iceberg":
-                # An Iceberg table registered before is then re-pointed at its newest
-                # snapshot, as after a run: the maintenance just expired older ones.
-                statements += trino_statements(places, cfg.metastore, cfg.trino)
+            if whole
+            else trino_statements(places, cfg.metastore, cfg.trino)
+        )
         body["trino"] = {"conn_id": conn_id, "ran": run_through_connection(conn_id, statements)}
     return redact_json(body)
 

@@ -13,9 +13,13 @@ prints the calls as comments, for review. A statement Trino answers `ALREADY_EXI
 (a table registered before) is skipped with a note, never an error.
 
 Such a Trino keeps, for an Iceberg table, the metadata file it was registered at: its
-metastore, not Strata's, holds the table's current snapshot. So a run re-points it at
-the newest one, `unregister_table` then `register_table` (Trino has no call that moves
-a registered table), and a query in between finds no table for that moment. A Delta
+metastore, not Strata's, holds the table's current snapshot. So where `register_table`
+answers `ALREADY_EXISTS` for an Iceberg table (`Repoint`), Trino is asked whether it
+reads the snapshot Strata's metastore names; if not, the table is re-pointed,
+`unregister_table` then `register_table` (Trino has no call that moves a registered
+table), and a query in between finds no table for that moment. A Trino that reads the
+current snapshot (one on Strata's own metastore, `trino.register_delta_tables` set by
+mistake) is never told to unregister: there that would drop Strata's own entry. A Delta
 table needs no such step: the Delta Lake connector reads the table's log each time.
 """
 
@@ -39,10 +43,27 @@ logger = get_logger(__name__)
 # Trino's name of the error a statement meets when what it creates or registers is
 # there already: a schema, a table, a table registered by `register_table`.
 _ALREADY_EXISTS = "ALREADY_EXISTS"
-# And when the table `unregister_table` removes is not there (not registered yet): Trino
-# 476 answers NOT_FOUND; TABLE_NOT_FOUND is the name of Trino's narrower error for it.
-_NOT_FOUND = ("NOT_FOUND", "TABLE_NOT_FOUND")
-_UNREGISTER = ".system.unregister_table("
+
+
+class Repoint(str):
+    """A `register_table` call (the string itself) of an Iceberg table that a Trino on
+    another metastore may hold at an older snapshot.
+
+    Where Trino answers the call `ALREADY_EXISTS`, `probe` asks it whether it reads the
+    snapshot Strata's metastore names (one row, true if so); if it does not,
+    `unregister` and then the call again re-point it. A string, so that it prints, logs
+    and is recorded as the call it is.
+    """
+
+    unregister: str
+    probe: str
+
+    def __new__(cls, register: str, unregister: str, probe: str) -> Repoint:
+        """The call `register`, re-pointed by `unregister` where `probe` answers false."""
+        made = super().__new__(cls, register)
+        made.unregister = unregister
+        made.probe = probe
+        return made
 
 
 def quote_literal(value: str) -> str:
@@ -76,8 +97,8 @@ def trino_statements(
     added since its metastore cache was filled. Delta and Iceberg tables: nothing,
     since the metastore entry is all Trino's Delta Lake and Iceberg catalogs need,
     unless those catalogs use another metastore (`trino.register_delta_tables`): then
-    `register_table` for each table, the quality table once a check has written it,
-    each Iceberg table unregistered first, so that it answers its newest snapshot.
+    `register_table` for each table, the quality table once a check has written it;
+    each Iceberg table's a `Repoint`, so that Trino answers its newest snapshot.
 
     Args:
         places: The pipeline's tables: their names, locations and format.
@@ -100,7 +121,7 @@ def trino_statements(
         settings.delta_catalog,
         table_catalog,
         quality_written(places),
-        refresh=places.format == "iceberg",
+        repoint=places.format == "iceberg",
     )
 
 
@@ -119,18 +140,19 @@ def _register(
     delta_catalog: str,
     table_catalog: str,
     quality: bool,
-    refresh: bool = False,
+    repoint: bool = False,
 ) -> list[str]:
     """`register_table` of each table: the ledger and the quality table (Delta) in the
     Delta catalog, the others in the catalog of the pipeline's format (Delta or
-    Iceberg), both procedures alike; with `refresh`, `unregister_table` before each of
-    the others (Iceberg's), which a Trino keeps at the snapshot it registered."""
+    Iceberg), both procedures alike; with `repoint`, each of the others (Iceberg's) a
+    `Repoint` at the table's current snapshot, which a Trino on another metastore may
+    not read."""
     from strata.quality.table import quality_table_location
 
     tables: list[tuple[Role, str]] = [(which, places.table(which).uri) for which in TABLE_SUFFIXES]
     if quality:
         tables.append(("quality", quality_table_location(places.table("quality"))))
-    out = []
+    out: list[str] = []
     for which, location in tables:
         delta = which in ("ledger", "quality")
         catalog = quote_identifier(delta_catalog if delta else table_catalog)
@@ -138,11 +160,29 @@ def _register(
             f"schema_name => {quote_literal(metastore.database)}",
             f"table_name => {quote_literal(places.pipeline + NAME_SUFFIXES[which])}",
         ]
-        if refresh and not delta:
-            out.append(f"CALL {catalog}{_UNREGISTER}{', '.join(names)})")
         args = ", ".join([*names, f"table_location => {quote_literal(_uri(location))}"])
-        out.append(f"CALL {catalog}.system.register_table({args})")
+        call = f"CALL {catalog}.system.register_table({args})"
+        if repoint and not delta:
+            unregister = f"CALL {catalog}.system.unregister_table({', '.join(names)})"
+            name = quote_identifier(places.pipeline + NAME_SUFFIXES[which] + "$snapshots")
+            snapshots = f"{catalog}.{quote_identifier(metastore.database)}.{name}"
+            out.append(Repoint(call, unregister, _reads_current(places, which, snapshots)))
+        else:
+            out.append(call)
     return out
+
+
+def _reads_current(places: Places, which: Role, snapshots: str) -> str:
+    """A query answering whether Trino reads the Iceberg table's current snapshot, as
+    Strata's metastore names it now: Trino's `$snapshots` table lists that one only if
+    the metadata file Trino reads is the current one (or one written after it)."""
+    from strata.store.iceberg import open_table
+
+    table = open_table(places.table(which))
+    current = None if table is None else table.current_snapshot()
+    if current is None:
+        return f"SELECT count(*) = 0 FROM {snapshots}"
+    return f"SELECT count(*) > 0 FROM {snapshots} WHERE snapshot_id = {current.snapshot_id:d}"
 
 
 def run_in_trino(settings: TrinoConfig, statements: list[str]) -> list[str]:
@@ -312,8 +352,9 @@ def _run_statements(connect: Callable[[], Any], where: str, statements: list[str
 
     A table registered already (by this statement before, or in the metastore Trino's
     catalog reads, where Strata registered it) is what the statement was for: it is
-    skipped, with a note. So is a table `unregister_table` finds not registered (the
-    first run, or one stopped between the two calls): the next call registers it.
+    skipped, with a note; a `Repoint` Trino holds at an older snapshot is re-pointed
+    (unregistered, registered again). Stopped between those two, the table is not
+    registered there until the next run, whose call registers it.
     """
     from trino.exceptions import TrinoQueryError
 
@@ -328,23 +369,45 @@ def _run_statements(connect: Callable[[], Any], where: str, statements: list[str
                     cursor.execute(statement)
                     cursor.fetchall()
                 except TrinoQueryError as exc:
-                    name = exc.error_name or ""
-                    gone = name in _NOT_FOUND and _UNREGISTER in statement
-                    if name != _ALREADY_EXISTS and not gone:
+                    if exc.error_name != _ALREADY_EXISTS:
                         raise
-                    logger.info(
-                        "%s: skipped, %s (%s): %.300s",
-                        where,
-                        "not registered" if gone else "there already",
-                        redact(exc.message or name),
-                        statement,
-                    )
+                    if isinstance(statement, Repoint) and not _answers(cursor, statement.probe):
+                        for again in (statement.unregister, statement):
+                            cursor.execute(again)
+                            cursor.fetchall()
+                        ran.append(statement.unregister)
+                        logger.info(
+                            "%s: re-pointed at its current snapshot: %.300s", where, statement
+                        )
+                    else:
+                        logger.info(
+                            "%s: skipped, there already (%s): %.300s",
+                            where,
+                            redact(exc.message or exc.error_name),
+                            statement,
+                        )
                 ran.append(statement)
     except (TrinoQueryError, OSError) as exc:
         raise MetastoreError(redact(f"{where}: {exc}")) from None
     except Exception as exc:  # noqa: BLE001 - the client raises requests' errors too
         raise MetastoreError(redact(f"{where}: {type(exc).__name__}: {exc}")) from None
     return ran
+
+
+def _answers(cursor: Any, probe: str) -> bool:  # noqa: ANN401 - a DB-API cursor, not annotated
+    """Whether a query of one boolean answers true; false if Trino fails it.
+
+    A Trino holding a table at a metadata file vacuum has since deleted fails to read
+    its snapshots: that table is the one most in need of re-pointing.
+    """
+    from trino.exceptions import TrinoQueryError
+
+    try:
+        cursor.execute(probe)
+        return bool(cursor.fetchall()[0][0])
+    except TrinoQueryError as exc:
+        logger.info("Trino could not read the table's snapshots (%s)", redact(str(exc))[:300])
+        return False
 
 
 def pipeline_ddl(
@@ -436,6 +499,7 @@ def ddl_statements(
     hive_catalog: str,
     iceberg_catalog: str = "iceberg",
     quality: bool | None = None,
+    repoint: bool = False,
 ) -> list[str]:
     """Trino statements that make a pipeline's tables queryable, one by one.
 
@@ -460,6 +524,8 @@ def ddl_statements(
         iceberg_catalog: Name of Trino's Iceberg catalog.
         quality: Include the quality table; None: if a check has written it (its table
             is looked for), since a statement on a table not there yet fails.
+        repoint: Make each Iceberg table's call a `Repoint`, for a Trino on another
+            metastore, which holds a registered table at the snapshot it registered.
 
     Returns:
         The statements, without terminating semicolons.
@@ -475,7 +541,9 @@ def ddl_statements(
         for catalog in sorted(catalogs):
             out.append(f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(catalog)}.{schema}")
         table_catalog = delta_catalog if places.format == "delta" else iceberg_catalog
-        return out + _register(places, metastore, delta_catalog, table_catalog, with_quality)
+        return out + _register(
+            places, metastore, delta_catalog, table_catalog, with_quality, repoint=repoint
+        )
     catalog = quote_identifier(hive_catalog)
     out.append(f"CREATE SCHEMA IF NOT EXISTS {catalog}.{schema}")
     tables: list[tuple[Role, pa.Schema, list[str], str]] = []

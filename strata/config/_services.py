@@ -70,8 +70,8 @@ class TrinoConfig(_Strict):
         iceberg_catalog: Trino catalog for Iceberg tables (`table_format: iceberg`).
         register_delta_tables: Call `register_table` for Delta (and Iceberg) tables.
             Only needed when Trino's Delta (and Iceberg) catalogs use another metastore
-            than `metastore.uri`; each run re-registers Iceberg tables there, which
-            that metastore keeps at the snapshot they were registered at.
+            than `metastore.uri`; a run re-registers an Iceberg table that metastore
+            holds at an older snapshot (it keeps the one registered).
         timeout_s: Bound on each statement.
     """
 

@@ -55,6 +55,13 @@ class LocalThriftServer(LocalService):
             # Delta's extension and session catalog: the metastore's Delta tables as Delta.
             **session_settings(),
         }
+        # Delta's jars on the driver's own class path, not `spark.jars`: closing a
+        # client's session (Hive's SessionState.close) closes URL class loaders down to
+        # the server's own, the one `spark.jars` fills among them, and a Delta class not
+        # loaded by then is not found after (NoClassDefFoundError when a later client
+        # reads a Delta table).
+        jars = settings.pop("spark.jars").split(",")
+        settings["spark.driver.extraClassPath"] = os.pathsep.join(jars)
         hive = {
             "hive.server2.thrift.port": str(self.port),
             "hive.server2.thrift.bind.host": "127.0.0.1",

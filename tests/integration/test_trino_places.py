@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,8 @@ def _told(trino, user: str, table_format: str) -> set[str]:
     """The tables Trino was told of, by name: registered, or their partitions synchronised."""
     out = set()
     for _, state, statement in queries_of(trino, user):
+        if statement.startswith("SELECT"):
+            continue  # asking which snapshot Trino reads an Iceberg table at (a Repoint)
         if table_format == "parquet":
             assert "sync_partition_metadata" in statement and state == "FINISHED", statement
             out.add(statement.split(", '")[1].split("'")[0])
@@ -162,3 +165,80 @@ def test_a_table_registered_in_a_trino_on_another_metastore_answers_each_new_bat
         landed = sorted((b, batches.count(b)) for b in set(batches))
         assert trino_rows(trino, p.cfg(), by_batch) == landed, f"after batch {seed}"
     assert [b for b, _ in landed] == [1, 2]
+
+
+def test_a_trino_on_strata_s_own_metastore_told_to_register_never_unregisters_a_table(
+    trino, make_pipeline, broker, metastore, spark
+):
+    # `trino.register_delta_tables` set by mistake, Trino's catalogs on Strata's own
+    # metastore: each Iceberg table's register_table answers ALREADY_EXISTS, and Trino
+    # reads the current snapshot, so it is not re-pointed; unregistering it there would
+    # drop the metastore entry Strata's own commits go through.
+    user = "mistake_" + uuid.uuid4().hex[:6]
+    settings = {"url": trino.url, "user": user, "register_delta_tables": True}
+    p = make_pipeline(
+        partitions=1,
+        overrides={
+            "table_format": "iceberg",
+            "metastore": {"uri": metastore.uri, "database": user},
+            "trino": settings,
+        },
+    )
+    by_batch = "SELECT _batch, count(*) FROM {table} GROUP BY _batch ORDER BY _batch"
+    for seed in (1, 2):
+        produce_clicks(broker, p.topic, 1, 50, seed=seed)
+        assert run_batch(p.cfg(), session=lambda _: spark).register_error is None
+        batches = read(p.cfg().places().table("table"), ["_batch"]).column("_batch").to_pylist()
+        landed = sorted((b, batches.count(b)) for b in set(batches))
+        assert trino_rows(trino, p.cfg(), by_batch) == landed, f"after batch {seed}"
+    sent = queries_of(trino, user)
+    assert not [s for _, _, s in sent if "unregister_table" in s], sent
+    probes = [state for _, state, s in sent if s.startswith("SELECT")]
+    assert probes == ["FINISHED"] * 6, sent  # the three Iceberg tables, after each batch
+    assert [b for b, _ in landed] == [1, 2]
+
+
+def test_an_iceberg_table_trino_holds_at_a_vacuumed_snapshot_is_re_pointed_by_the_next_run(
+    trino, make_pipeline, broker, metastore, spark
+):
+    from trino.exceptions import TrinoQueryError
+
+    from strata.maintenance.vacuum import vacuum
+    from strata.store.iceberg import open_table
+    from tests.maintenance_runs import compacted
+
+    user = "vacuumed_" + uuid.uuid4().hex[:6]
+    p = make_pipeline(
+        partitions=1,
+        overrides={
+            "table_format": "iceberg",
+            "metastore": {"uri": metastore.uri, "database": user},
+            "trino": _settings(trino, "iceberg", user),
+        },
+    )
+    produce_clicks(broker, p.topic, 1, 60, seed=1)
+    assert run_batch(p.cfg(), session=lambda _: spark).register_error is None
+    # A batch Trino is not told of, then a compaction and a vacuum that delete the files
+    # and the metadata of the snapshot Trino's metastore still names.
+    produce_clicks(broker, p.topic, 1, 60, seed=2)
+    assert run_batch(p.cfg(), session=lambda _: spark, register_tables=False).batch == 2
+    cfg = p.cfg()
+    assert "compacted" in {e.outcome for e in compacted(cfg, spark, older_than="0s").partitions}
+    vacuum(cfg.places(), "0s", cfg.metastore)
+    # And the table's older metadata files gone too, as Iceberg's own metadata cleanup
+    # (`write.metadata.previous-versions-max`) deletes them: Trino's is among them.
+    current = open_table(cfg.places().table("table")).metadata_location
+    older = [m for m in (Path(cfg.location("table")) / "metadata").glob("*.metadata.json")]
+    older = [m for m in older if not current.endswith(m.name)]
+    assert older
+    for stale in older:
+        stale.unlink()
+    count = "SELECT count(*) FROM {table}"
+    with pytest.raises(TrinoQueryError):
+        trino_rows(trino, cfg, count)
+    # The next run finds Trino unable to read the table's snapshots, and re-points it.
+    produce_clicks(broker, p.topic, 1, 60, seed=3)
+    outcome = run_batch(cfg, session=lambda _: spark)
+    assert outcome.register_error is None, outcome.register_error
+    assert trino_rows(trino, cfg, count) == [(strata_counts(cfg, ["table"])["table"],)]
+    assert any("unregister_table" in s for _, _, s in queries_of(trino, user))

@@ -11,7 +11,13 @@ import pytest
 import sqlglot
 from sqlglot import exp
 
-from strata.catalog.sql import pipeline_ddl, quote_identifier, quote_literal, trino_statements
+from strata.catalog.sql import (
+    Repoint,
+    pipeline_ddl,
+    quote_identifier,
+    quote_literal,
+    trino_statements,
+)
 from strata.config import PipelineConfig, TrinoConfig, load_pipeline
 from tests.conftest import ROOT
 
@@ -230,6 +236,10 @@ def test_iceberg_ddl_registers_in_the_iceberg_catalog_and_names_the_catalog_file
 def test_a_run_re_points_only_iceberg_tables_in_a_trino_on_another_metastore(
     table_format, tmp_path, monkeypatch
 ):
+    import strata.store.iceberg
+
+    # No Iceberg table yet (it would be looked up in the metastore): no snapshot.
+    monkeypatch.setattr(strata.store.iceberg, "open_table", lambda ref: None)
     monkeypatch.setenv("STRATA_WAREHOUSE", str(tmp_path))
     delta = load_pipeline("clicks", ROOT / "conf")
     body = {
@@ -239,20 +249,19 @@ def test_a_run_re_points_only_iceberg_tables_in_a_trino_on_another_metastore(
     }
     cfg = PipelineConfig.model_validate(body)
     settings = TrinoConfig(url="http://trino.example:8080", register_delta_tables=True)
-    calls = [
-        (s.split(".system.")[1].split("(")[0], s.split("table_name => '")[1].split("'")[0])
-        for s in trino_statements(cfg.places(), cfg.metastore, settings)
-    ]
+    calls = trino_statements(cfg.places(), cfg.metastore, settings)
+    names = [c.split("table_name => '")[1].split("'")[0] for c in calls]
+    assert names == ["clicks", "clicks_raw", "clicks_quarantine", "clicks_ledger"]
+    assert all(".system.register_table(" in c for c in calls)
     # An Iceberg table registered there stays at the metadata file it was registered at:
-    # each run unregisters it first. Delta tables (the ledger always) read their log.
-    tables = [("register_table", f"clicks{suffix}") for suffix in ("", "_raw", "_quarantine")]
-    if table_format == "iceberg":
-        tables = [
-            c
-            for (_, name) in tables
-            for c in (("unregister_table", name), ("register_table", name))
-        ]
-    assert calls == [*tables, ("register_table", "clicks_ledger")]
+    # each of the three is re-pointed where Trino does not read its current snapshot.
+    # Delta tables (the ledger always) read their log, and are only registered.
+    repointed = [c for c in calls if isinstance(c, Repoint)]
+    assert len(repointed) == (3 if table_format == "iceberg" else 0)
+    for call, name in zip(repointed, names, strict=False):
+        unregister = f"unregister_table(schema_name => 'lake', table_name => '{name}')"
+        assert call.unregister == f'CALL "iceberg".system.{unregister}'
+        assert call.probe == f'SELECT count(*) = 0 FROM "iceberg"."lake"."{name}$snapshots"'
     # On the metastore Strata registers in, nothing to run.
     same = TrinoConfig(url="http://trino.example:8080")
     assert trino_statements(cfg.places(), cfg.metastore, same) == []
