@@ -287,10 +287,38 @@ def server_properties(port: int, directory: Path, server: Path) -> dict[str, str
         # that empties the cluster ("No nodes available to run query") whenever a busy
         # machine delays a few pings, and there is no other node to fail over to.
         "failure-detector.enabled": "false",
-        "http-server.log.path": str(directory / "data" / "var" / "log" / "http-request.log"),
+        "http-server.log.path": str(request_log(directory)),
         "plugin.dir": str(server / "plugin"),
         "catalog.config-dir": str(directory / "etc" / "catalog"),
     }
+
+
+def request_log(directory: Path) -> Path:
+    """Where the server in `directory` logs each HTTP request it answered."""
+    return directory / "data" / "var" / "log" / "http-request.log"
+
+
+def schedules_catalogs(log: str) -> bool:
+    """Whether Trino's node manager has refreshed since the node announced itself, by the
+    requests in its HTTP request log (`request_log`).
+
+    The node announces itself, with its catalogs, as the server finishes starting, and
+    the node manager reads the announcements every 5 s, each time asking every node
+    its state (`GET /v1/info/state`). Until the first of those after the announcement,
+    `SELECT 1` answers but a query reading a catalog's table finds no node to run on
+    (NO_NODES_AVAILABLE).
+    """
+    announced = False
+    for line in log.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 4:
+            continue
+        method, path = fields[2], fields[3]
+        if method == "PUT" and path.startswith("/v1/announcement/"):
+            announced = True
+        elif announced and method == "GET" and path == "/v1/info/state":
+            return True
+    return False
 
 
 def _properties(settings: Mapping[str, str]) -> str:
@@ -301,7 +329,8 @@ class LocalTrino(LocalService):
     """A Trino coordinator (its own worker) on loopback; a context manager.
 
     Ready once it answers `SELECT 1` through its HTTP API, as a client sees it, not
-    merely once its port opens (it does so long before it has loaded its catalogs).
+    merely once its port opens (it does so long before it has loaded its catalogs), and
+    once a query reading a catalog's table would find a node (`schedules_catalogs`).
     """
 
     name = "Trino server"
@@ -383,7 +412,7 @@ class LocalTrino(LocalService):
         self._spawn(command, cwd=self.directory / "data")
         self._wait(timeout)
         deadline = time.monotonic() + timeout
-        while not self._answers():
+        while not (self._answers() and self._schedules_catalogs()):
             assert self._proc is not None
             if self._proc.poll() is not None:
                 self._fail(f"the {self.name} exited with {self._proc.returncode}")
@@ -391,6 +420,13 @@ class LocalTrino(LocalService):
                 self._fail(f"the {self.name} did not answer a query within {timeout:.0f}s")
             time.sleep(0.5)
         return self
+
+    def _schedules_catalogs(self) -> bool:
+        """Whether a query reading a catalog's table finds the node (`schedules_catalogs`)."""
+        try:
+            return schedules_catalogs(request_log(self.directory).read_text())
+        except FileNotFoundError:
+            return False
 
     def _answers(self) -> bool:
         """Whether `SELECT 1` answers 1; Trino refuses queries until it has started."""

@@ -110,3 +110,18 @@ def test_the_one_node_server_listens_on_loopback_and_never_drops_itself(tmp_path
     assert settings["discovery.uri"] == "http://127.0.0.1:18080"
     # Its only node missing a few heartbeats on a busy machine must not empty the cluster.
     assert settings["failure-detector.enabled"] == "false"
+
+
+def test_the_server_is_ready_only_once_the_node_manager_has_seen_its_announcement():
+    # Lines of Trino's HTTP request log (tab-separated: time, client, method, path, ...).
+    def line(method: str, path: str) -> str:
+        return "\t".join(["2026-12-02T15:11:04.313Z", "127.0.0.1", method, path, "null", "200"])
+
+    starting = [line("GET", "/v1/service/trino/general"), line("GET", "/v1/info/state")]
+    announced = [*starting, line("PUT", "/v1/announcement/632f9f67"), line("GET", "/v1/memory")]
+    # Before the announcement, the node manager's state polls do not count; after it,
+    # the next one is the refresh that gives each catalog its node.
+    assert not trino.schedules_catalogs("\n".join(starting))
+    assert not trino.schedules_catalogs("\n".join(announced))
+    assert trino.schedules_catalogs("\n".join([*announced, line("GET", "/v1/info/state")]))
+    assert not trino.schedules_catalogs("")
