@@ -283,9 +283,8 @@ def server_properties(port: int, directory: Path, server: Path) -> dict[str, str
         "node.internal-address": LOOPBACK,
         "http-server.http.port": str(port),
         "discovery.uri": f"http://{LOOPBACK}:{port}",
-        # The heartbeat failure detector drops a node whose pings time out; with one node
-        # that empties the cluster ("No nodes available to run query") whenever a busy
-        # machine delays a few pings, and there is no other node to fail over to.
+        # The heartbeat failure detector drops a node whose pings time out, for queries
+        # to go to the others; a cluster of one has no other, and would only be emptied.
         "failure-detector.enabled": "false",
         "http-server.log.path": str(request_log(directory)),
         "plugin.dir": str(server / "plugin"),
